@@ -1,0 +1,124 @@
+// Asynchronous I/O engine: many read/write/fsync/fallocate requests in flight
+// on file descriptors, completed on the thread that polls the engine.
+//
+// Backends: io_uring through liburing (kIoUring, the default) and a pool of
+// worker threads making blocking syscalls (kThreads). CreateEngine(kAuto)
+// tries io_uring and falls back to threads with a one-line notice.
+//
+// Thread model: Submit(), Poll() and the awaitables are used from one thread
+// (the engine's thread); completion callbacks and resumed coroutines run on
+// that thread inside Poll(). Only posix_file talks to the engine.
+#ifndef IMGTOOL_IO_ENGINE_H_
+#define IMGTOOL_IO_ENGINE_H_
+
+#include <sys/uio.h>
+
+#include <coroutine>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "io/task.h"
+
+namespace imgtool::io {
+
+enum class OpKind {
+  kRead,       // preadv(fd, iov, iovcnt, offset)
+  kWrite,      // pwritev(fd, iov, iovcnt, offset)
+  kFsync,      // fsync(fd)
+  kFdatasync,  // fdatasync(fd)
+  kFallocate,  // fallocate(fd, mode, offset, length)
+};
+
+// One request. The caller owns it and keeps it (and the memory iov points
+// to) alive until `done` has run.
+struct Op {
+  OpKind kind = OpKind::kRead;
+  int fd = -1;
+  const struct iovec* iov = nullptr;  // kRead/kWrite
+  int iovcnt = 0;                     // kRead/kWrite
+  uint64_t offset = 0;                // bytes
+  uint64_t length = 0;                // bytes, kFallocate only
+  int mode = 0;                       // fallocate mode flags
+  // Set before `done` runs: bytes transferred (>= 0; a short count is
+  // possible and not retried by the engine) or -errno.
+  int64_t result = 0;
+  // Runs on the engine's thread, inside Poll(). May submit new requests.
+  absl::AnyInvocable<void(Op&)> done;
+};
+
+enum class EngineKind { kAuto, kIoUring, kThreads };
+
+// Parses qemu-img's `-i` names: "io_uring", "threads"; "native" maps to
+// io_uring (Linux AIO is not implemented). kInvalidArgument otherwise, with
+// the message "Invalid aio option: <name>".
+absl::StatusOr<EngineKind> ParseEngineKind(const std::string& name);
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // Queues `op`; it is handed to the kernel at the latest in the next Poll().
+  virtual void Submit(Op* op) = 0;
+
+  // Runs the callbacks of finished requests. With `wait` it blocks until at
+  // least one request has finished (returns at once if none is in flight).
+  // Errors only for an engine failure (io_uring_enter failing), never for a
+  // failed request, which reports -errno in Op::result.
+  virtual absl::Status Poll(bool wait) = 0;
+
+  // Requests submitted whose `done` has not run yet.
+  virtual uint64_t in_flight() const = 0;
+
+  // "io_uring" or "threads".
+  virtual const char* name() const = 0;
+
+  // co_await engine.Run(op) submits `op` and resumes the coroutine with
+  // op.result when it completes. op.done is overwritten.
+  auto Run(Op& op) {
+    struct Awaiter {
+      Engine& engine;
+      Op& op;
+      bool await_ready() const noexcept { return false; }
+      void await_suspend(std::coroutine_handle<> h) {
+        op.done = [h](Op&) { h.resume(); };
+        engine.Submit(&op);
+      }
+      int64_t await_resume() const noexcept { return op.result; }
+    };
+    return Awaiter{*this, op};
+  }
+};
+
+// `queue_depth` is the most requests the caller keeps in flight (1..4096);
+// more are accepted but queue in user space. With kAuto, failure to set up
+// io_uring writes "imgtool: io_uring unavailable (<cause>), using threads"
+// to `notice` (if not null) and returns the thread-pool engine.
+absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(EngineKind kind,
+                                                     int queue_depth,
+                                                     std::ostream* notice);
+
+// Drives `engine` until `task` has finished and returns its result. Used at
+// the top of a command: RunSync(engine, node->Close()).
+template <typename T>
+T RunSync(Engine& engine, Task<T> task) {
+  std::optional<T> result;
+  Spawn(std::move(task), [&](T v) { result.emplace(std::move(v)); });
+  while (!result.has_value()) {
+    absl::Status st = engine.Poll(/*wait=*/true);
+    if (!st.ok() || (engine.in_flight() == 0 && !result.has_value())) {
+      // An engine failure, or a task waiting on nothing: cannot progress.
+      std::abort();
+    }
+  }
+  return std::move(*result);
+}
+
+}  // namespace imgtool::io
+
+#endif  // IMGTOOL_IO_ENGINE_H_

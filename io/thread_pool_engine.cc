@@ -1,0 +1,96 @@
+#include "io/thread_pool_engine.h"
+
+#include <fcntl.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace imgtool::io {
+
+void ExecuteOpBlocking(Op* op) {
+  ssize_t r = 0;
+  switch (op->kind) {
+    case OpKind::kRead:
+      r = preadv(op->fd, op->iov, op->iovcnt, static_cast<off_t>(op->offset));
+      break;
+    case OpKind::kWrite:
+      r = pwritev(op->fd, op->iov, op->iovcnt, static_cast<off_t>(op->offset));
+      break;
+    case OpKind::kFsync:
+      r = fsync(op->fd);
+      break;
+    case OpKind::kFdatasync:
+      r = fdatasync(op->fd);
+      break;
+    case OpKind::kFallocate:
+      r = fallocate(op->fd, op->mode, static_cast<off_t>(op->offset),
+                    static_cast<off_t>(op->length));
+      break;
+  }
+  op->result = r < 0 ? -errno : r;
+}
+
+ThreadPoolEngine::ThreadPoolEngine(int threads) {
+  threads = std::clamp(threads, 1, 256);
+  workers_.reserve(threads);
+  for (int i = 0; i < threads; ++i) {
+    workers_.emplace_back([this] { WorkerLoop(); });
+  }
+}
+
+ThreadPoolEngine::~ThreadPoolEngine() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : workers_) t.join();
+}
+
+void ThreadPoolEngine::Submit(Op* op) {
+  ++in_flight_;
+  absl::MutexLock lock(&mu_);
+  pending_.push_back(op);
+}
+
+void ThreadPoolEngine::WorkerLoop() {
+  while (true) {
+    Op* op = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](ThreadPoolEngine* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) {
+            return e->stopping_ || !e->pending_.empty();
+          },
+          this));
+      if (pending_.empty()) return;  // stopping
+      op = pending_.front();
+      pending_.pop_front();
+    }
+    ExecuteOpBlocking(op);
+    absl::MutexLock lock(&mu_);
+    finished_.push_back(op);
+  }
+}
+
+absl::Status ThreadPoolEngine::Poll(bool wait) {
+  std::deque<Op*> done;
+  {
+    absl::MutexLock lock(&mu_);
+    if (wait && in_flight_ > 0) {
+      mu_.Await(absl::Condition(
+          +[](std::deque<Op*>* f) { return !f->empty(); }, &finished_));
+    }
+    done.swap(finished_);
+  }
+  for (Op* op : done) {
+    --in_flight_;
+    // Move the callback out first: it may reuse `op` for a new request.
+    auto callback = std::move(op->done);
+    if (callback) callback(*op);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace imgtool::io
