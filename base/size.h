@@ -14,20 +14,24 @@ namespace imgtool {
 // Parses a size the way qemu-img parses create/resize/bench sizes: decimal
 // or 0x hex, an optional fraction only together with a suffix, one optional
 // case-insensitive suffix b k M G T P E (powers of 1024; `b` = bytes),
-// leading spaces allowed, nothing after the suffix. Fractions round to the
-// nearest byte ("1.7k" -> 1741). Examples: "512", "4k", "1M", "1.5G",
-// "0x10000", "1000b". Rejects "1kb", "1KiB", "1e3", "1.5", "-1", "2k ".
+// leading white space and '+' allowed, nothing after the suffix; hex may
+// take a suffix ("0x10k": deprecated in qemu-img, still accepted by 7.2).
+// Fractions round to the nearest byte ("1.7k" -> 1741). Examples: "512",
+// "4k", "1M", "1.5G", "0x10000", "1000b", "1.k" (1024), "1.0b" (1).
+// Rejects "1kb", "1KiB", "1e3", "1.5", "1.5b", "-1", "2k ", "0x1.5k", "".
 // Errors (kInvalidArgument): the value is above INT64_MAX -> "Invalid image
 // size specified. Must be between 0 and 9223372036854775807."; anything else
 // malformed -> "Invalid image size specified. You may use k, M, G, T, P or E
-// suffixes for kilobytes, megabytes, gigabytes, terabytes, petabytes and
+// suffixes for\nkilobytes, megabytes, gigabytes, terabytes, petabytes and
 // exabytes." (the two qemu-img lines joined with a newline).
 absl::StatusOr<uint64_t> ParseSize(absl::string_view text);
 
 // Parses an -o option value of type size (`-o size=3x`): same grammar; the
 // limit is 2^64-1 and the error is "Parameter '<name>' expects a
 // non-negative number below 2^64\nOptional suffix k, M, G, T, P or E means
-// kilo-, mega-, giga-, tera-, peta-\nand exabytes, respectively.".
+// kilo-, mega-, giga-, tera-, peta-\nand exabytes, respectively.", except
+// for a well-formed value above the limit ("16E"): "Value '<text>' is out of
+// range for parameter '<name>'" (both kInvalidArgument, as qemu-img 7.2).
 absl::StatusOr<uint64_t> ParseSizeOption(absl::string_view name,
                                          absl::string_view text);
 
