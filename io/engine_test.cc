@@ -1,48 +1,515 @@
 #include "io/engine.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "io/aligned_buffer.h"
+#include "io/task.h"
 #include "io/thread_pool_engine.h"
+#include "io/uring_engine.h"
 
 namespace imgtool::io {
 namespace {
 
-Task<int64_t> WriteThenRead(Engine& engine, int fd, uint64_t offset) {
-  std::string data = "hello " + std::to_string(offset);
-  struct iovec wv = {data.data(), data.size()};
-  Op w{.kind = OpKind::kWrite, .fd = fd, .iov = &wv, .iovcnt = 1, .offset = offset};
-  int64_t written = co_await engine.Run(w);
-  if (written != static_cast<int64_t>(data.size())) co_return -1;
-  std::string back(data.size(), '\0');
-  struct iovec rv = {back.data(), back.size()};
-  Op r{.kind = OpKind::kRead, .fd = fd, .iov = &rv, .iovcnt = 1, .offset = offset};
-  int64_t n = co_await engine.Run(r);
-  co_return back == data ? n : -2;
+constexpr uint64_t kBlock = 4096;
+
+std::string TestDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
 }
 
-Task<int64_t> ManyInFlight(Engine& engine, int fd, int count) {
+// A directory on a disk file system for O_DIRECT files: /var/tmp (tmpfs, a
+// usual /tmp, refuses O_DIRECT), or TEST_TMPDIR where Bazel's sandbox makes
+// /var/tmp read-only, if that is not tmpfs. Empty if neither fits.
+std::string DirectIoDir() {
+  for (const std::string& dir : {std::string("/var/tmp"), TestDir()}) {
+    struct statfs fs;
+    if (access(dir.c_str(), W_OK) == 0 && statfs(dir.c_str(), &fs) == 0 &&
+        fs.f_type != TMPFS_MAGIC) {
+      return dir;
+    }
+  }
+  return "";
+}
+
+// A temporary file, removed (and its fd closed) on destruction.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& dir, int extra_flags = 0)
+      : path_(dir + "/engine_testXXXXXX") {
+    fd_ = mkostemp(path_.data(), extra_flags);
+  }
+  ~TempFile() {
+    if (fd_ >= 0) close(fd_);
+    unlink(path_.c_str());
+  }
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+std::string PRead(int fd, size_t length, off_t offset) {
+  std::string out(length, '\0');
+  ssize_t n = pread(fd, out.data(), length, offset);
+  out.resize(n < 0 ? 0 : static_cast<size_t>(n));
+  return out;
+}
+
+// Block `index` of the 256-request test: byte j is (index + j) mod 256, so
+// every block differs from every other.
+std::string Pattern(int index, size_t length) {
+  std::string block(length, '\0');
+  for (size_t j = 0; j < length; ++j) {
+    block[j] = static_cast<char>((index + j) & 0xff);
+  }
+  return block;
+}
+
+Task<int64_t> RunOp(Engine& engine, Op op) {
+  co_return co_await engine.Run(op);
+}
+
+// Writes `data` in three pieces with one request, reads it back in two and
+// returns the bytes read, or -1000 if the content differs.
+Task<int64_t> WriteThenRead(Engine& engine, int fd, uint64_t offset,
+                            std::string data) {
+  const size_t third = data.size() / 3;
+  struct iovec wv[3] = {{data.data(), third},
+                        {data.data() + third, third},
+                        {data.data() + 2 * third, data.size() - 2 * third}};
+  Op w{.kind = OpKind::kWrite, .fd = fd, .iov = wv, .iovcnt = 3,
+       .offset = offset};
+  int64_t written = co_await engine.Run(w);
+  if (written != static_cast<int64_t>(data.size())) co_return written;
+  std::string back(data.size(), '\0');
+  struct iovec rv[2] = {{back.data(), 5}, {back.data() + 5, back.size() - 5}};
+  Op r{.kind = OpKind::kRead, .fd = fd, .iov = rv, .iovcnt = 2,
+       .offset = offset};
+  int64_t n = co_await engine.Run(r);
+  co_return back == data ? n : -1000;
+}
+
+Task<int64_t> WriteThenReadMany(Engine& engine, int fd, int count) {
   int64_t total = 0;
-  for (int i = 0; i < count; ++i) total += co_await WriteThenRead(engine, fd, i * 4096);
+  for (int i = 0; i < count; ++i) {
+    total += co_await WriteThenRead(engine, fd, i * kBlock,
+                                    "hello " + std::to_string(i * kBlock));
+  }
   co_return total;
 }
 
-TEST(ThreadPoolEngineTest, WritesAndReadsBackThroughCoroutines) {
-  char path[] = "/tmp/engine_testXXXXXX";
-  int fd = mkstemp(path);
-  ASSERT_GE(fd, 0);
-  ThreadPoolEngine engine(4);
-  EXPECT_EQ(RunSync(engine, WriteThenRead(engine, fd, 8192)), 10);
+Task<void> WriteBlock(Engine& engine, int fd, int index, int64_t* result) {
+  std::string block = Pattern(index, kBlock);
+  struct iovec iov = {block.data(), block.size()};
+  Op op{.kind = OpKind::kWrite, .fd = fd, .iov = &iov, .iovcnt = 1,
+        .offset = index * kBlock};
+  *result = co_await engine.Run(op);
+}
+
+class EngineTest : public ::testing::TestWithParam<EngineKind> {
+ protected:
+  std::unique_ptr<Engine> MakeEngine(int queue_depth) {
+    absl::StatusOr<std::unique_ptr<Engine>> engine =
+        CreateEngine(GetParam(), queue_depth, nullptr);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    if (!engine.ok()) return nullptr;
+    EXPECT_STREQ((*engine)->name(),
+                 GetParam() == EngineKind::kIoUring ? "io_uring" : "threads");
+    return *std::move(engine);
+  }
+
+  // Polls until nothing is in flight.
+  static void Drain(Engine& engine) {
+    while (engine.in_flight() > 0) {
+      absl::Status st = engine.Poll(/*wait=*/true);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+  }
+};
+
+TEST_P(EngineTest, WritesAndReadsBackThroughCoroutines) {
+  std::unique_ptr<Engine> engine = MakeEngine(16);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  EXPECT_EQ(RunSync(*engine, WriteThenRead(*engine, file.fd(), 8192,
+                                           "hello world")),
+            11);
+  EXPECT_EQ(PRead(file.fd(), 11, 8192), "hello world");
   int64_t expected = 0;
-  for (int i = 0; i < 100; ++i) expected += 6 + std::to_string(i * 4096).size();
-  EXPECT_EQ(RunSync(engine, ManyInFlight(engine, fd, 100)), expected);
-  close(fd);
-  unlink(path);
+  for (int i = 0; i < 100; ++i) expected += 6 + std::to_string(i * kBlock).size();
+  EXPECT_EQ(RunSync(*engine, WriteThenReadMany(*engine, file.fd(), 100)),
+            expected);
+  EXPECT_EQ(engine->in_flight(), 0u);
+}
+
+TEST_P(EngineTest, PollWithNothingInFlightReturnsAtOnce) {
+  std::unique_ptr<Engine> engine = MakeEngine(8);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_TRUE(engine->Poll(/*wait=*/true).ok());
+  EXPECT_TRUE(engine->Poll(/*wait=*/false).ok());
+  EXPECT_EQ(engine->in_flight(), 0u);
+}
+
+TEST_P(EngineTest, Keeps256RequestsInFlight) {
+  std::unique_ptr<Engine> engine = MakeEngine(256);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  constexpr int kCount = 256;
+  std::vector<int64_t> results(kCount, -1);
+  for (int i = 0; i < kCount; ++i) {
+    Spawn(WriteBlock(*engine, file.fd(), i, &results[i]));
+  }
+  // Each coroutine is suspended in its write: all 256 are in flight at once.
+  EXPECT_EQ(engine->in_flight(), 256u);
+  Drain(*engine);
+  for (int i = 0; i < kCount; ++i) {
+    EXPECT_EQ(results[i], static_cast<int64_t>(kBlock)) << "block " << i;
+  }
+  struct stat st;
+  ASSERT_EQ(fstat(file.fd(), &st), 0);
+  EXPECT_EQ(st.st_size, static_cast<off_t>(kCount * kBlock));
+  for (int i = 0; i < kCount; ++i) {
+    ASSERT_EQ(PRead(file.fd(), kBlock, i * kBlock), Pattern(i, kBlock))
+        << "block " << i;
+  }
+}
+
+TEST_P(EngineTest, QueuesMoreRequestsThanTheQueueDepth) {
+  std::unique_ptr<Engine> engine = MakeEngine(8);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  constexpr int kCount = 1000;
+  std::vector<std::string> data(kCount);
+  std::vector<struct iovec> iovs(kCount);
+  std::vector<Op> ops(kCount);
+  int completed = 0;
+  for (int i = 0; i < kCount; ++i) {
+    data[i] = Pattern(i, 512);
+    iovs[i] = {data[i].data(), data[i].size()};
+    ops[i].kind = OpKind::kWrite;
+    ops[i].fd = file.fd();
+    ops[i].iov = &iovs[i];
+    ops[i].iovcnt = 1;
+    ops[i].offset = i * 512;
+    ops[i].done = [&completed](Op& op) {
+      EXPECT_EQ(op.result, 512);
+      ++completed;
+    };
+    engine->Submit(&ops[i]);
+  }
+  EXPECT_EQ(engine->in_flight(), static_cast<uint64_t>(kCount));
+  Drain(*engine);
+  EXPECT_EQ(completed, kCount);
+  for (int i = 0; i < kCount; ++i) {
+    ASSERT_EQ(PRead(file.fd(), 512, i * 512), data[i]) << "request " << i;
+  }
+}
+
+TEST_P(EngineTest, FsyncAndFdatasyncSucceed) {
+  std::unique_ptr<Engine> engine = MakeEngine(8);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  ASSERT_EQ(pwrite(file.fd(), "data", 4, 0), 4);
+  EXPECT_EQ(RunSync(*engine, RunOp(*engine, Op{.kind = OpKind::kFsync,
+                                               .fd = file.fd()})),
+            0);
+  EXPECT_EQ(RunSync(*engine, RunOp(*engine, Op{.kind = OpKind::kFdatasync,
+                                               .fd = file.fd()})),
+            0);
+}
+
+TEST_P(EngineTest, FallocateAllocatesBlocks) {
+  std::unique_ptr<Engine> engine = MakeEngine(8);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  struct stat st;
+  ASSERT_EQ(fstat(file.fd(), &st), 0);
+  EXPECT_EQ(st.st_blocks, 0);
+  constexpr uint64_t kLength = 1 << 20;
+  EXPECT_EQ(RunSync(*engine, RunOp(*engine, Op{.kind = OpKind::kFallocate,
+                                               .fd = file.fd(),
+                                               .offset = 0,
+                                               .length = kLength,
+                                               .mode = 0})),
+            0);
+  ASSERT_EQ(fstat(file.fd(), &st), 0);
+  EXPECT_EQ(st.st_size, static_cast<off_t>(kLength));
+  EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, kLength);
+}
+
+TEST_P(EngineTest, PunchedHoleReadsBackZero) {
+  std::unique_ptr<Engine> engine = MakeEngine(8);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  const std::string data(16 * kBlock, '\xab');
+  ASSERT_EQ(pwrite(file.fd(), data.data(), data.size(), 0),
+            static_cast<ssize_t>(data.size()));
+  EXPECT_EQ(RunSync(*engine,
+                    RunOp(*engine,
+                          Op{.kind = OpKind::kFallocate,
+                             .fd = file.fd(),
+                             .offset = 4 * kBlock,
+                             .length = 4 * kBlock,
+                             .mode = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE})),
+            0);
+  std::string back(data.size(), '\x55');
+  struct iovec iov = {back.data(), back.size()};
+  EXPECT_EQ(RunSync(*engine, RunOp(*engine, Op{.kind = OpKind::kRead,
+                                               .fd = file.fd(),
+                                               .iov = &iov,
+                                               .iovcnt = 1,
+                                               .offset = 0})),
+            static_cast<int64_t>(data.size()));
+  EXPECT_EQ(back.substr(0, 4 * kBlock), data.substr(0, 4 * kBlock));
+  EXPECT_EQ(back.substr(4 * kBlock, 4 * kBlock), std::string(4 * kBlock, '\0'));
+  EXPECT_EQ(back.substr(8 * kBlock), data.substr(8 * kBlock));
+  struct stat st;
+  ASSERT_EQ(fstat(file.fd(), &st), 0);
+  EXPECT_EQ(st.st_size, static_cast<off_t>(data.size()));
+}
+
+TEST_P(EngineTest, ReportsEbadfForABadFd) {
+  std::unique_ptr<Engine> engine = MakeEngine(8);
+  ASSERT_NE(engine, nullptr);
+  char byte = 'x';
+  struct iovec iov = {&byte, 1};
+  EXPECT_EQ(RunSync(*engine, RunOp(*engine, Op{.kind = OpKind::kWrite,
+                                               .fd = -1,
+                                               .iov = &iov,
+                                               .iovcnt = 1})),
+            -EBADF);
+  EXPECT_EQ(RunSync(*engine, RunOp(*engine, Op{.kind = OpKind::kFsync,
+                                               .fd = -1})),
+            -EBADF);
+  EXPECT_EQ(RunSync(*engine, RunOp(*engine, Op{.kind = OpKind::kFallocate,
+                                               .fd = -1,
+                                               .length = kBlock})),
+            -EBADF);
+}
+
+TEST_P(EngineTest, ReadOnAWriteOnlyFdFails) {
+  std::unique_ptr<Engine> engine = MakeEngine(8);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  ASSERT_EQ(pwrite(file.fd(), "data", 4, 0), 4);
+  int wfd = open(file.path().c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(wfd, 0);
+  char buf[4];
+  struct iovec iov = {buf, sizeof(buf)};
+  EXPECT_EQ(RunSync(*engine, RunOp(*engine, Op{.kind = OpKind::kRead,
+                                               .fd = wfd,
+                                               .iov = &iov,
+                                               .iovcnt = 1})),
+            -EBADF);
+  close(wfd);
+}
+
+TEST_P(EngineTest, DirectWriteFromAlignedBuffer) {
+  std::unique_ptr<Engine> engine = MakeEngine(8);
+  ASSERT_NE(engine, nullptr);
+  std::string dir = DirectIoDir();
+  if (dir.empty()) GTEST_SKIP() << "no writable disk-backed directory";
+  TempFile file(dir, O_DIRECT);
+  ASSERT_GE(file.fd(), 0) << dir << ": " << strerror(errno);
+  AlignedBuffer first(16 * kBlock);
+  AlignedBuffer second(kBlock);
+  for (size_t i = 0; i < first.size(); ++i) first.data()[i] = (i * 7) & 0xff;
+  for (size_t i = 0; i < second.size(); ++i) second.data()[i] = 0xc3;
+  struct iovec wv[2] = {{first.data(), first.size()},
+                        {second.data(), second.size()}};
+  EXPECT_EQ(RunSync(*engine, RunOp(*engine, Op{.kind = OpKind::kWrite,
+                                               .fd = file.fd(),
+                                               .iov = wv,
+                                               .iovcnt = 2,
+                                               .offset = kBlock})),
+            static_cast<int64_t>(17 * kBlock));
+  AlignedBuffer back(18 * kBlock);
+  struct iovec rv = {back.data(), back.size()};
+  EXPECT_EQ(RunSync(*engine, RunOp(*engine, Op{.kind = OpKind::kRead,
+                                               .fd = file.fd(),
+                                               .iov = &rv,
+                                               .iovcnt = 1,
+                                               .offset = 0})),
+            static_cast<int64_t>(18 * kBlock));
+  std::string got(reinterpret_cast<const char*>(back.data()), back.size());
+  std::string want(kBlock, '\0');
+  want.append(reinterpret_cast<const char*>(first.data()), first.size());
+  want.append(reinterpret_cast<const char*>(second.data()), second.size());
+  EXPECT_EQ(got, want);
+  // A misaligned buffer is refused by O_DIRECT: the error comes back.
+  struct iovec bad = {first.data() + 1, kBlock};
+  EXPECT_EQ(RunSync(*engine, RunOp(*engine, Op{.kind = OpKind::kWrite,
+                                               .fd = file.fd(),
+                                               .iov = &bad,
+                                               .iovcnt = 1,
+                                               .offset = 0})),
+            -EINVAL);
+}
+
+// Writes 512-byte records one after another, each submitted from the
+// previous one's callback, then an fdatasync.
+class Chain {
+ public:
+  Chain(Engine& engine, int fd, int count)
+      : engine_(engine), fd_(fd), count_(count), record_(512, '\0') {}
+
+  void Start() { SubmitWrite(); }
+  const std::vector<int64_t>& results() const { return results_; }
+
+ private:
+  void SubmitWrite() {
+    record_.assign(512, static_cast<char>('a' + next_ % 26));
+    iov_ = {record_.data(), record_.size()};
+    op_.kind = OpKind::kWrite;
+    op_.fd = fd_;
+    op_.iov = &iov_;
+    op_.iovcnt = 1;
+    op_.offset = next_ * 512;
+    ++next_;
+    op_.done = [this](Op& op) { OnDone(op); };
+    engine_.Submit(&op_);
+  }
+
+  void OnDone(Op& op) {
+    // `done` was moved out before this runs: `op` can be reused right away.
+    EXPECT_FALSE(op.done);
+    results_.push_back(op.result);
+    if (next_ < count_) {
+      SubmitWrite();
+    } else if (next_ == count_) {
+      ++next_;
+      op.kind = OpKind::kFdatasync;
+      op.done = [this](Op& sync) { results_.push_back(sync.result); };
+      engine_.Submit(&op);
+    }
+  }
+
+  Engine& engine_;
+  int fd_;
+  int count_;
+  int next_ = 0;
+  std::string record_;
+  struct iovec iov_ = {};
+  Op op_;
+  std::vector<int64_t> results_;
+};
+
+TEST_P(EngineTest, CallbacksSubmitFurtherRequests) {
+  std::unique_ptr<Engine> engine = MakeEngine(8);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  Chain chain(*engine, file.fd(), 50);
+  chain.Start();
+  Drain(*engine);
+  std::vector<int64_t> want(50, 512);
+  want.push_back(0);  // fdatasync
+  EXPECT_EQ(chain.results(), want);
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_EQ(PRead(file.fd(), 512, i * 512),
+              std::string(512, static_cast<char>('a' + i % 26)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, EngineTest,
+    ::testing::Values(EngineKind::kIoUring, EngineKind::kThreads),
+    [](const ::testing::TestParamInfo<EngineKind>& info) {
+      return info.param == EngineKind::kIoUring ? "io_uring" : "threads";
+    });
+
+TEST(CreateEngineTest, AutoPicksIoUring) {
+  std::ostringstream notice;
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      CreateEngine(EngineKind::kAuto, 64, &notice);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_STREQ((*engine)->name(), "io_uring");
+  EXPECT_EQ(notice.str(), "");
+}
+
+TEST(CreateEngineTest, ThreadsGivesThePool) {
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      CreateEngine(EngineKind::kThreads, 64, nullptr);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_STREQ((*engine)->name(), "threads");
+}
+
+TEST(UringEngineTest, RoundsTheRingUpToAPowerOfTwo) {
+  absl::StatusOr<std::unique_ptr<Engine>> engine = UringEngine::Create(100);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ(static_cast<UringEngine&>(**engine).ring_entries(), 128u);
+  engine = UringEngine::Create(1);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ(static_cast<UringEngine&>(**engine).ring_entries(), 8u);
+}
+
+TEST(ParseEngineKindTest, AcceptsQemuNames) {
+  EXPECT_EQ(ParseEngineKind("io_uring").value(), EngineKind::kIoUring);
+  EXPECT_EQ(ParseEngineKind("native").value(), EngineKind::kIoUring);
+  EXPECT_EQ(ParseEngineKind("threads").value(), EngineKind::kThreads);
+}
+
+TEST(ParseEngineKindTest, RejectsUnknownName) {
+  absl::StatusOr<EngineKind> kind = ParseEngineKind("foo");
+  EXPECT_EQ(kind.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kind.status().message(), "Invalid aio option: foo");
+}
+
+TEST(AlignedBufferTest, IsAlignedAndZeroed) {
+  AlignedBuffer buf(10000, 4096);
+  ASSERT_NE(buf.data(), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.data()) % 4096, 0u);
+  EXPECT_EQ(buf.size(), 10000u);
+  EXPECT_EQ(buf.alignment(), 4096u);
+  EXPECT_EQ(buf.span().size(), 10000u);
+  for (uint8_t b : buf.span()) ASSERT_EQ(b, 0);
+  AlignedBuffer big(3, 1 << 16);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data()) % (1 << 16), 0u);
+  AlignedBuffer tiny(3, 1);
+  EXPECT_EQ(tiny.size(), 3u);
+}
+
+TEST(AlignedBufferTest, MovesOwnership) {
+  AlignedBuffer a(kBlock);
+  a.data()[0] = 42;
+  uint8_t* p = a.data();
+  AlignedBuffer b(std::move(a));
+  EXPECT_EQ(b.data(), p);
+  EXPECT_EQ(b.size(), kBlock);
+  EXPECT_EQ(b.span()[0], 42);
+  EXPECT_TRUE(a.empty());  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(a.data(), nullptr);
+  AlignedBuffer c;
+  EXPECT_TRUE(c.empty());
+  c = std::move(b);
+  EXPECT_EQ(c.data(), p);
+  const AlignedBuffer& cc = c;
+  EXPECT_EQ(cc.span().size(), kBlock);
+  EXPECT_EQ(AlignedBuffer(0).data(), nullptr);
 }
 
 }  // namespace

@@ -1,10 +1,173 @@
 #include "io/uring_engine.h"
 
-namespace imgtool::io {
+#include <liburing.h>
 
-// Placeholder until the io_uring backend lands.
-absl::StatusOr<std::unique_ptr<Engine>> UringEngine::Create(int) {
-  return absl::UnavailableError("io_uring backend not built yet");
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace imgtool::io {
+namespace {
+
+// Completions copied out of the CQ ring per io_uring_peek_batch_cqe call.
+constexpr unsigned kReapBatch = 256;
+
+absl::Status EnterError(const char* operation, int error_number) {
+  std::string message = absl::StrCat(operation, ": ", strerror(error_number));
+  if (error_number == EAGAIN || error_number == EBUSY) {
+    return absl::UnavailableError(message);
+  }
+  return absl::InternalError(message);
+}
+
+// One buffer whose length fits IORING_OP_READ/WRITE's 32-bit length.
+bool SingleBuffer(const Op& op) {
+  return op.iovcnt == 1 && op.iov[0].iov_len <= UINT32_MAX;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> UringEngine::Create(int queue_depth) {
+  unsigned entries = std::bit_ceil(
+      static_cast<unsigned>(std::clamp(queue_depth, 8, 4096)));
+  auto ring = std::make_unique<io_uring>();
+  // No setup flags: SUBMIT_ALL and COOP_TASKRUN/TASKRUN_FLAG measured no
+  // difference for 4 KiB O_DIRECT writes at depth 64..256 and need 5.18+.
+  int r = io_uring_queue_init(entries, ring.get(), 0);
+  if (r < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("io_uring_queue_init: ", strerror(-r)));
+  }
+  return std::unique_ptr<Engine>(new UringEngine(std::move(ring)));
+}
+
+UringEngine::UringEngine(std::unique_ptr<io_uring> ring)
+    : ring_(std::move(ring)),
+      ring_entries_(ring_->sq.ring_entries),
+      max_in_kernel_(ring_->cq.ring_entries) {
+  completed_.reserve(max_in_kernel_);
+}
+
+UringEngine::~UringEngine() { io_uring_queue_exit(ring_.get()); }
+
+void UringEngine::Submit(Op* op) {
+  ++in_flight_;
+  // Keep FIFO order: once requests wait in user space, new ones queue too.
+  if (!overflow_.empty() || !Prepare(op)) overflow_.push_back(op);
+}
+
+bool UringEngine::Prepare(Op* op) {
+  if (in_kernel_ >= max_in_kernel_) return false;
+  io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+  if (sqe == nullptr) {
+    // The SQ is full: hand the queued entries to the kernel first. On
+    // failure `op` waits in user space and Poll() retries (and reports).
+    if (io_uring_submit(ring_.get()) < 0) return false;
+    sqe = io_uring_get_sqe(ring_.get());
+    if (sqe == nullptr) return false;
+  }
+  switch (op->kind) {
+    case OpKind::kRead:
+      if (SingleBuffer(*op)) {  // IORING_OP_READ skips importing the iovec
+        io_uring_prep_read(sqe, op->fd, op->iov[0].iov_base,
+                           static_cast<unsigned>(op->iov[0].iov_len),
+                           op->offset);
+      } else {
+        io_uring_prep_readv(sqe, op->fd, op->iov,
+                            static_cast<unsigned>(op->iovcnt), op->offset);
+      }
+      break;
+    case OpKind::kWrite:
+      if (SingleBuffer(*op)) {
+        io_uring_prep_write(sqe, op->fd, op->iov[0].iov_base,
+                            static_cast<unsigned>(op->iov[0].iov_len),
+                            op->offset);
+      } else {
+        io_uring_prep_writev(sqe, op->fd, op->iov,
+                             static_cast<unsigned>(op->iovcnt), op->offset);
+      }
+      break;
+    case OpKind::kFsync:
+      io_uring_prep_fsync(sqe, op->fd, 0);
+      break;
+    case OpKind::kFdatasync:
+      io_uring_prep_fsync(sqe, op->fd, IORING_FSYNC_DATASYNC);
+      break;
+    case OpKind::kFallocate:
+      io_uring_prep_fallocate(sqe, op->fd, op->mode,
+                              static_cast<off_t>(op->offset),
+                              static_cast<off_t>(op->length));
+      break;
+  }
+  io_uring_sqe_set_data(sqe, op);
+  ++in_kernel_;
+  return true;
+}
+
+void UringEngine::DrainOverflow() {
+  while (!overflow_.empty() && Prepare(overflow_.front())) {
+    overflow_.pop_front();
+  }
+}
+
+absl::Status UringEngine::Poll(bool wait) {
+  io_uring* ring = ring_.get();
+  DrainOverflow();
+
+  // One io_uring_enter: submit everything queued and, if asked to wait and
+  // no completion is ready yet, wait for one.
+  const bool must_wait = wait && in_kernel_ > 0 && io_uring_cq_ready(ring) == 0;
+  if (io_uring_sq_ready(ring) > 0 || must_wait) {
+    int r;
+    do {
+      r = io_uring_submit_and_wait(ring, must_wait ? 1 : 0);
+    } while (r == -EINTR);
+    if (r < 0) {
+      // -EAGAIN/-EBUSY: the kernel is short of resources. The entries stay
+      // queued for the next Poll(); wait for requests already in the
+      // kernel if there are any, since their completion frees resources.
+      const unsigned submitted = in_kernel_ - io_uring_sq_ready(ring);
+      if ((r != -EAGAIN && r != -EBUSY) || submitted == 0) {
+        return EnterError("io_uring_enter", -r);
+      }
+      if (must_wait) {
+        io_uring_cqe* cqe = nullptr;
+        do {
+          r = io_uring_wait_cqe(ring, &cqe);
+        } while (r == -EINTR);
+        if (r < 0) return EnterError("io_uring_enter", -r);
+      }
+    }
+  }
+
+  // Reap every completion available, then run the callbacks: they may submit
+  // new requests (which go into the SQ for the next Poll) or free their Op.
+  std::vector<Op*> batch;
+  batch.swap(completed_);  // nested Poll() from a callback gets a fresh one
+  io_uring_cqe* cqes[kReapBatch];
+  while (unsigned n = io_uring_peek_batch_cqe(ring, cqes, kReapBatch)) {
+    for (unsigned i = 0; i < n; ++i) {
+      Op* op = static_cast<Op*>(io_uring_cqe_get_data(cqes[i]));
+      op->result = cqes[i]->res;
+      batch.push_back(op);
+    }
+    io_uring_cq_advance(ring, n);
+    in_kernel_ -= n;
+  }
+  DrainOverflow();
+  for (Op* op : batch) {
+    --in_flight_;
+    // Move the callback out first: it may reuse `op` for a new request.
+    auto callback = std::move(op->done);
+    if (callback) callback(*op);
+  }
+  batch.clear();
+  if (completed_.capacity() < batch.capacity()) completed_.swap(batch);
+  return absl::OkStatus();
 }
 
 }  // namespace imgtool::io
