@@ -19,11 +19,15 @@ namespace imgtool {
 // Flat list in the order given; keys keep their dots.
 using OptionList = std::vector<std::pair<std::string, std::string>>;
 
-// Splits `text` into key/value pairs. Errors (kInvalidArgument): empty key
-// ("Invalid option string: <text>"), a key given twice ("Duplicate option
-// '<key>'"), an item without '=' other than a leading implied one
-// ("Invalid parameter '<item>'"). "help" and "?" items are returned as
-// key "help" with an empty value.
+// Splits `text` into key/value pairs; "" gives an empty list. Errors
+// (kInvalidArgument, texts as qemu-img 7.2's where it has them): an empty
+// item, i.e. a leading ',' or an odd number of trailing ones ("Invalid
+// option list: <text>"); an empty key ("Invalid parameter ''"); a key given
+// twice ("Duplicate option '<key>'"; QEMU would keep the last); an item
+// without '=' other than a leading implied one ("Invalid parameter
+// '<item>'"; QEMU's deprecated "flag" = "flag=on" form is not supported).
+// "help" and "?" items, even the first, are returned as key "help" with an
+// empty value.
 absl::StatusOr<OptionList> ParseOptionString(absl::string_view text,
                                              absl::string_view implied_key = "");
 
@@ -37,12 +41,22 @@ struct NodeOptions {
 };
 
 // Builds the tree from a flat list. kInvalidArgument if a key is both a
-// value and a child ("file=x,file.driver=y").
+// value and a child ("file=x,file.driver=y"), has an empty component
+// ("file..x", ".x", "x."), or is given twice.
 absl::StatusOr<NodeOptions> BuildNodeOptions(const OptionList& options);
 
-// Parses a `json:{...}` filename (QEMU's JSON pseudo-protocol) into the same
-// tree: nested objects are children, scalars become strings ("true",
-// "65536"). kInvalidArgument with the JSON parse error otherwise.
+// Parses a `json:{...}` filename (QEMU's JSON pseudo-protocol; the "json:"
+// prefix is optional here) into the same tree: nested objects are children,
+// dotted keys are split as in BuildNodeOptions ({"file.filename": "x"} is
+// the same as {"file": {"filename": "x"}}), arrays flatten to children keyed
+// by index ("x": [1] gives x.0 = 1), an empty object or array gives an empty
+// child, and scalars become strings ("true", "65536"; integer literals are
+// kept as written, other numbers print as integers when integral, else with
+// %.17g). Single-quoted strings are accepted, as QEMU does. Errors
+// (kInvalidArgument): "Invalid JSON object given" if the value is not an
+// object; "Could not parse the JSON options: <reason>" for bad JSON, a
+// duplicate key ("JSON parse error, duplicate key") or a null; the
+// BuildNodeOptions errors for clashing keys.
 absl::StatusOr<NodeOptions> ParseJsonFilename(absl::string_view text);
 
 }  // namespace imgtool
