@@ -4,11 +4,16 @@
 #ifndef IMGTOOL_IMGTOOL_COMMAND_H_
 #define IMGTOOL_IMGTOOL_COMMAND_H_
 
+#include <getopt.h>
+
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace imgtool::cli {
 
@@ -20,9 +25,46 @@ struct Streams {
 };
 
 // Exit code a command asks for besides 0 (ok) and 1 (error): attach it to
-// a status with SetExitCode (check's 2/3, compare's 1..4, check's 63).
+// a status with WithExitCode (check's 2/3, compare's 1..4, check's 63).
 absl::Status WithExitCode(absl::Status status, int exit_code);
 int ExitCodeOf(const absl::Status& status);  // 0 for ok, 1 by default
+
+// How main prints a failed status (FormatError): "imgtool: " + message.
+// A message of several lines is printed the way qemu-img prints it: by
+// default only the first line gets the prefix (qemu-img's error + hint, e.g.
+// `Failed to get "write" lock` / `Is another process using the image [x]?`);
+// PrefixEachLine marks messages qemu-img prints as separate reports, where
+// every line is prefixed (the two "Invalid image size specified..." lines).
+absl::Status PrefixEachLine(absl::Status status);
+
+// A command-line usage error (unknown option, missing operand): main prints
+// "imgtool: <message>", then `usage` (one line, no prefix) and "Try 'imgtool
+// --help' for more information". Exit code 1. kInvalidArgument.
+absl::Status UsageError(absl::string_view message, absl::string_view usage);
+
+// The complete text main writes to stderr for `status` (not ok), ending
+// with a newline.
+std::string FormatError(const absl::Status& status);
+
+// Parses the options of a command with getopt_long, qemu-img's way: options
+// and operands may be mixed, "--" ends the options, an unknown option is
+// UsageError("unrecognized option '<word>'"), a missing argument
+// UsageError("missing argument for option '<word>'"). `on_option` is called
+// with each option's code (the short letter or the long option's `val`) and
+// its argument ("" if none) in command-line order; an error from it stops
+// the parse and is returned. Returns the operands in order.
+// `short_options` is a getopt string without the leading ':' (added here).
+// Not thread-safe: getopt keeps global state.
+absl::StatusOr<std::vector<std::string>> ParseOptions(
+    const std::vector<std::string>& args, const char* short_options,
+    const struct option* long_options, absl::string_view usage,
+    const std::function<absl::Status(int option, const std::string& arg)>&
+        on_option);
+
+// qemu-img's --output check: "human" or "json", else kInvalidArgument
+// "--output must be used with human or json as argument.". Returns true for
+// json.
+absl::StatusOr<bool> ParseOutputFormat(const std::string& value);
 
 using CommandFn = absl::Status (*)(const std::vector<std::string>& args,
                                    Streams streams);

@@ -5,6 +5,7 @@
 #ifndef IMGTOOL_IMGTOOL_IMAGE_H_
 #define IMGTOOL_IMGTOOL_IMAGE_H_
 
+#include <cstdint>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -40,6 +41,19 @@ absl::StatusOr<OpenedImage> OpenImage(const ImageSpec& spec, std::ostream& err);
 
 // Closes the node (flushing it) and returns the first error.
 absl::Status CloseImage(OpenedImage& image);
+
+// The size of the image in bytes as qemu-img reports it (`virtual size`,
+// the end of `map`, the base of relative resizes): the top node's length
+// rounded up to 512 bytes, since QEMU counts whole sectors (a 1000-byte raw
+// file is 1024 bytes). The bytes past the end of the file read as zeroes.
+uint64_t VirtualSize(const OpenedImage& image);
+
+// Checks a -f value for a command that creates or opens an image:
+// "raw" and "file" are supported; other formats QEMU knows (qcow2, vmdk...)
+// are kUnimplemented "Format '<fmt>' is not supported yet"; anything else is
+// kInvalidArgument "Unknown file format '<fmt>'" (create) or
+// "Unknown driver '<fmt>'" (open), as qemu-img words them.
+absl::Status CheckFormat(const std::string& format, bool for_create);
 
 }  // namespace imgtool::cli
 

@@ -1,0 +1,112 @@
+#include "imgtool/command.h"
+
+#include <getopt.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace imgtool::cli {
+namespace {
+
+constexpr char kExitCodePayload[] = "imgtool/exit_code";
+constexpr char kPrefixEachLinePayload[] = "imgtool/prefix_each_line";
+constexpr char kUsagePayload[] = "imgtool/usage";
+constexpr char kPrefix[] = "imgtool: ";
+
+}  // namespace
+
+absl::Status WithExitCode(absl::Status status, int exit_code) {
+  status.SetPayload(kExitCodePayload, absl::Cord(absl::StrCat(exit_code)));
+  return status;
+}
+
+int ExitCodeOf(const absl::Status& status) {
+  if (status.ok()) return 0;
+  int code = 1;
+  if (auto payload = status.GetPayload(kExitCodePayload);
+      payload.has_value() && absl::SimpleAtoi(std::string(*payload), &code)) {
+    return code;
+  }
+  return 1;
+}
+
+absl::Status PrefixEachLine(absl::Status status) {
+  status.SetPayload(kPrefixEachLinePayload, absl::Cord("1"));
+  return status;
+}
+
+absl::Status UsageError(absl::string_view message, absl::string_view usage) {
+  absl::Status status = absl::InvalidArgumentError(message);
+  status.SetPayload(kUsagePayload, absl::Cord(usage));
+  return status;
+}
+
+std::string FormatError(const absl::Status& status) {
+  const bool each_line = status.GetPayload(kPrefixEachLinePayload).has_value();
+  std::string text;
+  bool first = true;
+  for (absl::string_view line : absl::StrSplit(status.message(), '\n')) {
+    if (first || each_line) text += kPrefix;
+    absl::StrAppend(&text, line, "\n");
+    first = false;
+  }
+  if (auto usage = status.GetPayload(kUsagePayload); usage.has_value()) {
+    if (!usage->empty()) absl::StrAppend(&text, std::string(*usage), "\n");
+    text += "Try 'imgtool --help' for more information\n";
+  }
+  return text;
+}
+
+absl::StatusOr<std::vector<std::string>> ParseOptions(
+    const std::vector<std::string>& args, const char* short_options,
+    const struct option* long_options, absl::string_view usage,
+    const std::function<absl::Status(int option, const std::string& arg)>&
+        on_option) {
+  // getopt wants a mutable argv whose element 0 is the program name.
+  std::vector<std::string> words;
+  words.reserve(args.size() + 1);
+  words.push_back("imgtool");
+  words.insert(words.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  const int argc = static_cast<int>(words.size());
+  const std::string optstring = absl::StrCat(":", short_options);
+
+  optind = 0;  // glibc: full re-initialisation, so Run can be called again.
+  opterr = 0;
+  for (;;) {
+    int c = getopt_long(argc, argv.data(), optstring.c_str(), long_options,
+                        nullptr);
+    if (c == -1) break;
+    if (c == '?') {
+      return UsageError(
+          absl::StrCat("unrecognized option '", argv[optind - 1], "'"), usage);
+    }
+    if (c == ':') {
+      return UsageError(
+          absl::StrCat("missing argument for option '", argv[optind - 1], "'"),
+          usage);
+    }
+    absl::Status st = on_option(c, optarg != nullptr ? optarg : "");
+    if (!st.ok()) return st;
+  }
+  std::vector<std::string> operands;
+  for (int i = optind; i < argc; ++i) operands.push_back(argv[i]);
+  optind = 0;
+  return operands;
+}
+
+absl::StatusOr<bool> ParseOutputFormat(const std::string& value) {
+  if (value == "json") return true;
+  if (value == "human") return false;
+  return absl::InvalidArgumentError(
+      "--output must be used with human or json as argument.");
+}
+
+}  // namespace imgtool::cli

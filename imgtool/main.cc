@@ -1,0 +1,93 @@
+// imgtool: a qemu-img look-alike. main only dispatches
+// `imgtool <command> args...` to the command's Run function (command.h) and
+// prints its error as "imgtool: <message>".
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "imgtool/command.h"
+
+namespace {
+
+using imgtool::cli::CommandFn;
+
+struct Command {
+  const char* name;
+  CommandFn run;
+};
+
+constexpr Command kCommands[] = {
+    {"bench", imgtool::cli::RunBench},
+    {"create", imgtool::cli::RunCreate},
+    {"info", imgtool::cli::RunInfo},
+    {"map", imgtool::cli::RunMap},
+    {"resize", imgtool::cli::RunResize},
+};
+
+constexpr char kVersion[] = "imgtool version 0.1.0\n";
+
+constexpr char kHelp[] =
+    "imgtool version 0.1.0 - disk image utility (a qemu-img look-alike)\n"
+    "usage: imgtool [-h | --help | --version] COMMAND [COMMAND OPTIONS]\n"
+    "\n"
+    "Commands:\n"
+    "  bench [-c COUNT] [-d DEPTH] [-f FMT] [--flush-interval=N] [-i AIO] "
+    "[-n] [--no-drain]\n"
+    "        [-o OFFSET] [--pattern=BYTE] [-q] [-s SIZE] [-S STEP] [-t CACHE] "
+    "[-w] [-U] FILE\n"
+    "  create [-q] [-f FMT] [-o OPTIONS] FILE [SIZE]\n"
+    "  info [-f FMT] [--output=human|json] [-U] FILE\n"
+    "  map [-f FMT] [--output=human|json] [--start-offset=OFFSET] "
+    "[--max-length=LENGTH] [-U] FILE\n"
+    "  resize [-q] [-f FMT] [--preallocation=MODE] [--shrink] FILE "
+    "[+|-]SIZE\n"
+    "\n"
+    "FMT is raw (default) or file. SIZE and OFFSET take the suffixes k, M, G, "
+    "T, P, E\n"
+    "(powers of 1024). 'imgtool COMMAND --help' describes a command's "
+    "options.\n";
+
+int UsageFailure(const std::string& message) {
+  std::cerr << "imgtool: " << message << "\n"
+            << "Try 'imgtool --help' for more information\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // `bazel run //imgtool -- info x.raw` runs in the runfiles tree; file
+  // names are meant relative to the user's directory.
+  if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY");
+      dir != nullptr && *dir != '\0') {
+    if (chdir(dir) != 0) {
+      std::cerr << "imgtool: " << dir << ": chdir: " << std::strerror(errno)
+                << "\n";
+      return 1;
+    }
+  }
+  if (argc < 2) return UsageFailure("Not enough arguments");
+  const std::string command = argv[1];
+  if (command == "-h" || command == "--help" || command == "help") {
+    std::cout << kHelp;
+    return 0;
+  }
+  if (command == "-V" || command == "--version") {
+    std::cout << kVersion;
+    return 0;
+  }
+  for (const Command& c : kCommands) {
+    if (command != c.name) continue;
+    const std::vector<std::string> args(argv + 2, argv + argc);
+    const absl::Status status = c.run(args, {std::cout, std::cerr});
+    std::cout.flush();
+    if (!status.ok()) std::cerr << imgtool::cli::FormatError(status);
+    return imgtool::cli::ExitCodeOf(status);
+  }
+  return UsageFailure("Command not found: " + command);
+}

@@ -1,0 +1,252 @@
+// imgtool map [-f FMT] [--output=human|json] [--start-offset=OFF]
+// [--max-length=LEN] [-U] FILE: the image's extents from block status,
+// merged and printed exactly as qemu-img 7.2 prints them.
+#include <getopt.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "base/size.h"
+#include "base/status_macros.h"
+#include "imgtool/command.h"
+#include "imgtool/image.h"
+
+namespace imgtool::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "Usage: imgtool map [-f FMT] [--output=human|json] [--start-offset=OFF] "
+    "[--max-length=LEN] [-U] FILE";
+
+constexpr char kHelp[] =
+    "Usage: imgtool map [-f FMT] [--output=human|json] [--start-offset=OFF] "
+    "[--max-length=LEN] [-U] FILE\n"
+    "Lists the extents of an image and where their data is.\n"
+    "  -f FMT                image format (raw, file); probed if absent\n"
+    "  --output=human|json   human: data extents only; json: every extent\n"
+    "  --start-offset=OFF    first byte to map (default 0)\n"
+    "  --max-length=LEN      bytes to map from OFF (default: to the end)\n"
+    "  -U, --force-share     open read-only without taking the image locks\n";
+
+enum LongOption { kOutput = 256, kObject, kImageOpts, kStartOffset,
+                  kMaxLength };
+
+const struct option kLongOptions[] = {
+    {"help", no_argument, nullptr, 'h'},
+    {"format", required_argument, nullptr, 'f'},
+    {"output", required_argument, nullptr, kOutput},
+    {"object", required_argument, nullptr, kObject},
+    {"image-opts", no_argument, nullptr, kImageOpts},
+    {"start-offset", required_argument, nullptr, kStartOffset},
+    {"max-length", required_argument, nullptr, kMaxLength},
+    {"force-share", no_argument, nullptr, 'U'},
+    {nullptr, 0, nullptr, 0},
+};
+
+// One line of the map (qemu-img's MapEntry). Offsets and lengths in bytes.
+struct MapEntry {
+  uint64_t start = 0;
+  uint64_t length = 0;
+  int depth = 0;
+  bool present = false;
+  bool zero = false;
+  bool data = false;
+  bool has_offset = false;
+  uint64_t offset = 0;
+  const io::BlockNode* file = nullptr;  // node holding the data, if known
+};
+
+// qemu-img's rule: same flags, same file, and contiguous host offsets.
+bool Mergeable(const MapEntry& curr, const MapEntry& next) {
+  if (curr.length == 0) return false;
+  if (curr.zero != next.zero || curr.data != next.data ||
+      curr.depth != next.depth || curr.present != next.present ||
+      (curr.file == nullptr) != (next.file == nullptr) ||
+      curr.has_offset != next.has_offset) {
+    return false;
+  }
+  if (curr.file != nullptr && curr.file->filename() != next.file->filename()) {
+    return false;
+  }
+  if (curr.has_offset && curr.offset + curr.length != next.offset) {
+    return false;
+  }
+  return true;
+}
+
+// The state of [offset, offset + bytes) from its start. Past the end of the
+// file (up to the 512-byte rounded virtual size) the image reads as zeroes.
+absl::StatusOr<MapEntry> GetEntry(OpenedImage& image, uint64_t offset,
+                                  uint64_t bytes) {
+  MapEntry e;
+  e.start = offset;
+  e.present = true;
+  const uint64_t file_size = image.node->size();
+  if (offset >= file_size) {
+    e.length = bytes;
+    e.zero = true;
+    e.has_offset = true;
+    e.offset = offset;
+    e.file = image.file;
+    return e;
+  }
+  ASSIGN_OR_RETURN(
+      io::BlockStatus status,
+      io::RunSync(*image.engine,
+                  image.node->GetBlockStatus(
+                      offset, std::min(bytes, file_size - offset))));
+  e.length = status.length;
+  e.data = status.data;
+  e.zero = status.zero;
+  e.present = status.data || status.zero;
+  e.has_offset = status.offset_valid;
+  e.offset = status.host_offset;
+  e.file = status.file;
+  if (e.file == nullptr && e.has_offset) e.file = image.file;
+  return e;
+}
+
+std::string Hex(uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%#-16" PRIx64, v);
+  return buf;
+}
+
+// Prints one entry; `last` says whether another follows (JSON separator).
+absl::Status DumpEntry(const MapEntry& e, bool json, bool last,
+                       std::ostream& out) {
+  if (json) {
+    out << "{ \"start\": " << e.start << ", \"length\": " << e.length
+        << ", \"depth\": " << e.depth
+        << ", \"present\": " << (e.present ? "true" : "false")
+        << ", \"zero\": " << (e.zero ? "true" : "false")
+        << ", \"data\": " << (e.data ? "true" : "false");
+    if (e.has_offset) out << ", \"offset\": " << e.offset;
+    out << "}";
+    if (!last) out << ",\n";
+    return absl::OkStatus();
+  }
+  if (e.data && !e.has_offset) {
+    return absl::DataLossError(
+        "File contains external, encrypted or compressed clusters.");
+  }
+  if (e.data && !e.zero) {
+    out << Hex(e.start) << Hex(e.length) << Hex(e.has_offset ? e.offset : 0)
+        << (e.file != nullptr ? e.file->filename() : "") << "\n";
+  }
+  return absl::OkStatus();
+}
+
+// cvtnum() of qemu-img with `what` naming the value in its messages.
+absl::StatusOr<uint64_t> ParseNumber(const std::string& what,
+                                     const std::string& text) {
+  absl::StatusOr<uint64_t> v = ParseSize(text);
+  if (v.ok()) return v;
+  return PrefixEachLine(absl::InvalidArgumentError(absl::StrReplaceAll(
+      v.status().message(), {{"Invalid image size", "Invalid " + what}})));
+}
+
+}  // namespace
+
+absl::Status RunMap(const std::vector<std::string>& args, Streams streams) {
+  ImageSpec spec;
+  std::string output = "human";
+  uint64_t start_offset = 0;
+  std::optional<uint64_t> max_length;
+  bool help = false;
+  ASSIGN_OR_RETURN(
+      std::vector<std::string> operands,
+      ParseOptions(
+          args, "f:hU", kLongOptions, kUsage,
+          [&](int c, const std::string& arg) -> absl::Status {
+            switch (c) {
+              case 'f': spec.format = arg; break;
+              case 'h': help = true; break;
+              case 'U': spec.force_share = true; break;
+              case kOutput: output = arg; break;
+              case kObject:
+                return absl::UnimplementedError(
+                    "--object is not supported yet");
+              case kImageOpts: spec.image_opts = true; break;
+              case kStartOffset: {
+                ASSIGN_OR_RETURN(start_offset,
+                                 ParseNumber("start offset", arg));
+                break;
+              }
+              case kMaxLength: {
+                ASSIGN_OR_RETURN(max_length, ParseNumber("max length", arg));
+                break;
+              }
+            }
+            return absl::OkStatus();
+          }));
+  if (help) {
+    streams.out << kHelp;
+    return absl::OkStatus();
+  }
+  if (operands.size() != 1) {
+    return UsageError("Expecting one image file name", kUsage);
+  }
+  ASSIGN_OR_RETURN(const bool json, ParseOutputFormat(output));
+  if (spec.image_opts && !spec.format.empty()) {
+    return absl::InvalidArgumentError(
+        "--image-opts and --format are mutually exclusive");
+  }
+  spec.filename = operands[0];
+  spec.read_only = true;
+  spec.queue_depth = 1;
+
+  ASSIGN_OR_RETURN(OpenedImage image, OpenImage(spec, streams.err));
+  uint64_t length = VirtualSize(image);
+  if (max_length.has_value()) {
+    // Both values are at most INT64_MAX: no overflow.
+    length = std::min(start_offset + *max_length, length);
+  }
+
+  if (json) {
+    streams.out << "[";
+  } else {
+    streams.out << "Offset          Length          Mapped to       File\n";
+  }
+  absl::Status status;
+  MapEntry curr;
+  curr.start = start_offset;
+  while (curr.start + curr.length < length) {
+    const uint64_t offset = curr.start + curr.length;
+    absl::StatusOr<MapEntry> next = GetEntry(image, offset, length - offset);
+    if (!next.ok()) {
+      status = absl::Status(
+          next.status().code(),
+          absl::StrCat("Could not read file metadata: ",
+                       next.status().message()));
+      break;
+    }
+    if (Mergeable(curr, *next)) {
+      curr.length += next->length;
+      continue;
+    }
+    if (curr.length > 0) {
+      status = DumpEntry(curr, json, /*last=*/false, streams.out);
+      if (!status.ok()) break;
+    }
+    curr = *next;
+  }
+  if (status.ok()) {
+    status = DumpEntry(curr, json, /*last=*/true, streams.out);
+    if (json) streams.out << "]\n";
+  }
+  streams.out.flush();
+  absl::Status close = CloseImage(image);
+  RETURN_IF_ERROR(status);
+  return close;
+}
+
+}  // namespace imgtool::cli
