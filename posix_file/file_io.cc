@@ -1,0 +1,548 @@
+#include "posix_file/file_io.h"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/errno_status.h"
+#include "base/status_macros.h"
+#include "io/thread_pool_engine.h"
+
+namespace imgtool::posix_file::internal {
+namespace {
+
+// Largest single syscall transfer (Linux caps one at 0x7ffff000 bytes).
+constexpr uint64_t kMaxTransfer = uint64_t{1} << 30;
+// Largest bounce buffer for one piece of an unaligned O_DIRECT request.
+constexpr uint64_t kMaxBounce = uint64_t{1} << 20;
+// Zero buffer size for preallocation and the zero-write fallback.
+constexpr uint64_t kZeroChunk = uint64_t{1} << 20;
+
+// Alignments here need not be powers of two.
+constexpr uint64_t RoundDownTo(uint64_t v, uint64_t a) { return v - v % a; }
+constexpr uint64_t RoundUpTo(uint64_t v, uint64_t a) {
+  return RoundDownTo(v + a - 1, a);
+}
+
+uint64_t PageSize() {
+  long page = sysconf(_SC_PAGESIZE);
+  return page > 0 ? static_cast<uint64_t>(page) : 4096;
+}
+
+bool IsUnsupportedErrno(int err) {
+  return err == EOPNOTSUPP || err == ENOTSUP || err == EINVAL;
+}
+
+// The kernel's struct statx (include/uapi/linux/stat.h), declared here so
+// that older C library headers without stx_dio_* still build.
+struct KernelStatx {
+  uint32_t mask;
+  uint32_t blksize;
+  uint64_t attributes;
+  uint32_t nlink, uid, gid;
+  uint16_t mode, spare0;
+  uint64_t ino, size, blocks, attributes_mask;
+  uint8_t times[4][16];
+  uint32_t rdev_major, rdev_minor, dev_major, dev_minor;
+  uint64_t mnt_id;
+  uint32_t dio_mem_align;
+  uint32_t dio_offset_align;
+  uint64_t spare3[12];
+};
+static_assert(sizeof(KernelStatx) == 256);
+static_assert(offsetof(KernelStatx, dio_mem_align) == 152);
+constexpr uint32_t kStatxDioAlign = 0x2000;  // STATX_DIOALIGN
+
+// True if `fd` accepts an O_DIRECT read of `length` bytes at `offset` into
+// `buf` (only EINVAL means misaligned, as QEMU does).
+bool DirectReadWorks(int fd, uint8_t* buf, uint64_t length, uint64_t offset) {
+  ssize_t r;
+  do {
+    r = pread(fd, buf, length, static_cast<off_t>(offset));
+  } while (r < 0 && errno == EINTR);
+  return r >= 0 || errno != EINVAL;
+}
+
+class InlineEngine : public io::Engine {
+ public:
+  void Submit(io::Op* op) override { queue_.push_back(op); }
+  absl::Status Poll(bool) override {
+    while (!queue_.empty()) {
+      io::Op* op = queue_.front();
+      queue_.pop_front();
+      io::ExecuteOpBlocking(op);
+      auto done = std::move(op->done);
+      if (done) done(*op);
+    }
+    return absl::OkStatus();
+  }
+  uint64_t in_flight() const override { return queue_.size(); }
+  const char* name() const override { return "inline"; }
+
+ private:
+  std::deque<io::Op*> queue_;
+};
+
+}  // namespace
+
+AlignedBuffer::AlignedBuffer(uint64_t size, uint64_t alignment)
+    : size_(size) {
+  alignment = std::max<uint64_t>(alignment, sizeof(void*));
+  void* p = nullptr;
+  if (posix_memalign(&p, alignment, std::max<uint64_t>(size, 1)) != 0) {
+    throw std::bad_alloc();
+  }
+  std::memset(p, 0, size);
+  data_.reset(static_cast<uint8_t*>(p));
+}
+
+absl::StatusOr<DioAlignment> ProbeDioAlignment(int fd, const std::string& path,
+                                               bool block_device) {
+  KernelStatx stx = {};
+  if (syscall(SYS_statx, fd, "", AT_EMPTY_PATH, kStatxDioAlign, &stx) == 0 &&
+      (stx.mask & kStatxDioAlign) != 0 && stx.dio_offset_align != 0) {
+    return DioAlignment{stx.dio_offset_align,
+                        std::max<uint64_t>(stx.dio_mem_align, 1)};
+  }
+  if (block_device) {
+    int sector = 0;
+    if (ioctl(fd, BLKSSZGET, &sector) == 0 && sector > 0) {
+      return DioAlignment{static_cast<uint64_t>(sector),
+                          static_cast<uint64_t>(sector)};
+    }
+  }
+  const uint64_t fallback = std::max<uint64_t>(4096, PageSize());
+  off_t data = lseek(fd, 0, SEEK_DATA);
+  if (data < 0) return DioAlignment{fallback, fallback};  // no data to probe
+  AlignedBuffer buf(2 * fallback, fallback);
+  static constexpr uint64_t kSizes[] = {1, 512, 1024, 2048, 4096};
+  uint64_t request = 0;
+  for (uint64_t len : kSizes) {
+    if (DirectReadWorks(fd, buf.data(), len, data)) {
+      request = len == 1 ? fallback : len;
+      break;
+    }
+  }
+  uint64_t memory = 0;
+  if (request != 0) {
+    for (uint64_t shift : kSizes) {
+      if (DirectReadWorks(fd, buf.data() + shift, request, data)) {
+        memory = shift == 1 ? request : shift;
+        break;
+      }
+    }
+  }
+  if (request == 0 || memory == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": Could not find working O_DIRECT alignment\n"
+              "Try cache.direct=off"));
+  }
+  return DioAlignment{request, memory};
+}
+
+std::unique_ptr<io::Engine> NewInlineEngine() {
+  return std::make_unique<InlineEngine>();
+}
+
+// Suspends until some tracked write ends.
+struct FileIo::WaitForWrites {
+  FileIo& io;
+  bool await_ready() const noexcept { return false; }
+  void await_suspend(std::coroutine_handle<> h) { io.waiters_.push_back(h); }
+  void await_resume() const noexcept {}
+};
+
+FileIo::FileIo(io::Engine& engine, Config config)
+    : engine_(engine), config_(std::move(config)), size_(config_.size) {
+  if (!config_.direct) config_.alignment = DioAlignment{};
+}
+
+bool FileIo::NeedsBounce(uint64_t offset, uint64_t length,
+                         const void* p) const {
+  if (!config_.direct) return false;
+  const uint64_t ra = config_.alignment.request;
+  const uint64_t ma = config_.alignment.memory;
+  return offset % ra != 0 || length % ra != 0 ||
+         reinterpret_cast<uintptr_t>(p) % ma != 0;
+}
+
+io::Task<absl::Status> FileIo::ReadPlain(uint64_t offset, uint8_t* buf,
+                                         uint64_t length) {
+  uint64_t done = 0;
+  while (done < length) {
+    struct iovec iov = {buf + done, std::min(length - done, kMaxTransfer)};
+    io::Op op{.kind = io::OpKind::kRead,
+              .fd = config_.fd,
+              .iov = &iov,
+              .iovcnt = 1,
+              .offset = offset + done};
+    int64_t r = co_await engine_.Run(op);
+    if (r == -EINTR || r == -EAGAIN) continue;
+    if (r < 0) co_return ErrnoStatus(config_.path, "preadv", static_cast<int>(-r));
+    if (r == 0) break;  // end of file
+    done += static_cast<uint64_t>(r);
+    // A short O_DIRECT read ending unaligned is the end of the file.
+    if (config_.direct && (offset + done) % config_.alignment.request != 0) {
+      break;
+    }
+  }
+  if (done < length) std::memset(buf + done, 0, length - done);
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> FileIo::WritePlain(uint64_t offset, const uint8_t* data,
+                                          uint64_t length) {
+  uint64_t done = 0;
+  while (done < length) {
+    struct iovec iov = {const_cast<uint8_t*>(data) + done,
+                        std::min(length - done, kMaxTransfer)};
+    io::Op op{.kind = io::OpKind::kWrite,
+              .fd = config_.fd,
+              .iov = &iov,
+              .iovcnt = 1,
+              .offset = offset + done};
+    int64_t r = co_await engine_.Run(op);
+    if (r == -EINTR || r == -EAGAIN) continue;
+    if (r < 0) co_return ErrnoStatus(config_.path, "pwritev", static_cast<int>(-r));
+    if (r == 0) co_return ErrnoStatus(config_.path, "pwritev", EIO);
+    done += static_cast<uint64_t>(r);
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> FileIo::Read(uint64_t offset, io::IoVec buf) {
+  if (!NeedsBounce(offset, buf.size(), buf.data())) {
+    co_return co_await ReadPlain(offset, buf.data(), buf.size());
+  }
+  const uint64_t ra = config_.alignment.request;
+  const uint64_t end = offset + buf.size();
+  const uint64_t piece = RoundUpTo(kMaxBounce, ra);
+  AlignedBuffer bounce(
+      std::min(piece, RoundUpTo(end, ra) - RoundDownTo(offset, ra)),
+      std::max(config_.alignment.memory, ra));
+  uint64_t cur = offset;
+  while (cur < end) {
+    const uint64_t start = RoundDownTo(cur, ra);
+    const uint64_t stop = std::min(RoundUpTo(end, ra), start + piece);
+    CO_RETURN_IF_ERROR(co_await ReadPlain(start, bounce.data(), stop - start));
+    const uint64_t n = std::min(stop, end) - cur;
+    std::memcpy(buf.data() + (cur - offset), bounce.data() + (cur - start), n);
+    cur += n;
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> FileIo::Write(uint64_t offset, io::ConstIoVec data) {
+  absl::Status st =
+      config_.direct
+          ? co_await WriteDirect(offset, data.data(), data.size())
+          : co_await WritePlain(offset, data.data(), data.size());
+  if (st.ok()) size_ = std::max<uint64_t>(size_, offset + data.size());
+  co_return st;
+}
+
+bool FileIo::Conflicts(uint64_t start, uint64_t end, bool rmw) const {
+  for (const InflightWrite& w : inflight_) {
+    if (w.start < end && start < w.end && (rmw || w.rmw)) return true;
+  }
+  return false;
+}
+
+void FileIo::EndWrite(std::list<InflightWrite>::iterator it) {
+  inflight_.erase(it);
+  std::vector<std::coroutine_handle<>> waiters;
+  waiters.swap(waiters_);
+  for (std::coroutine_handle<> h : waiters) h.resume();
+}
+
+absl::Status FileIo::TrimPadding(uint64_t written_end) {
+  // An aligned write may have grown the file past the caller's data: cut it
+  // back to the furthest end any finished or pending write wants.
+  uint64_t wanted = size_;
+  for (const InflightWrite& w : inflight_) wanted = std::max(wanted, w.wanted_end);
+  if (written_end <= wanted) return absl::OkStatus();
+  struct stat st;
+  if (fstat(config_.fd, &st) != 0) return ErrnoStatus(config_.path, "fstat", errno);
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) <= wanted) {
+    return absl::OkStatus();
+  }
+  if (ftruncate(config_.fd, static_cast<off_t>(wanted)) != 0) {
+    return ErrnoStatus(config_.path, "ftruncate", errno);
+  }
+  return absl::OkStatus();
+}
+
+io::Task<absl::Status> FileIo::WriteDirect(uint64_t offset, const uint8_t* data,
+                                           uint64_t length) {
+  const uint64_t end = offset + length;
+  if (!NeedsBounce(offset, length, data)) {
+    while (Conflicts(offset, end, /*rmw=*/false)) co_await WaitForWrites{*this};
+    auto it = inflight_.insert(inflight_.end(),
+                               InflightWrite{offset, end, false, end});
+    absl::Status st = co_await WritePlain(offset, data, length);
+    EndWrite(it);
+    co_return st;
+  }
+  const uint64_t ra = config_.alignment.request;
+  const uint64_t piece = RoundUpTo(kMaxBounce, ra);
+  AlignedBuffer bounce(
+      std::min(piece, RoundUpTo(end, ra) - RoundDownTo(offset, ra)),
+      std::max(config_.alignment.memory, ra));
+  uint64_t cur = offset;
+  while (cur < end) {
+    const uint64_t start = RoundDownTo(cur, ra);
+    const uint64_t stop = std::min(RoundUpTo(end, ra), start + piece);
+    const uint64_t data_end = std::min(stop, end);
+    const bool rmw = cur != start || data_end != stop;
+    while (Conflicts(start, stop, rmw)) co_await WaitForWrites{*this};
+    auto it = inflight_.insert(inflight_.end(),
+                               InflightWrite{start, stop, rmw, data_end});
+    absl::Status st;
+    if (cur != start) {  // head padding
+      st = co_await ReadPlain(start, bounce.data(), ra);
+    }
+    if (st.ok() && data_end != stop && (stop - ra != start || cur == start)) {
+      st = co_await ReadPlain(stop - ra, bounce.data() + (stop - ra - start), ra);
+    }
+    if (st.ok()) {
+      std::memcpy(bounce.data() + (cur - start), data + (cur - offset),
+                  data_end - cur);
+      st = co_await WritePlain(start, bounce.data(), stop - start);
+    }
+    if (st.ok()) {
+      size_ = std::max(size_, data_end);
+      if (stop != data_end) {
+        it->wanted_end = 0;  // our own padding does not count
+        st = TrimPadding(stop);
+      }
+    }
+    EndWrite(it);
+    CO_RETURN_IF_ERROR(st);
+    cur = data_end;
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<int64_t> FileIo::Fallocate(int mode, uint64_t offset, uint64_t length) {
+  bool* supported = (mode & FALLOC_FL_PUNCH_HOLE)   ? &punch_hole_supported_
+                    : (mode & FALLOC_FL_ZERO_RANGE) ? &zero_range_supported_
+                                                    : &allocate_supported_;
+  if (!*supported) co_return -EOPNOTSUPP;
+  io::Op op{.kind = io::OpKind::kFallocate,
+            .fd = config_.fd,
+            .offset = offset,
+            .length = length,
+            .mode = mode};
+  int64_t r;
+  do {
+    r = co_await engine_.Run(op);
+  } while (r == -EINTR);
+  if (r < 0 && IsUnsupportedErrno(static_cast<int>(-r))) {
+    *supported = false;
+    co_return -EOPNOTSUPP;
+  }
+  co_return r < 0 ? r : 0;
+}
+
+absl::Status FileIo::ExtendTo(uint64_t end) {
+  if (config_.regular_file) {
+    struct stat st;
+    if (fstat(config_.fd, &st) != 0) return ErrnoStatus(config_.path, "fstat", errno);
+    if (static_cast<uint64_t>(st.st_size) < end &&
+        ftruncate(config_.fd, static_cast<off_t>(end)) != 0) {
+      return ErrnoStatus(config_.path, "ftruncate", errno);
+    }
+  }
+  size_ = std::max(size_, end);
+  return absl::OkStatus();
+}
+
+io::Task<absl::Status> FileIo::WriteZeroes(uint64_t offset, uint64_t length,
+                                           bool may_unmap) {
+  const uint64_t end = offset + length;
+  if (!config_.regular_file) {
+    // Block devices take fallocate only on whole logical blocks and never
+    // change size.
+    const uint64_t bs = config_.logical_block_size;
+    if (offset % bs != 0 || length % bs != 0 || end > size_) {
+      co_return absl::UnimplementedError("write zeroes");
+    }
+  }
+  const int keep_size = config_.regular_file ? 0 : FALLOC_FL_KEEP_SIZE;
+  if (may_unmap) {
+    int64_t r = co_await Fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                   offset, length);
+    if (r == 0) co_return ExtendTo(end);
+    if (r != -EOPNOTSUPP && r != -EBUSY) {
+      co_return ErrnoStatus(config_.path, "fallocate", static_cast<int>(-r));
+    }
+  }
+  int64_t r = co_await Fallocate(FALLOC_FL_ZERO_RANGE | keep_size, offset, length);
+  if (r == 0) co_return ExtendTo(end);
+  if (r != -EOPNOTSUPP) {
+    co_return ErrnoStatus(config_.path, "fallocate", static_cast<int>(-r));
+  }
+  if (config_.regular_file) {
+    r = co_await Fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset,
+                           length);
+    if (r == 0) {
+      r = co_await Fallocate(0, offset, length);
+      if (r == 0 || r == -EOPNOTSUPP) co_return ExtendTo(end);
+      co_return ErrnoStatus(config_.path, "fallocate", static_cast<int>(-r));
+    }
+    if (r != -EOPNOTSUPP) {
+      co_return ErrnoStatus(config_.path, "fallocate", static_cast<int>(-r));
+    }
+    if (offset >= size_) {  // past EOF everything reads as zeroes already
+      r = co_await Fallocate(0, offset, length);
+      if (r == 0) co_return ExtendTo(end);
+      if (r != -EOPNOTSUPP) {
+        co_return ErrnoStatus(config_.path, "fallocate", static_cast<int>(-r));
+      }
+    }
+  }
+  co_return absl::UnimplementedError("write zeroes");
+}
+
+io::Task<absl::Status> FileIo::Discard(uint64_t offset, uint64_t length) {
+  if (!config_.regular_file) {
+    const uint64_t bs = config_.logical_block_size;
+    if (offset % bs != 0 || length % bs != 0) {
+      co_return absl::UnimplementedError("discard");
+    }
+  }
+  int64_t r = co_await Fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                 offset, length);
+  if (r == -EOPNOTSUPP) co_return absl::UnimplementedError("discard");
+  if (r < 0) co_return ErrnoStatus(config_.path, "fallocate", static_cast<int>(-r));
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> FileIo::Sync(bool data_only) {
+  io::Op op{.kind = data_only ? io::OpKind::kFdatasync : io::OpKind::kFsync,
+            .fd = config_.fd};
+  int64_t r = co_await engine_.Run(op);
+  if (r < 0) {
+    co_return ErrnoStatus(config_.path, data_only ? "fdatasync" : "fsync",
+                          static_cast<int>(-r));
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> FileIo::WriteZeroBuffers(uint64_t start, uint64_t end) {
+  if (start >= end) co_return absl::OkStatus();
+  const uint64_t ra = request_alignment();
+  AlignedBuffer zeroes(std::min(kZeroChunk, end - start),
+                       std::max<uint64_t>(config_.alignment.memory, 4096));
+  uint64_t cur = start;
+  while (cur < end) {
+    uint64_t n = std::min(end - cur, zeroes.size());
+    if (cur % ra != 0) n = std::min(n, RoundUpTo(cur, ra) - cur);
+    CO_RETURN_IF_ERROR(co_await Write(cur, io::ConstIoVec(zeroes.data(), n)));
+    cur += n;
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<void> FileIo::WriteFirstBlock(uint64_t new_size) {
+  // Allocating the first block helps later O_DIRECT alignment probing;
+  // failures are ignored (file-posix.md §3).
+  const uint64_t n = std::min<uint64_t>(new_size < 4096 ? 512 : 4096, new_size);
+  AlignedBuffer zeroes(4096, std::max<uint64_t>(config_.alignment.memory, 4096));
+  (void)co_await Write(0, io::ConstIoVec(zeroes.data(), n));
+}
+
+io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode) {
+  struct stat st;
+  if (fstat(config_.fd, &st) != 0) {
+    co_return ErrnoStatus(config_.path, "fstat", errno);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    if (mode != io::PreallocMode::kOff) {
+      co_return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: Preallocation mode '%s' unsupported for this non-regular file",
+          config_.path, io::PreallocModeName(mode)));
+    }
+    if (new_size > size_) {
+      co_return absl::InvalidArgumentError(
+          absl::StrCat(config_.path, ": Cannot grow device files"));
+    }
+    if (new_size < size_) {
+      co_return absl::UnimplementedError(
+          absl::StrCat(config_.path, ": Cannot resize device files"));
+    }
+    co_return absl::OkStatus();
+  }
+  const uint64_t old_size = static_cast<uint64_t>(st.st_size);
+  if (mode == io::PreallocMode::kMetadata) {
+    co_return absl::InvalidArgumentError(absl::StrCat(
+        config_.path, ": Unsupported preallocation mode: metadata"));
+  }
+  if (new_size < old_size && mode != io::PreallocMode::kOff) {
+    co_return absl::InvalidArgumentError(absl::StrCat(
+        config_.path, ": Cannot use preallocation for shrinking files"));
+  }
+  absl::Status result;
+  switch (mode) {
+    case io::PreallocMode::kOff:
+      if (ftruncate(config_.fd, static_cast<off_t>(new_size)) != 0) {
+        co_return ErrnoStatus(config_.path, "Could not resize file", errno);
+      }
+      size_ = new_size;
+      if (old_size == 0 && new_size > 0) co_await WriteFirstBlock(new_size);
+      co_return absl::OkStatus();
+    case io::PreallocMode::kFalloc:
+      if (new_size > old_size) {
+        // No ftruncate first: the zero-write fallback then never has to
+        // look at blocks that already exist.
+        int64_t r = co_await Fallocate(0, old_size, new_size - old_size);
+        if (r == -EOPNOTSUPP) {
+          result = co_await WriteZeroBuffers(old_size, new_size);
+        } else if (r < 0) {
+          result = ErrnoStatus(config_.path, "Could not preallocate new data",
+                               static_cast<int>(-r));
+        }
+      }
+      break;
+    case io::PreallocMode::kFull:
+      if (ftruncate(config_.fd, static_cast<off_t>(new_size)) != 0) {
+        result = ErrnoStatus(config_.path, "Could not resize file", errno);
+      } else {
+        result = co_await WriteZeroBuffers(old_size, new_size);
+        if (result.ok()) result = co_await Sync(/*data_only=*/false);
+      }
+      break;
+    case io::PreallocMode::kMetadata:
+      break;
+  }
+  if (!result.ok()) {
+    if (ftruncate(config_.fd, static_cast<off_t>(old_size)) != 0) {
+      result = absl::Status(
+          result.code(),
+          absl::StrCat(result.message(), "\nFailed to restore old file length: ",
+                       std::strerror(errno)));
+    }
+    size_ = old_size;
+    co_return result;
+  }
+  size_ = new_size;
+  if (mode == io::PreallocMode::kFalloc && old_size == 0 && new_size > 0) {
+    co_await WriteFirstBlock(new_size);
+  }
+  co_return absl::OkStatus();
+}
+
+}  // namespace imgtool::posix_file::internal

@@ -1,0 +1,158 @@
+// The data path of the `file` driver, shared by FileNode and CreateFile:
+// reads and writes through an io::Engine with short-transfer retries and
+// O_DIRECT bounce buffers, fallocate with a probed-once fallback, write
+// zeroes, discard, and truncate with preallocation (file-posix.md §3-4, §6).
+// Internal to posix_file.
+//
+// Thread model: used from the engine's thread only. Several requests may be
+// in flight; O_DIRECT writes that read-modify-write padding wait for
+// overlapping writes (and vice versa) so padding never overwrites new data.
+#ifndef IMGTOOL_POSIX_FILE_FILE_IO_H_
+#define IMGTOOL_POSIX_FILE_FILE_IO_H_
+
+#include <coroutine>
+#include <cstdint>
+#include <cstdlib>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "io/block_node.h"
+#include "io/engine.h"
+#include "io/task.h"
+
+namespace imgtool::posix_file::internal {
+
+// Zero-initialised memory aligned to `alignment` (a power of two).
+class AlignedBuffer {
+ public:
+  AlignedBuffer(uint64_t size, uint64_t alignment);
+  uint8_t* data() const { return data_.get(); }
+  uint64_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, Free> data_;
+  uint64_t size_;
+};
+
+// O_DIRECT alignment in bytes: of file offsets and lengths, and of buffer
+// addresses.
+struct DioAlignment {
+  uint64_t request = 1;
+  uint64_t memory = 1;
+};
+
+// Finds the O_DIRECT alignment of `fd` (opened with O_DIRECT): statx
+// STATX_DIOALIGN, else BLKSSZGET for block devices, else pread probes of
+// 1, 512 .. 4096 bytes on the first allocated data (a hole proves nothing;
+// with no data, or if 1 byte works, max(4096, page size)). Blocking; for
+// Open. kInvalidArgument "Could not find working O_DIRECT alignment".
+absl::StatusOr<DioAlignment> ProbeDioAlignment(int fd, const std::string& path,
+                                               bool block_device);
+
+// An engine that makes each syscall on the calling thread inside Poll(),
+// for CreateFile (which has no engine) to share FileIo's code.
+std::unique_ptr<io::Engine> NewInlineEngine();
+
+class FileIo {
+ public:
+  struct Config {
+    int fd = -1;  // not owned
+    std::string path;
+    bool direct = false;   // O_DIRECT: requests need `alignment`
+    DioAlignment alignment;
+    bool regular_file = true;  // false: block or character device
+    uint64_t logical_block_size = 512;  // block devices: BLKSSZGET
+    uint64_t size = 0;     // current length in bytes
+  };
+
+  FileIo(io::Engine& engine, Config config);
+  FileIo(const FileIo&) = delete;
+  FileIo& operator=(const FileIo&) = delete;
+
+  // Length as this node knows it: the length at open, grown by writes and
+  // write zeroes past it, set by Truncate.
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return config_.path; }
+  uint64_t request_alignment() const {
+    return config_.direct ? config_.alignment.request : 1;
+  }
+
+  // Reads buf.size() bytes at `offset`; bytes past EOF read as zeroes. Any
+  // alignment (bounced under O_DIRECT). Short reads are retried.
+  io::Task<absl::Status> Read(uint64_t offset, io::IoVec buf);
+
+  // Writes `data` at `offset`, growing size() if it ends past it. Any
+  // alignment (bounced with read-modify-write under O_DIRECT). Short writes
+  // are retried.
+  io::Task<absl::Status> Write(uint64_t offset, io::ConstIoVec data);
+
+  // fallocate(fd, mode, offset, length): 0 or -errno. EOPNOTSUPP, ENOTSUP
+  // and EINVAL mark the kind of `mode` (allocate, ZERO_RANGE, PUNCH_HOLE)
+  // unsupported for this file; later calls of that kind return -EOPNOTSUPP
+  // without a syscall.
+  io::Task<int64_t> Fallocate(int mode, uint64_t offset, uint64_t length);
+
+  // Makes the range read as zeroes with fallocate (file-posix.md §4):
+  // punch hole first if `may_unmap`, else ZERO_RANGE, else PUNCH_HOLE then
+  // allocate, else allocate past EOF. kUnimplemented when none works (the
+  // caller writes zero buffers).
+  io::Task<absl::Status> WriteZeroes(uint64_t offset, uint64_t length,
+                                     bool may_unmap);
+
+  // Punches a hole (PUNCH_HOLE|KEEP_SIZE). kUnimplemented if unsupported.
+  io::Task<absl::Status> Discard(uint64_t offset, uint64_t length);
+
+  // fdatasync (data_only) or fsync through the engine.
+  io::Task<absl::Status> Sync(bool data_only);
+
+  // Sets the length to `new_size` backing new bytes per `mode`
+  // (file-posix.md §3): off = ftruncate + first-block write when growing an
+  // empty file; falloc = fallocate from the old length (no ftruncate first),
+  // falling back to zero writes of <= 1 MiB each (one write per filesystem
+  // block at most, no reads); full = ftruncate, zero writes, fsync. On
+  // failure the old length is restored. Devices: only kOff at the same size.
+  io::Task<absl::Status> Truncate(uint64_t new_size, io::PreallocMode mode);
+
+ private:
+  struct InflightWrite {
+    uint64_t start;        // range the syscall covers (aligned)
+    uint64_t end;
+    bool rmw;              // writes padding read before
+    uint64_t wanted_end;   // end of the caller's data
+  };
+  struct WaitForWrites;
+
+  bool NeedsBounce(uint64_t offset, uint64_t length, const void* p) const;
+  io::Task<absl::Status> ReadPlain(uint64_t offset, uint8_t* buf,
+                                   uint64_t length);
+  io::Task<absl::Status> WritePlain(uint64_t offset, const uint8_t* data,
+                                    uint64_t length);
+  io::Task<absl::Status> WriteDirect(uint64_t offset, const uint8_t* data,
+                                     uint64_t length);
+  io::Task<absl::Status> WriteZeroBuffers(uint64_t start, uint64_t end);
+  io::Task<void> WriteFirstBlock(uint64_t new_size);
+  bool Conflicts(uint64_t start, uint64_t end, bool rmw) const;
+  void EndWrite(std::list<InflightWrite>::iterator it);
+  absl::Status ExtendTo(uint64_t end);
+  absl::Status TrimPadding(uint64_t written_end);
+
+  io::Engine& engine_;
+  Config config_;
+  uint64_t size_;
+  bool allocate_supported_ = true;
+  bool zero_range_supported_ = true;
+  bool punch_hole_supported_ = true;
+  std::list<InflightWrite> inflight_;  // O_DIRECT only
+  std::vector<std::coroutine_handle<>> waiters_;
+};
+
+}  // namespace imgtool::posix_file::internal
+
+#endif  // IMGTOOL_POSIX_FILE_FILE_IO_H_

@@ -1,0 +1,384 @@
+#include "posix_file/file_node.h"
+
+#include <fcntl.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/errno_status.h"
+#include "base/status_macros.h"
+#include "posix_file/file_io.h"
+#include "posix_file/file_lock.h"
+
+namespace imgtool::posix_file {
+namespace {
+
+constexpr uint64_t kDefaultExtentSizeHint = uint64_t{1} << 20;
+constexpr uint64_t kMaxExtentSizeHint = 0xffffffffULL;
+
+struct CacheMode {
+  int open_flags = 0;
+  bool no_flush = false;
+};
+
+absl::StatusOr<CacheMode> ParseCacheMode(const std::string& name) {
+  if (name.empty() || name == "writeback") return CacheMode{};
+  if (name == "none") return CacheMode{O_DIRECT, false};
+  if (name == "writethrough") return CacheMode{O_DSYNC, false};
+  if (name == "directsync") return CacheMode{O_DIRECT | O_DSYNC, false};
+  if (name == "unsafe") return CacheMode{0, true};
+  return absl::InvalidArgumentError(
+      absl::StrCat("Invalid cache option: ", name));
+}
+
+absl::StatusOr<io::PreallocMode> ParseCreatePrealloc(const std::string& path,
+                                                     const std::string& name) {
+  if (name.empty() || name == "off") return io::PreallocMode::kOff;
+  if (name == "falloc") return io::PreallocMode::kFalloc;
+  if (name == "full") return io::PreallocMode::kFull;
+  if (name == "metadata") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": Unsupported preallocation mode: metadata"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ": invalid parameter value: ", name));
+}
+
+// Sets FS_NOCOW_FL (btrfs); failures are ignored (file-posix.md §1).
+void SetNoCow(int fd) {
+  int attr = 0;
+  if (ioctl(fd, FS_IOC_GETFLAGS, &attr) == 0) {
+    attr |= FS_NOCOW_FL;
+    (void)ioctl(fd, FS_IOC_SETFLAGS, &attr);
+  }
+}
+
+// Sets the XFS extent size hint; returns 0 or the errno of the failed ioctl.
+int SetExtentSizeHint(int fd, uint64_t hint) {
+  struct fsxattr attr = {};
+  if (ioctl(fd, FS_IOC_FSGETXATTR, &attr) != 0) return errno;
+  attr.fsx_xflags |= FS_XFLAG_EXTSIZE;
+  attr.fsx_extsize = static_cast<uint32_t>(hint);
+  if (ioctl(fd, FS_IOC_FSSETXATTR, &attr) != 0) return errno;
+  return 0;
+}
+
+// Closes `fd` and, if `created`, removes `path` (a failed create leaves no
+// new file behind).
+void AbandonCreate(int fd, const std::string& path, bool created) {
+  close(fd);
+  if (created) unlink(path.c_str());
+}
+
+}  // namespace
+
+absl::Status CreateFile(const std::string& path,
+                        const FileCreateOptions& options,
+                        std::ostream* warnings) {
+  ASSIGN_OR_RETURN(io::PreallocMode prealloc,
+                   ParseCreatePrealloc(path, options.preallocation()));
+  const bool explicit_hint = options.has_extent_size_hint();
+  const uint64_t hint =
+      explicit_hint ? options.extent_size_hint() : kDefaultExtentSizeHint;
+  if (hint > kMaxExtentSizeHint) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": Extent size hint is too large"));
+  }
+  if (options.size() > (uint64_t{1} << 63) - 512) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: Image size %u is too large", path, options.size()));
+  }
+  const uint64_t size = (options.size() + 511) / 512 * 512;
+
+  // O_EXCL first to know whether a failure must remove the file.
+  bool created = true;
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == EEXIST) {
+    created = false;
+    fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  }
+  if (fd < 0) return ErrnoStatus(path, "Could not create", errno);
+
+  // Locks before touching the content: an image in use stays intact.
+  absl::StatusOr<bool> locked =
+      internal::LockImage(fd, path, internal::kCreatePerms,
+                          internal::LockingMode::kAuto, warnings);
+  if (!locked.ok()) {
+    AbandonCreate(fd, path, created);
+    return locked.status();
+  }
+  if (ftruncate(fd, 0) != 0) {
+    absl::Status st = ErrnoStatus(path, "Could not resize file", errno);
+    AbandonCreate(fd, path, created);
+    return st;
+  }
+  if (options.nocow()) SetNoCow(fd);
+  // extent_size_hint=0 still clears any hint; only an explicit non-zero
+  // hint warns on failure.
+  if (int err = SetExtentSizeHint(fd, hint);
+      err != 0 && explicit_hint && hint != 0 && warnings != nullptr) {
+    *warnings << "Failed to set extent size hint: " << std::strerror(err)
+              << "\n";
+  }
+
+  std::unique_ptr<io::Engine> engine = internal::NewInlineEngine();
+  internal::FileIo file_io(*engine, internal::FileIo::Config{
+                                        .fd = fd, .path = path, .size = 0});
+  absl::Status st = io::RunSync(*engine, file_io.Truncate(size, prealloc));
+  if (!st.ok()) {
+    AbandonCreate(fd, path, created);
+    return st;
+  }
+  if (close(fd) != 0) {
+    st = ErrnoStatus(path, "close", errno);
+    if (created) unlink(path.c_str());
+    return st;
+  }
+  return absl::OkStatus();
+}
+
+struct FileNode::State {
+  State(io::Engine& engine, internal::FileIo::Config config)
+      : engine(engine), fd(config.fd), io(engine, std::move(config)) {}
+  ~State() {
+    if (fd >= 0) close(fd);
+  }
+
+  io::Engine& engine;
+  int fd;
+  internal::FileIo io;
+  bool direct = false;
+  bool no_flush = false;
+  int flush_errno = 0;       // sticky fdatasync failure (without O_DIRECT)
+  uint64_t write_gen = 0;    // bumped by every change
+  uint64_t flushed_gen = 0;  // write_gen covered by the last good flush
+  // The last data extent found by block status ([start, end)); valid until
+  // something may turn data into a hole (discard, zeroes, truncate).
+  bool extent_valid = false;
+  uint64_t extent_start = 0;
+  uint64_t extent_end = 0;
+
+  void ForgetExtent(uint64_t offset, uint64_t length) {
+    if (extent_valid && offset < extent_end && extent_start < offset + length) {
+      extent_valid = false;
+    }
+  }
+};
+
+absl::StatusOr<std::unique_ptr<FileNode>> FileNode::Open(
+    io::Engine& engine, const FileOpenOptions& options,
+    std::ostream* warnings) {
+  const std::string& path = options.filename();
+  if (path.empty()) {
+    return absl::InvalidArgumentError(
+        "The 'file' block driver requires a file name");
+  }
+  ASSIGN_OR_RETURN(CacheMode cache, ParseCacheMode(options.cache()));
+  ASSIGN_OR_RETURN(internal::LockingMode locking,
+                   internal::ParseLockingMode(options.locking()));
+  if (options.force_share() && !options.read_only()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": force-share=on can only be used with read-only images"));
+  }
+  const bool read_only = options.read_only();
+  int fd = open(path.c_str(),
+                (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC | cache.open_flags);
+  if (fd < 0) return ErrnoStatus(path, "Could not open", errno);
+
+  internal::FileIo::Config config{.fd = fd, .path = path};
+  auto fail = [fd](absl::Status st) {
+    close(fd);
+    return st;
+  };
+  struct stat st;
+  if (fstat(fd, &st) != 0) return fail(ErrnoStatus(path, "fstat", errno));
+  if (S_ISDIR(st.st_mode)) return fail(ErrnoStatus(path, "Could not open", EISDIR));
+  config.regular_file = S_ISREG(st.st_mode);
+  const bool block_device = S_ISBLK(st.st_mode);
+  if (config.regular_file) {
+    config.size = static_cast<uint64_t>(st.st_size);
+  } else {
+    off_t end = lseek(fd, 0, SEEK_END);
+    if (end < 0) return fail(ErrnoStatus(path, "lseek", errno));
+    config.size = static_cast<uint64_t>(end);
+  }
+  if (block_device) {
+    int sector = 0;
+    if (ioctl(fd, BLKSSZGET, &sector) == 0 && sector > 0) {
+      config.logical_block_size = static_cast<uint64_t>(sector);
+    }
+  }
+
+  const internal::LockPerms perms =
+      read_only ? (options.force_share() ? internal::kForceSharePerms
+                                         : internal::kReadOnlyPerms)
+                : internal::kReadWritePerms;
+  absl::StatusOr<bool> locked =
+      internal::LockImage(fd, path, perms, locking, warnings);
+  if (!locked.ok()) return fail(locked.status());
+
+  config.direct = (cache.open_flags & O_DIRECT) != 0;
+  if (config.direct) {
+    absl::StatusOr<internal::DioAlignment> alignment =
+        internal::ProbeDioAlignment(fd, path, block_device);
+    if (!alignment.ok()) return fail(alignment.status());
+    config.alignment = *alignment;
+  }
+
+  auto state = std::make_unique<State>(engine, std::move(config));
+  state->direct = (cache.open_flags & O_DIRECT) != 0;
+  state->no_flush = cache.no_flush;
+  return std::unique_ptr<FileNode>(
+      new FileNode(path, read_only, std::move(state)));
+}
+
+FileNode::FileNode(std::string filename, bool read_only,
+                   std::unique_ptr<State> state)
+    : io::BlockNode(std::move(filename), read_only), state_(std::move(state)) {}
+
+FileNode::~FileNode() = default;
+
+uint64_t FileNode::size() const { return state_->io.size(); }
+
+absl::StatusOr<uint64_t> FileNode::AllocatedSize() const {
+  struct stat st;
+  if (fstat(state_->fd, &st) != 0) return ErrnoStatus(filename(), "fstat", errno);
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+io::Task<absl::Status> FileNode::Close() {
+  if (state_->fd < 0) co_return absl::OkStatus();
+  absl::Status result;
+  if (!read_only() && state_->write_gen != state_->flushed_gen) {
+    result = co_await DoFlush();
+  }
+  // Closing the descriptor drops the OFD locks.
+  if (close(state_->fd) != 0 && result.ok()) {
+    result = ErrnoStatus(filename(), "close", errno);
+  }
+  state_->fd = -1;
+  co_return result;
+}
+
+uint64_t FileNode::request_alignment() const {
+  return state_->io.request_alignment();
+}
+
+std::optional<uint64_t> FileNode::ExtentSizeHint() const {
+  struct fsxattr attr = {};
+  if (ioctl(state_->fd, FS_IOC_FSGETXATTR, &attr) != 0) return std::nullopt;
+  if ((attr.fsx_xflags & FS_XFLAG_EXTSIZE) == 0 || attr.fsx_extsize == 0) {
+    return std::nullopt;
+  }
+  return attr.fsx_extsize;
+}
+
+absl::StatusOr<uint64_t> FileNode::ExtentCount() const {
+  struct fiemap fm = {};
+  fm.fm_start = 0;
+  fm.fm_length = FIEMAP_MAX_OFFSET;
+  fm.fm_flags = FIEMAP_FLAG_SYNC;
+  fm.fm_extent_count = 0;  // count only
+  if (ioctl(state_->fd, FS_IOC_FIEMAP, &fm) != 0) {
+    return ErrnoStatus(filename(), "FIEMAP", errno);
+  }
+  return fm.fm_mapped_extents;
+}
+
+int FileNode::fd() const { return state_->fd; }
+
+io::Task<absl::Status> FileNode::DoRead(uint64_t offset, io::IoVec buf) {
+  co_return co_await state_->io.Read(offset, buf);
+}
+
+io::Task<absl::Status> FileNode::DoWrite(uint64_t offset, io::ConstIoVec data) {
+  ++state_->write_gen;
+  co_return co_await state_->io.Write(offset, data);
+}
+
+io::Task<absl::Status> FileNode::DoWriteZeroes(uint64_t offset, uint64_t length,
+                                               io::WriteZeroesFlags flags) {
+  ++state_->write_gen;
+  state_->ForgetExtent(offset, length);
+  co_return co_await state_->io.WriteZeroes(offset, length, flags.may_unmap);
+}
+
+io::Task<absl::Status> FileNode::DoDiscard(uint64_t offset, uint64_t length) {
+  ++state_->write_gen;
+  state_->ForgetExtent(offset, length);
+  co_return co_await state_->io.Discard(offset, length);
+}
+
+io::Task<absl::Status> FileNode::DoFlush() {
+  if (state_->no_flush) co_return absl::OkStatus();
+  if (state_->flush_errno != 0) {
+    co_return ErrnoStatus(filename(), "fdatasync", state_->flush_errno);
+  }
+  const uint64_t gen = state_->write_gen;
+  absl::Status st = co_await state_->io.Sync(/*data_only=*/true);
+  if (!st.ok()) {
+    // Without O_DIRECT the page cache state is unknown after a failed
+    // fdatasync: every later flush fails the same way.
+    if (!state_->direct) state_->flush_errno = StatusErrno(st);
+    co_return st;
+  }
+  state_->flushed_gen = gen;
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> FileNode::DoTruncate(uint64_t size,
+                                            io::PreallocMode prealloc) {
+  ++state_->write_gen;
+  state_->extent_valid = false;
+  co_return co_await state_->io.Truncate(size, prealloc);
+}
+
+io::Task<absl::StatusOr<io::BlockStatus>> FileNode::DoGetBlockStatus(
+    uint64_t offset, uint64_t max_length) {
+  io::BlockStatus status;
+  status.offset_valid = true;
+  status.host_offset = offset;
+  status.file = this;
+  const uint64_t end = size();
+  State& s = *state_;
+  auto data = [&](uint64_t length) {
+    status.data = true;
+    status.zero = false;
+    status.length = length;
+    return status;
+  };
+  auto hole = [&](uint64_t length) {
+    status.data = false;
+    status.zero = true;
+    status.length = length;
+    return status;
+  };
+  if (s.extent_valid && s.extent_start <= offset && offset < s.extent_end) {
+    co_return data(s.extent_end - offset);
+  }
+  // file-posix.md §5: SEEK_DATA then SEEK_HOLE; anything unexpected is data.
+  off_t d = lseek(s.fd, static_cast<off_t>(offset), SEEK_DATA);
+  if (d < 0) {
+    if (errno == ENXIO) co_return hole(end > offset ? end - offset : max_length);
+    co_return data(max_length);
+  }
+  if (static_cast<uint64_t>(d) > offset) co_return hole(d - offset);
+  if (static_cast<uint64_t>(d) < offset) co_return data(max_length);
+  off_t h = lseek(s.fd, static_cast<off_t>(offset), SEEK_HOLE);
+  if (h < 0 || static_cast<uint64_t>(h) <= offset) co_return data(max_length);
+  s.extent_valid = true;
+  s.extent_start = offset;
+  s.extent_end = static_cast<uint64_t>(h);
+  co_return data(s.extent_end - offset);
+}
+
+}  // namespace imgtool::posix_file
