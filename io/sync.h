@@ -1,0 +1,113 @@
+// Coroutine synchronisation for node code running on one engine thread:
+// a Mutex whose Lock() is awaited (waiters are resumed in FIFO order) and an
+// Event that coroutines can await until it is set. Neither is thread-safe:
+// like every node, they are used from the engine's thread only.
+#ifndef IMGTOOL_IO_SYNC_H_
+#define IMGTOOL_IO_SYNC_H_
+
+#include <coroutine>
+#include <deque>
+#include <utility>
+
+namespace imgtool::io {
+
+class Mutex {
+ public:
+  Mutex() = default;
+  Mutex(const Mutex&) = delete;
+  Mutex& operator=(const Mutex&) = delete;
+
+  // co_await mutex.Lock(); ... mutex.Unlock();  Prefer ScopedLock.
+  auto Lock() {
+    struct Awaiter {
+      Mutex& m;
+      bool await_ready() {
+        if (m.locked_) return false;
+        m.locked_ = true;
+        return true;
+      }
+      // Ownership passes directly to the waiter in Unlock().
+      void await_suspend(std::coroutine_handle<> h) { m.waiters_.push_back(h); }
+      void await_resume() {}
+    };
+    return Awaiter{*this};
+  }
+
+  // Releases the mutex; the longest waiter (if any) now holds it and is
+  // resumed before Unlock returns.
+  void Unlock() {
+    if (waiters_.empty()) {
+      locked_ = false;
+      return;
+    }
+    std::coroutine_handle<> next = waiters_.front();
+    waiters_.pop_front();
+    next.resume();
+  }
+
+  bool locked() const { return locked_; }
+
+ private:
+  bool locked_ = false;
+  std::deque<std::coroutine_handle<>> waiters_;
+};
+
+// Holds a Mutex until destroyed: `auto lock = co_await ScopedLock::Take(mu);`
+class ScopedLock {
+ public:
+  ScopedLock(ScopedLock&& other) noexcept : mu_(std::exchange(other.mu_, nullptr)) {}
+  ScopedLock& operator=(ScopedLock&&) = delete;
+  ~ScopedLock() { Release(); }
+
+  static auto Take(Mutex& mu) {
+    struct Awaiter {
+      Mutex& mu;
+      decltype(mu.Lock()) inner;
+      bool await_ready() { return inner.await_ready(); }
+      void await_suspend(std::coroutine_handle<> h) { inner.await_suspend(h); }
+      ScopedLock await_resume() { return ScopedLock(&mu); }
+    };
+    return Awaiter{mu, mu.Lock()};
+  }
+
+  // Unlocks early; the destructor then does nothing.
+  void Release() {
+    if (mu_ != nullptr) std::exchange(mu_, nullptr)->Unlock();
+  }
+
+ private:
+  explicit ScopedLock(Mutex* mu) : mu_(mu) {}
+  Mutex* mu_;
+};
+
+// A one-shot event: Wait() suspends until Set(); after Set() it never
+// suspends. Set() resumes every waiter, in the order they waited.
+class Event {
+ public:
+  auto Wait() {
+    struct Awaiter {
+      Event& e;
+      bool await_ready() const { return e.set_; }
+      void await_suspend(std::coroutine_handle<> h) { e.waiters_.push_back(h); }
+      void await_resume() {}
+    };
+    return Awaiter{*this};
+  }
+
+  void Set() {
+    set_ = true;
+    std::deque<std::coroutine_handle<>> waiters;
+    waiters.swap(waiters_);
+    for (std::coroutine_handle<> h : waiters) h.resume();
+  }
+
+  bool is_set() const { return set_; }
+
+ private:
+  bool set_ = false;
+  std::deque<std::coroutine_handle<>> waiters_;
+};
+
+}  // namespace imgtool::io
+
+#endif  // IMGTOOL_IO_SYNC_H_
