@@ -95,6 +95,10 @@ class BlockNode {
     return absl::UnimplementedError("allocated size unknown");
   }
 
+  // The backing node whose data shows through where this node has none
+  // (qcow2's backing file), or null. Not owned by the caller.
+  virtual BlockNode* backing() const { return nullptr; }
+
   // Flushes what needs flushing and releases the node's resources. Errors
   // are returned here, never hidden in a destructor.
   virtual Task<absl::Status> Close() = 0;

@@ -1,0 +1,32 @@
+// Block status through a backing chain, as `map`, `convert` and `compare`
+// need it: the first node of the chain (top = depth 0) that has the range
+// allocated (data or zero) answers; ranges allocated nowhere read as zeroes
+// and report depth = chain length with present = false (qemu-img map's
+// "depth" and "present").
+#ifndef IMGTOOL_IO_CHAIN_STATUS_H_
+#define IMGTOOL_IO_CHAIN_STATUS_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "io/block_node.h"
+#include "io/task.h"
+
+namespace imgtool::io {
+
+struct ChainStatus {
+  BlockStatus status;   // from the node at `depth` (length clamped)
+  int depth = 0;        // 0 = top node
+  bool present = true;  // false: allocated in no node of the chain
+};
+
+// Walks top, top->backing(), ... for the range at `offset` (< top.size()),
+// at most `max_length` bytes. A backing node shorter than the top reads as
+// zeroes beyond its end. Errors: those of GetBlockStatus.
+Task<absl::StatusOr<ChainStatus>> GetChainStatus(BlockNode& top,
+                                                 uint64_t offset,
+                                                 uint64_t max_length);
+
+}  // namespace imgtool::io
+
+#endif  // IMGTOOL_IO_CHAIN_STATUS_H_
