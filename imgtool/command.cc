@@ -62,6 +62,12 @@ std::string FormatError(const absl::Status& status) {
   return text;
 }
 
+void PrintWarnings(absl::string_view warnings, std::ostream& err) {
+  for (absl::string_view line : absl::StrSplit(warnings, '\n')) {
+    if (!line.empty()) err << kPrefix << "warning: " << line << "\n";
+  }
+}
+
 absl::StatusOr<std::vector<std::string>> ParseOptions(
     const std::vector<std::string>& args, const char* short_options,
     const struct option* long_options, absl::string_view usage,

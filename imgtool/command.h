@@ -46,6 +46,11 @@ absl::Status UsageError(absl::string_view message, absl::string_view usage);
 // with a newline.
 std::string FormatError(const absl::Status& status);
 
+// Writes library warnings (lines written to a std::ostream* warnings
+// argument, without a prefix) to `err` as qemu-img prints warnings:
+// "imgtool: warning: <line>" for each line.
+void PrintWarnings(absl::string_view warnings, std::ostream& err);
+
 // Parses the options of a command with getopt_long, qemu-img's way: options
 // and operands may be mixed, "--" ends the options, an unknown option is
 // UsageError("unrecognized option '<word>'"), a missing argument

@@ -3,7 +3,9 @@
 #include <getopt.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "base/errno_status.h"
 #include "base/options.h"
 #include "base/size.h"
 #include "base/status_macros.h"
@@ -118,6 +121,21 @@ bool HasHelpOption(const std::vector<std::string>& option_texts) {
     }
   }
   return false;
+}
+
+// posix_file says "<file>: Could not create: <strerror>" when open(2)
+// fails; qemu-img names the file once more.
+absl::Status RewordCreateError(const std::string& filename,
+                               const absl::Status& st) {
+  const int error_number = StatusErrno(st);
+  if (error_number == 0 ||
+      st.message() != absl::StrCat(filename, ": Could not create: ",
+                                   std::strerror(error_number))) {
+    return st;
+  }
+  return absl::Status(st.code(),
+                      absl::StrCat("Could not create '", filename,
+                                   "': ", std::strerror(error_number)));
 }
 
 // Puts "<filename>: " before a message, as qemu-img does for every error of
@@ -270,8 +288,10 @@ absl::Status RunCreate(const std::vector<std::string>& args, Streams streams) {
     options.set_extent_size_hint(*values.extent_size_hint);
   }
   options.set_nocow(values.nocow_value.value_or(false));
-  absl::Status st = posix_file::CreateFile(filename, options, &streams.err);
-  if (!st.ok()) return Named(filename, st);
+  std::ostringstream warnings;
+  absl::Status st = posix_file::CreateFile(filename, options, &warnings);
+  PrintWarnings(warnings.str(), streams.err);
+  if (!st.ok()) return Named(filename, RewordCreateError(filename, st));
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -12,6 +13,7 @@
 #include "base/align.h"
 #include "base/errno_status.h"
 #include "base/status_macros.h"
+#include "imgtool/command.h"
 #include "io/task.h"
 
 namespace imgtool::cli {
@@ -27,11 +29,12 @@ constexpr char kQcowMagic[] = {'Q', 'F', 'I', '\xfb'};
 absl::Status CouldNotOpen(const std::string& filename,
                           const absl::Status& cause) {
   std::string message(cause.message());
-  // qemu-img names the file twice when open(2) itself fails.
+  // qemu-img names the file twice when open(2) itself fails (posix_file:
+  // "<file>: Could not open: <strerror>").
   const int error_number = StatusErrno(cause);
   if (error_number != 0 &&
-      absl::EndsWith(message,
-                     absl::StrCat("open: ", std::strerror(error_number)))) {
+      message == absl::StrCat(filename, ": Could not open: ",
+                              std::strerror(error_number))) {
     message = absl::StrCat("Could not open '", filename,
                            "': ", std::strerror(error_number));
   }
@@ -92,9 +95,15 @@ absl::StatusOr<OpenedImage> OpenImage(const ImageSpec& spec,
   options.set_filename(filename);
   options.set_cache(spec.cache);
   options.set_read_only(spec.read_only);
-  options.set_force_share(spec.force_share);
+  // The raw format shares every permission (QEMU's default for an image
+  // opened by qemu-img), so a read-only open takes only the consistent-read
+  // lock: `info` and `map` work on a raw image a VM is writing, as with
+  // qemu-img 7.2. Formats with metadata (qcow2) will unshare write.
+  options.set_force_share(spec.force_share || spec.read_only);
+  std::ostringstream warnings;
   absl::StatusOr<std::unique_ptr<posix_file::FileNode>> file =
-      posix_file::FileNode::Open(*image.engine, options, &err);
+      posix_file::FileNode::Open(*image.engine, options, &warnings);
+  PrintWarnings(warnings.str(), err);
   if (!file.ok()) return CouldNotOpen(filename, file.status());
   image.file = file->get();
   image.node = *std::move(file);

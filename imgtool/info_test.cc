@@ -1,0 +1,135 @@
+// RunInfo called directly: qemu-img 7.2's human and JSON layouts for raw
+// images, and its errors.
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "imgtool/command.h"
+#include "imgtool/testing/command_runner.h"
+
+namespace imgtool::cli {
+namespace {
+
+using testing::CommandResult;
+using testing::MakeSparseFile;
+using testing::MakeTestDir;
+using testing::WriteBytes;
+
+class InfoTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(chdir(MakeTestDir().c_str()), 0); }
+  static CommandResult Info(const std::vector<std::string>& args) {
+    return testing::RunCommand(RunInfo, args);
+  }
+};
+
+TEST_F(InfoTest, HumanOutputOfASparseFile) {
+  MakeSparseFile("x.raw", 1 << 20);
+  CommandResult r = Info({"x.raw"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.out,
+            "image: x.raw\n"
+            "file format: raw\n"
+            "virtual size: 1 MiB (1048576 bytes)\n"
+            "disk size: 0 B\n");
+  EXPECT_EQ(r.err, "");  // read-only opens do not warn about probing
+}
+
+TEST_F(InfoTest, JsonOutput) {
+  MakeSparseFile("x.raw", 5 << 20);
+  WriteBytes("x.raw", 0, 8192, 1);
+  CommandResult r = Info({"-f", "raw", "--output=json", "x.raw"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.out,
+            "{\n"
+            "    \"virtual-size\": 5242880,\n"
+            "    \"filename\": \"x.raw\",\n"
+            "    \"format\": \"raw\",\n"
+            "    \"actual-size\": 8192,\n"
+            "    \"dirty-flag\": false\n"
+            "}\n");
+}
+
+TEST_F(InfoTest, VirtualSizeIsRoundedUpTo512) {
+  WriteBytes("x.raw", 0, 1000, 7);
+  CommandResult r = Info({"--output", "human", "x.raw"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.out,
+            "image: x.raw\n"
+            "file format: raw\n"
+            "virtual size: 1 KiB (1024 bytes)\n"
+            "disk size: 4 KiB\n");
+}
+
+TEST_F(InfoTest, EmptyFileAndFileFormat) {
+  MakeSparseFile("x.raw", 0);
+  CommandResult r = Info({"-f", "file", "-U", "x.raw"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.out,
+            "image: x.raw\n"
+            "file format: file\n"
+            "virtual size: 0 B (0 bytes)\n"
+            "disk size: 0 B\n");
+}
+
+TEST_F(InfoTest, MissingFile) {
+  CommandResult r = Info({"nonexist"});
+  EXPECT_EQ(r.stderr_text(),
+            "imgtool: Could not open 'nonexist': Could not open 'nonexist': "
+            "No such file or directory\n");
+  EXPECT_EQ(ExitCodeOf(r.status), 1);
+  EXPECT_EQ(r.out, "");
+}
+
+TEST_F(InfoTest, Directory) {
+  ASSERT_EQ(mkdir("d", 0755), 0);
+  EXPECT_EQ(Info({"d"}).stderr_text(),
+            "imgtool: Could not open 'd': 'file' driver requires 'd' to be a "
+            "regular file\n");
+}
+
+TEST_F(InfoTest, Formats) {
+  MakeSparseFile("x.raw", 4096);
+  EXPECT_EQ(Info({"-f", "foo", "x.raw"}).stderr_text(),
+            "imgtool: Could not open 'x.raw': Unknown driver 'foo'\n");
+  CommandResult r = Info({"-f", "qcow2", "x.raw"});
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(r.stderr_text(),
+            "imgtool: Could not open 'x.raw': Format 'qcow2' is not supported "
+            "yet\n");
+  // A probed qcow2 image is refused rather than shown as raw.
+  WriteBytes("q.img", 0, 1, 'Q');
+  WriteBytes("q.img", 1, 1, 'F');
+  WriteBytes("q.img", 2, 1, 'I');
+  WriteBytes("q.img", 3, 1, 0xfb);
+  WriteBytes("q.img", 7, 1, 3);
+  EXPECT_EQ(Info({"q.img"}).stderr_text(),
+            "imgtool: Could not open 'q.img': Format 'qcow2' is not supported "
+            "yet\n");
+}
+
+TEST_F(InfoTest, OptionErrors) {
+  MakeSparseFile("x.raw", 4096);
+  EXPECT_EQ(Info({"--output=xml", "x.raw"}).stderr_text(),
+            "imgtool: --output must be used with human or json as "
+            "argument.\n");
+  EXPECT_EQ(Info({"--image-opts", "-f", "raw", "x.raw"}).stderr_text(),
+            "imgtool: --image-opts and --format are mutually exclusive\n");
+  EXPECT_EQ(Info({"--image-opts", "x.raw"}).status.code(),
+            absl::StatusCode::kUnimplemented);
+  const std::string tail =
+      "Usage: imgtool info [-f FMT] [--output=human|json] [-U] FILE\n"
+      "Try 'imgtool --help' for more information\n";
+  EXPECT_EQ(Info({}).stderr_text(),
+            "imgtool: Expecting one image file name\n" + tail);
+  EXPECT_EQ(Info({"a", "b"}).stderr_text(),
+            "imgtool: Expecting one image file name\n" + tail);
+  EXPECT_EQ(Info({"--foo", "x.raw"}).stderr_text(),
+            "imgtool: unrecognized option '--foo'\n" + tail);
+}
+
+}  // namespace
+}  // namespace imgtool::cli
