@@ -110,9 +110,11 @@ AlignedBuffer::AlignedBuffer(uint64_t size, uint64_t alignment)
 }
 
 absl::StatusOr<DioAlignment> ProbeDioAlignment(int fd, const std::string& path,
-                                               bool block_device) {
+                                               bool block_device,
+                                               bool use_statx) {
   KernelStatx stx = {};
-  if (syscall(SYS_statx, fd, "", AT_EMPTY_PATH, kStatxDioAlign, &stx) == 0 &&
+  if (use_statx &&
+      syscall(SYS_statx, fd, "", AT_EMPTY_PATH, kStatxDioAlign, &stx) == 0 &&
       (stx.mask & kStatxDioAlign) != 0 && stx.dio_offset_align != 0) {
     return DioAlignment{stx.dio_offset_align,
                         std::max<uint64_t>(stx.dio_mem_align, 1)};

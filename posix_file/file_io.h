@@ -53,8 +53,10 @@ struct DioAlignment {
 // 1, 512 .. 4096 bytes on the first allocated data (a hole proves nothing;
 // with no data, or if 1 byte works, max(4096, page size)). Blocking; for
 // Open. kInvalidArgument "Could not find working O_DIRECT alignment".
+// `use_statx` = false skips statx (tests of the fallbacks).
 absl::StatusOr<DioAlignment> ProbeDioAlignment(int fd, const std::string& path,
-                                               bool block_device);
+                                               bool block_device,
+                                               bool use_statx = true);
 
 // An engine that makes each syscall on the calling thread inside Poll(),
 // for CreateFile (which has no engine) to share FileIo's code.

@@ -1,0 +1,105 @@
+#include "posix_file/file_io.h"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "io/engine.h"
+
+namespace imgtool::posix_file::internal {
+namespace {
+
+class FileIoTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (std::string base :
+         {std::string("/var/tmp"),
+          std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp")}) {
+      std::string tmpl = base + "/file_io_test.XXXXXX";
+      int fd = mkstemp(tmpl.data());
+      if (fd >= 0) {
+        close(fd);
+        path_ = tmpl;
+        break;
+      }
+    }
+    ASSERT_FALSE(path_.empty());
+  }
+  void TearDown() override { unlink(path_.c_str()); }
+
+  std::string path_;
+  std::unique_ptr<io::Engine> engine_ = NewInlineEngine();
+};
+
+TEST_F(FileIoTest, ProbedAlignmentWithoutStatxMatchesStatx) {
+  int fd = open(path_.c_str(), O_RDWR);
+  std::vector<uint8_t> data(65536, 1);
+  ASSERT_EQ(pwrite(fd, data.data(), data.size(), 1 << 20), 65536);
+  ASSERT_EQ(fsync(fd), 0);
+  close(fd);
+  fd = open(path_.c_str(), O_RDONLY | O_DIRECT);
+  ASSERT_GE(fd, 0);
+  auto by_statx = ProbeDioAlignment(fd, path_, false);
+  auto by_reads = ProbeDioAlignment(fd, path_, false, /*use_statx=*/false);
+  close(fd);
+  ASSERT_TRUE(by_statx.ok()) << by_statx.status();
+  ASSERT_TRUE(by_reads.ok()) << by_reads.status();
+  // The probe found the data at 1 MiB (the hole before it proves nothing).
+  EXPECT_EQ(by_reads->request, by_statx->request);
+  EXPECT_GE(by_reads->memory, by_statx->memory);
+}
+
+TEST_F(FileIoTest, ProbeWithoutDataAssumesAPage) {
+  ASSERT_EQ(truncate(path_.c_str(), 1 << 20), 0);
+  int fd = open(path_.c_str(), O_RDONLY | O_DIRECT);
+  ASSERT_GE(fd, 0);
+  auto alignment = ProbeDioAlignment(fd, path_, false, /*use_statx=*/false);
+  close(fd);
+  ASSERT_TRUE(alignment.ok()) << alignment.status();
+  const uint64_t page = std::max<long>(4096, sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(alignment->request, page);
+  EXPECT_EQ(alignment->memory, page);
+}
+
+TEST_F(FileIoTest, UnsupportedFallocateIsRememberedPerKind) {
+  int fd = open(path_.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  FileIo file(*engine_, FileIo::Config{.fd = fd, .path = path_, .size = 0});
+  // PUNCH_HOLE without KEEP_SIZE is refused with EOPNOTSUPP by the kernel.
+  EXPECT_EQ(io::RunSync(*engine_, file.Fallocate(FALLOC_FL_PUNCH_HOLE, 0, 4096)),
+            -EOPNOTSUPP);
+  // From now on hole punching is off for this file, without a syscall ...
+  EXPECT_EQ(io::RunSync(*engine_, file.Discard(0, 4096)).code(),
+            absl::StatusCode::kUnimplemented);
+  // ... but plain allocation still works.
+  EXPECT_EQ(io::RunSync(*engine_, file.Fallocate(0, 0, 8192)), 0);
+  EXPECT_TRUE(io::RunSync(*engine_, file.WriteZeroes(0, 4096, false)).ok());
+  close(fd);
+}
+
+TEST_F(FileIoTest, TruncateRestoresTheOldLengthOnFailure) {
+  int fd = open(path_.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  FileIo file(*engine_, FileIo::Config{.fd = fd, .path = path_, .size = 8192});
+  // Far beyond any filesystem's limit.
+  absl::Status st = io::RunSync(
+      *engine_, file.Truncate(uint64_t{1} << 62, io::PreallocMode::kFalloc));
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(file.size(), 8192u);
+  EXPECT_EQ(lseek(fd, 0, SEEK_END), 8192);
+  st = io::RunSync(*engine_,
+                   file.Truncate(uint64_t{1} << 62, io::PreallocMode::kFull));
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(lseek(fd, 0, SEEK_END), 8192);
+  close(fd);
+}
+
+}  // namespace
+}  // namespace imgtool::posix_file::internal
