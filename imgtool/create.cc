@@ -91,8 +91,35 @@ absl::StatusOr<bool> ParseBool(const std::string& name,
       absl::StrCat("Parameter '", name, "' expects 'on' or 'off'"));
 }
 
+// Splits an -o argument at its single commas (",," stays, as an escaped
+// comma inside a value). Each item is parsed on its own so that a key
+// given twice is not an error: as in qemu-img, the last value wins.
+std::vector<std::string> SplitOptionItems(const std::string& text) {
+  std::vector<std::string> items(1);
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == ',' && i + 1 < text.size() && text[i + 1] == ',') {
+      items.back() += ",,";
+      ++i;
+    } else if (text[i] == ',') {
+      items.emplace_back();
+    } else {
+      items.back() += text[i];
+    }
+  }
+  return items;
+}
+
+absl::StatusOr<OptionList> ParseOptionItems(const std::string& text) {
+  OptionList list;
+  for (const std::string& item : SplitOptionItems(text)) {
+    ASSIGN_OR_RETURN(OptionList one, ParseOptionString(item));
+    list.insert(list.end(), one.begin(), one.end());
+  }
+  return list;
+}
+
 absl::Status ApplyOptions(const std::string& text, CreateOptionValues* v) {
-  ASSIGN_OR_RETURN(OptionList list, ParseOptionString(text));
+  ASSIGN_OR_RETURN(OptionList list, ParseOptionItems(text));
   for (const auto& [key, value] : list) {
     if (key == "help") continue;
     if (key == "size") {
@@ -114,7 +141,7 @@ absl::Status ApplyOptions(const std::string& text, CreateOptionValues* v) {
 
 bool HasHelpOption(const std::vector<std::string>& option_texts) {
   for (const std::string& text : option_texts) {
-    absl::StatusOr<OptionList> list = ParseOptionString(text);
+    absl::StatusOr<OptionList> list = ParseOptionItems(text);
     if (!list.ok()) continue;
     for (const auto& item : *list) {
       if (item.first == "help") return true;

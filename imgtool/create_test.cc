@@ -71,6 +71,11 @@ TEST_F(CreateTest, LastValueOfAnOptionWins) {
   CommandResult r = Create({"-o", "size=1M", "-o", "size=2M", "x.raw"});
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.out, "Formatting 'x.raw', fmt=raw size=2097152\n");
+  r = Create({"-o", "size=1M,preallocation=full,size=3M,preallocation=off",
+              "x.raw"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.out,
+            "Formatting 'x.raw', fmt=raw size=3145728 preallocation=off\n");
 }
 
 TEST_F(CreateTest, QuietPrintsNothing) {

@@ -1,0 +1,120 @@
+# Helpers for the oracle tests: run imgtool and qemu-img 7.2 on the same
+# files and compare what they print and what they leave behind.
+# Needs IMGTOOL (absolute path of the binary) and WORK (scratch directory).
+
+failures=0
+checks=0
+
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+
+# run TOOL DIR ARGS...: runs TOOL in DIR; sets OUT, ERR (qemu-img's name
+# replaced by imgtool's) and RC.
+run() {
+  local tool=$1 dir=$2
+  shift 2
+  (cd "$dir" && "$tool" "$@" >"$WORK/.out" 2>"$WORK/.err")
+  RC=$?
+  OUT=$(cat "$WORK/.out"; echo x)
+  ERR=$(sed 's/qemu-img/imgtool/g' "$WORK/.err"; echo x)
+}
+
+# diff_text LABEL WHAT A B: reports a difference between two texts.
+diff_text() {
+  if [[ "$3" != "$4" ]]; then
+    fail "$1: $2 differs (< imgtool, > qemu-img)"
+    diff <(printf '%s' "$3") <(printf '%s' "$4") | head -20
+    return 1
+  fi
+  return 0
+}
+
+# same_output DIR ARGS...: imgtool and qemu-img print the same stdout,
+# stderr and exit status for ARGS, run in DIR.
+same_output() {
+  local dir=$1
+  shift
+  checks=$((checks + 1))
+  run "$IMGTOOL" "$dir" "$@"
+  local a_out=$OUT a_err=$ERR a_rc=$RC
+  run qemu-img "$dir" "$@"
+  diff_text "$*" stdout "$a_out" "$OUT" &&
+    diff_text "$*" stderr "$a_err" "$ERR" &&
+    diff_text "$*" "exit status" "$a_rc" "$RC"
+}
+
+# same_error DIR ARGS...: both fail with the same exit status and the same
+# first stderr line (imgtool adds its usage after usage errors).
+same_error() {
+  local dir=$1
+  shift
+  checks=$((checks + 1))
+  run "$IMGTOOL" "$dir" "$@"
+  local a_err=${ERR%%$'\n'*} a_rc=$RC
+  run qemu-img "$dir" "$@"
+  [[ $a_rc -ne 0 ]] || fail "$*: imgtool succeeded"
+  diff_text "$*" "first stderr line" "$a_err" "${ERR%%$'\n'*}" &&
+    diff_text "$*" "exit status" "$a_rc" "$RC"
+}
+
+# state DIR: what qemu-img sees of every file in DIR (sizes, contents,
+# allocation map, info), with the directory name left out.
+state() {
+  local dir=$1 f
+  (
+    cd "$dir" || exit 1
+    for f in $(ls -A | sort); do
+      [[ -f "$f" ]] || continue
+      echo "== $f $(stat -c %s -- "$f") $(md5sum <"$f")"
+      qemu-img info -U -f raw --output=json "./$f" 2>&1
+      qemu-img map -U -f raw --output=json "./$f" 2>&1
+    done
+  )
+}
+
+# same_effect SETUP ARGS...: in two fresh directories prepared by the shell
+# function SETUP, runs imgtool ARGS in one and qemu-img ARGS in the other;
+# output, exit status and the resulting files must be the same.
+same_effect() {
+  local setup=$1
+  shift
+  checks=$((checks + 1))
+  local a="$WORK/effect.a" b="$WORK/effect.b"
+  rm -rf "$a" "$b"
+  mkdir -p "$a" "$b"
+  (cd "$a" && $setup)
+  (cd "$b" && $setup)
+  run "$IMGTOOL" "$a" "$@"
+  local a_out=$OUT a_err=$ERR a_rc=$RC
+  run qemu-img "$b" "$@"
+  diff_text "$*" stdout "$a_out" "$OUT" &&
+    diff_text "$*" stderr "$a_err" "$ERR" &&
+    diff_text "$*" "exit status" "$a_rc" "$RC" &&
+    diff_text "$*" "resulting files" "$(state "$a")" "$(state "$b")"
+}
+
+# same_messages SETUP ARGS...: like same_effect, but only stdout, stderr
+# and exit status are compared (for documented differences in the files).
+same_messages() {
+  local setup=$1
+  shift
+  checks=$((checks + 1))
+  local a="$WORK/effect.a" b="$WORK/effect.b"
+  rm -rf "$a" "$b"
+  mkdir -p "$a" "$b"
+  (cd "$a" && $setup)
+  (cd "$b" && $setup)
+  run "$IMGTOOL" "$a" "$@"
+  local a_out=$OUT a_err=$ERR a_rc=$RC
+  run qemu-img "$b" "$@"
+  diff_text "$*" stdout "$a_out" "$OUT" &&
+    diff_text "$*" stderr "$a_err" "$ERR" &&
+    diff_text "$*" "exit status" "$a_rc" "$RC"
+}
+
+finish() {
+  echo "$checks checks, $failures failures"
+  [[ $failures -eq 0 ]]
+}
