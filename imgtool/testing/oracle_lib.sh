@@ -1,6 +1,7 @@
 # Helpers for the oracle tests: run imgtool and qemu-img 7.2 on the same
 # files and compare what they print and what they leave behind.
-# Needs IMGTOOL (absolute path of the binary) and WORK (scratch directory).
+# Needs IMGTOOL (absolute path of the binary) and WORK (scratch directory);
+# captured output goes to SCRATCH (default WORK), which must stay writable.
 
 failures=0
 checks=0
@@ -15,10 +16,11 @@ fail() {
 run() {
   local tool=$1 dir=$2
   shift 2
-  (cd "$dir" && "$tool" "$@" >"$WORK/.out" 2>"$WORK/.err")
+  local scratch=${SCRATCH:-$WORK}
+  (cd "$dir" && "$tool" "$@" >"$scratch/.out" 2>"$scratch/.err")
   RC=$?
-  OUT=$(cat "$WORK/.out"; echo x)
-  ERR=$(sed 's/qemu-img/imgtool/g' "$WORK/.err"; echo x)
+  OUT=$(cat "$scratch/.out"; echo x)
+  ERR=$(sed 's/qemu-img/imgtool/g' "$scratch/.err"; echo x)
 }
 
 # diff_text LABEL WHAT A B: reports a difference between two texts.
