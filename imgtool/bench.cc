@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -123,6 +124,7 @@ struct BenchState {
   uint64_t flush_interval = 0;
   bool drain = true;
   LatencyHistogram* latency = nullptr;  // only for --output=json
+  io::AlignedBuffer buffer;  // `depth` slices of request_size bytes
 
   uint64_t n = 0;          // requests not completed yet (qemu-img's b->n)
   uint64_t in_flight = 0;  // sent, not completed
@@ -399,7 +401,11 @@ absl::StatusOr<BenchArgs> ParseArgs(const std::vector<std::string>& args) {
 // Runs the requests; returns the elapsed time in seconds.
 absl::StatusOr<double> RunRequests(const BenchArgs& a, OpenedImage& image,
                                    LatencyHistogram* latency) {
-  BenchState s;
+  // On the heap: if the engine fails, requests still in flight may complete
+  // later (CloseImage polls again), so the state and buffer are then leaked
+  // rather than freed under them.
+  auto state = std::make_unique<BenchState>();
+  BenchState& s = *state;
   s.node = image.node.get();
   s.write = a.write;
   s.image_size = VirtualSize(image);  // qemu-img: blk_getlength
@@ -412,21 +418,27 @@ absl::StatusOr<double> RunRequests(const BenchArgs& a, OpenedImage& image,
   s.next_offset = a.offset;
 
   const uint64_t workers = std::min(a.depth, a.count);
-  io::AlignedBuffer buffer(workers * a.size);
-  std::memset(buffer.data(), static_cast<int>(a.pattern), buffer.size());
+  s.buffer = io::AlignedBuffer(workers * a.size);
+  std::memset(s.buffer.data(), static_cast<int>(a.pattern), s.buffer.size());
 
   const auto start = std::chrono::steady_clock::now();
   for (uint64_t i = 0; i < workers; ++i) {
     ++s.running;
-    io::IoVec slice(buffer.data() + i * a.size, a.size);
+    io::IoVec slice(s.buffer.data() + i * a.size, a.size);
     io::Spawn(Worker(&s, slice), [&s] { --s.running; });
   }
   while (s.running > 0) {
     if (image.engine->in_flight() == 0) {
-      // Workers parked with nothing in flight: a bug in the flush logic.
+      // Workers parked with nothing in flight (a bug in the flush logic):
+      // nothing can resume them, so their frames are leaked with the state.
+      state.release();
       return absl::InternalError("bench: requests stalled");
     }
-    RETURN_IF_ERROR(image.engine->Poll(/*wait=*/true));
+    absl::Status polled = image.engine->Poll(/*wait=*/true);
+    if (!polled.ok()) {
+      state.release();
+      return polled;
+    }
   }
   const std::chrono::duration<double> elapsed =
       std::chrono::steady_clock::now() - start;
