@@ -114,7 +114,7 @@ uint64_t NowNs() {
       .count();
 }
 
-// Shared by the workers; lives on Run's stack until every worker returned.
+// Shared by the workers; owned by RunRequests until every worker returned.
 struct BenchState {
   io::BlockNode* node = nullptr;
   bool write = false;
