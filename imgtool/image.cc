@@ -8,7 +8,6 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/align.h"
 #include "base/errno_status.h"
