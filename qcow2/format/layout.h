@@ -5,10 +5,18 @@
 // QEMU's creation sequence (qcow2_co_create): write cluster 0 (header),
 // cluster 1 (refcount table, entry 0 -> cluster 2) and cluster 2 (refcount
 // block); allocate clusters 0-2; then resize, which allocates the L1 table
-// from cluster 3 on and writes exactly l1_size * 8 zero bytes, so the file
-// ends inside a cluster. An image of size 0 has no L1 table (offset 0) and
-// is 3 clusters long. Backing file, data file and feature names only change
-// cluster 0.
+// (normally from cluster 3 on) and writes exactly l1_size * 8 zero bytes, so
+// the file usually ends inside a cluster. An image of size 0 has no L1 table
+// (offset 0) and is 3 clusters long. Backing file, data file and feature
+// names only change cluster 0.
+//
+// When the L1 table reaches past the clusters the first refcount block
+// covers (small clusters, wide refcounts, big images), QEMU's
+// allocator adds refcount blocks after the L1 table and may move the refcount
+// table to a bigger one, leaving the old one behind as a free cluster. This
+// file replays that allocator (qcow2-refcount.c: alloc_clusters_noref,
+// update_refcount, alloc_refcount_block, qcow2_refcount_area) on an in-memory
+// model, so those layouts come out byte-identical too.
 //
 // Geometry helpers used here live in l2_entry.h (L2EntriesPerCluster,
 // L1EntriesForSize) and refcount.h (RefcountEntriesPerBlock).
@@ -42,19 +50,32 @@ struct NewImageOptions {
   bool data_file_raw = false;
 };
 
+// A run of bytes to write at `offset`.
+struct FileExtent {
+  uint64_t offset = 0;
+  std::vector<uint8_t> bytes;
+  bool operator==(const FileExtent&) const = default;
+};
+
 // Where everything of a new image is. Offsets and sizes in bytes.
 struct NewImageLayout {
   uint32_t cluster_bits = 0;
   uint32_t refcount_order = 0;
-  uint64_t virtual_size = 0;            // size rounded up to 512 bytes
-  uint64_t refcount_table_offset = 0;   // cluster 1
-  uint32_t refcount_table_clusters = 0; // 1
-  uint64_t refcount_block_offset = 0;   // cluster 2 (refcount table entry 0)
-  uint64_t l1_table_offset = 0;         // cluster 3; 0 when l1_size == 0
-  uint32_t l1_size = 0;                 // entries
-  // Clusters [0, used_clusters) have refcount 1, all others 0.
-  uint64_t used_clusters = 0;
-  uint64_t file_size = 0;               // end of the L1 table, or 3 clusters
+  uint64_t virtual_size = 0;             // size rounded up to 512 bytes
+  uint64_t refcount_table_offset = 0;    // cluster 1 unless it had to grow
+  uint32_t refcount_table_clusters = 0;
+  // Refcount table entries 0..last non-zero one (0 = no block there);
+  // {2 * cluster_size} for the common single-block layout.
+  std::vector<uint64_t> refcount_block_offsets;
+  uint64_t l1_table_offset = 0;          // 0 when l1_size == 0
+  uint32_t l1_size = 0;                  // entries
+  // Number of clusters with refcount 1; all others have 0.
+  uint64_t allocated_clusters = 0;
+  uint64_t file_size = 0;                // exact length of the new file
+  // The non-zero bytes QEMU leaves outside cluster 0: refcount table,
+  // refcount blocks, and stale copies of refcount tables it replaced. In
+  // ascending offset order, not overlapping, trailing zeros trimmed.
+  std::vector<FileExtent> metadata;
   bool operator==(const NewImageLayout&) const = default;
 };
 
@@ -66,11 +87,8 @@ struct NewImageLayout {
 // version-3-only options on version 2, extended L2 with clusters below
 // 16 KiB, backing format without backing file, data-file-raw without data
 // file or with a backing file.
-// kUnimplemented when QEMU's layout is not the simple one above: when
-// data_file_raw is set (QEMU then preallocates metadata), or when the L1
-// table reaches past what the first refcount block covers (QEMU then
-// allocates more refcount blocks and grows the refcount table; e.g. 512-byte
-// clusters above about 4 GiB).
+// kUnimplemented when data_file_raw is set (QEMU then preallocates
+// metadata, which is not modelled).
 absl::StatusOr<NewImageLayout> ComputeNewImageLayout(
     const NewImageOptions& options);
 
@@ -80,18 +98,10 @@ absl::StatusOr<NewImageLayout> ComputeNewImageLayout(
 Header NewImageHeader(const NewImageOptions& options,
                       const NewImageLayout& layout);
 
-// A run of bytes to write at `offset`.
-struct FileExtent {
-  uint64_t offset = 0;
-  std::vector<uint8_t> bytes;
-  bool operator==(const FileExtent&) const = default;
-};
-
 // Every non-zero byte of the new image file, in ascending offset order:
-// cluster 0 (EncodeHeader(NewImageHeader()) zero-padded to a cluster), the
-// refcount table cluster and the refcount block cluster. All other bytes up
-// to layout.file_size (the L1 table included) are zero; the file must be
-// exactly layout.file_size bytes long.
+// EncodeHeader(NewImageHeader()) at offset 0, then layout.metadata. All other
+// bytes up to layout.file_size (the L1 table included) are zero; the file
+// must be exactly layout.file_size bytes long.
 std::vector<FileExtent> NewImageContents(const NewImageOptions& options,
                                          const NewImageLayout& layout);
 

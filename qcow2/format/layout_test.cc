@@ -99,11 +99,19 @@ TEST(LayoutTest, DefaultImageLayout) {
   want.virtual_size = 1 << 30;
   want.refcount_table_offset = 0x10000;
   want.refcount_table_clusters = 1;
-  want.refcount_block_offset = 0x20000;
+  want.refcount_block_offsets = {0x20000};
   want.l1_table_offset = 0x30000;
   want.l1_size = 2;
-  want.used_clusters = 4;
+  want.allocated_clusters = 4;
   want.file_size = 0x30010;
+  want.metadata = {{0x10000, {0, 0, 0, 0, 0, 2}},  // trailing zeros trimmed
+                   {0x20000, {0, 1, 0, 1, 0, 1, 0, 1}}};
+  EXPECT_EQ(l->refcount_block_offsets, want.refcount_block_offsets);
+  ASSERT_EQ(l->metadata.size(), 2u);
+  EXPECT_EQ(l->metadata[0].offset, 0x10000u);
+  EXPECT_EQ(l->metadata[0].bytes, want.metadata[0].bytes);
+  EXPECT_EQ(l->metadata[1].offset, 0x20000u);
+  EXPECT_EQ(l->metadata[1].bytes, want.metadata[1].bytes);
   EXPECT_EQ(*l, want);
 }
 
@@ -112,7 +120,7 @@ TEST(LayoutTest, EmptyImageHasNoL1Table) {
   ASSERT_TRUE(l.ok());
   EXPECT_EQ(l->l1_size, 0u);
   EXPECT_EQ(l->l1_table_offset, 0u);
-  EXPECT_EQ(l->used_clusters, 3u);
+  EXPECT_EQ(l->allocated_clusters, 3u);
   EXPECT_EQ(l->file_size, 6 * kMiB);
 }
 
@@ -149,8 +157,7 @@ TEST(LayoutTest, MatrixIsByteIdenticalToQemuImg) {
 
 TEST(LayoutTest, TooLargeSizesMatchQemuImg) {
   // 512-byte clusters: 32 MiB of L1 maps exactly 128 GiB.
-  EXPECT_TRUE(ComputeNewImageLayout(Opts(512, 128 * 1024 * kMiB)).status().code() ==
-              absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(ComputeNewImageLayout(Opts(512, 128 * 1024 * kMiB)).ok());
   const absl::Status st = ComputeNewImageLayout(Opts(512, 128 * 1024 * kMiB + 512)).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(st.message(),
@@ -199,12 +206,9 @@ TEST(LayoutTest, OptionsAreByteIdenticalToQemuImg) {
     ExpectIdenticalToQemu(el2);
   }
   // Largest 4k-cluster image whose L1 table (clusters 3..2047) still fits
-  // the first refcount block (2048 clusters).
+  // the first refcount block (2048 clusters), and the next size up.
   ExpectIdenticalToQemu(Opts(4 * kKiB, 2045 * 1024 * kMiB));
-  EXPECT_EQ(ComputeNewImageLayout(Opts(4 * kKiB, 2045 * 1024 * kMiB + 1))
-                .status()
-                .code(),
-            absl::StatusCode::kUnimplemented);
+  ExpectIdenticalToQemu(Opts(4 * kKiB, 2045 * 1024 * kMiB + 512));
 }
 
 TEST(LayoutTest, InvalidOptionsUseQemuImgMessages) {
@@ -264,16 +268,56 @@ TEST(LayoutTest, InvalidOptionsUseQemuImgMessages) {
   }
 }
 
-TEST(LayoutTest, LayoutsNeedingMoreRefcountBlocksAreUnimplemented) {
-  // QEMU places extra refcount blocks after the L1 table and grows the
-  // refcount table there; not reproduced yet.
-  NewImageOptions big = Opts(512, 64 * 1024 * kMiB);
-  EXPECT_EQ(ComputeNewImageLayout(big).status().code(),
-            absl::StatusCode::kUnimplemented);
-  NewImageOptions wide = Opts(512, uint64_t{1} << 30);
-  wide.refcount_bits = 64;
-  EXPECT_EQ(ComputeNewImageLayout(wide).status().code(),
-            absl::StatusCode::kUnimplemented);
+TEST(LayoutTest, ExtraRefcountBlocksAndTableGrowthMatchQemuImg) {
+  struct Case {
+    uint64_t cluster_size;
+    uint32_t refcount_bits;
+    uint64_t size;
+  };
+  const Case cases[] = {
+      {512, 16, 4ull << 30},    // blocks after the L1 table, table has room
+      {512, 1, 1ull << 30},     // 1-bit refcounts: one block covers 2 MiB
+      {512, 64, 1ull << 30},    // 64-bit: blocks describe each other
+      {512, 16, 64ull << 30},   // refcount table grows to 4 clusters
+      {512, 64, 32ull << 30},   // grows to 7 clusters
+      {512, 16, 128ull << 30},  // the largest 512-byte-cluster image
+      {4096, 16, 4 * kTiB},
+      {4096, 64, 8 * kTiB},
+      {16384, 16, 64 * kTiB},
+  };
+  for (const Case& c : cases) {
+    NewImageOptions o = Opts(c.cluster_size, c.size);
+    o.refcount_bits = c.refcount_bits;
+    ExpectIdenticalToQemu(o);
+  }
+}
+
+TEST(LayoutTest, RefcountTableGrowthLayout) {
+  // 512-byte clusters, 64 GiB: the L1 table (32768 clusters) starts at
+  // cluster 3; block 1 follows it, block 128 (which covers block 1) comes
+  // next, blocks 2-127 after that; the table grows to 4 clusters placed after
+  // block 129, and the old one at 0x200 is left behind.
+  absl::StatusOr<NewImageLayout> l = ComputeNewImageLayout(Opts(512, 64ull << 30));
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->l1_table_offset, 0x600u);
+  EXPECT_EQ(l->l1_size, 2097152u);
+  EXPECT_EQ(l->refcount_table_offset, 0x1020200u);
+  EXPECT_EQ(l->refcount_table_clusters, 4u);
+  ASSERT_EQ(l->refcount_block_offsets.size(), 130u);
+  EXPECT_EQ(l->refcount_block_offsets[0], 0x400u);
+  EXPECT_EQ(l->refcount_block_offsets[1], 0x1000600u);
+  EXPECT_EQ(l->refcount_block_offsets[2], 0x1000a00u);
+  EXPECT_EQ(l->refcount_block_offsets[127], 0x1010400u);
+  EXPECT_EQ(l->refcount_block_offsets[128], 0x1000800u);
+  EXPECT_EQ(l->refcount_block_offsets[129], 0x1020000u);
+  EXPECT_EQ(l->file_size, 0x1020a00u);
+  // Header, block 0, L1 table, blocks 1-129 and the new table; the old
+  // table's cluster and the gap before the block boundary at 0x1020000 (where
+  // the new table area starts) are free.
+  EXPECT_EQ(l->allocated_clusters, 1u + 1u + 32768u + 129u + 4u);
+}
+
+TEST(LayoutTest, DataFileRawIsUnimplemented) {
   NewImageOptions raw = Opts(64 * kKiB, kMiB);
   raw.data_file = "d.raw";
   raw.data_file_raw = true;
