@@ -79,6 +79,10 @@ absl::Status RunInfo(const std::vector<std::string>& args, Streams streams);
 absl::Status RunMap(const std::vector<std::string>& args, Streams streams);
 absl::Status RunResize(const std::vector<std::string>& args, Streams streams);
 absl::Status RunBench(const std::vector<std::string>& args, Streams streams);
+// qemu-io's commands (io_command.cc). When a command fails it has printed
+// its own error: the status then has an empty message, and main prints
+// nothing more (exit code 1).
+absl::Status RunIo(const std::vector<std::string>& args, Streams streams);
 
 }  // namespace imgtool::cli
 

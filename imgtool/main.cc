@@ -25,6 +25,7 @@ constexpr Command kCommands[] = {
     {"bench", imgtool::cli::RunBench},
     {"create", imgtool::cli::RunCreate},
     {"info", imgtool::cli::RunInfo},
+    {"io", imgtool::cli::RunIo},
     {"map", imgtool::cli::RunMap},
     {"resize", imgtool::cli::RunResize},
 };
@@ -42,6 +43,7 @@ constexpr char kHelp[] =
     "[-w] [-U] FILE\n"
     "  create [-q] [-f FMT] [-o OPTIONS] FILE [SIZE]\n"
     "  info [-f FMT] [--output=human|json] [-U] FILE\n"
+    "  io [-f FMT] [-r] [-n] [-t CACHE] [-U] -c CMD [-c CMD]... FILE\n"
     "  map [-f FMT] [--output=human|json] [--start-offset=OFFSET] "
     "[--max-length=LENGTH] [-U] FILE\n"
     "  resize [-q] [-f FMT] [--preallocation=MODE] [--shrink] FILE "
@@ -86,7 +88,9 @@ int main(int argc, char** argv) {
     const std::vector<std::string> args(argv + 2, argv + argc);
     const absl::Status status = c.run(args, {std::cout, std::cerr});
     std::cout.flush();
-    if (!status.ok()) std::cerr << imgtool::cli::FormatError(status);
+    if (!status.ok() && !status.message().empty()) {
+      std::cerr << imgtool::cli::FormatError(status);
+    }
     return imgtool::cli::ExitCodeOf(status);
   }
   return UsageFailure("Command not found: " + command);

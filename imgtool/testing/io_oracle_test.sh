@@ -1,0 +1,201 @@
+#!/bin/bash
+# `imgtool io` against qemu-io 7.2: the same -c command lists run on copies
+# of the same files must print the same stdout and stderr (timing lines
+# removed, "qemu-io:" read as "imgtool:"), exit with the same status and
+# leave byte-identical files behind.
+# Usage: io_oracle_test.sh IMGTOOL
+set -u
+
+IMGTOOL=$(realpath "$1")
+WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/io_oracle.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+failures=0
+checks=0
+
+# Timing lines vary from run to run; qemu-io names itself in its errors.
+normalize() {
+  sed -E \
+    -e '/^[0-9.]+ (bytes|KiB|MiB|GiB|TiB|PiB|EiB), [0-9]+ ops; /d' \
+    -e '/^[0-9]+,[0-9]+,[0-9]+:[0-9]{2}:[0-9]{2}\.[0-9]{2},[0-9.]+,[0-9.]+$/d' \
+    -e 's/^qemu-io: /imgtool: /' "$1"
+}
+
+# setup_* DIR: the files a case starts from.
+setup_1m() { truncate -s 1M "$1/img.raw"; printf 'abc' >"$1/src.bin"; }
+setup_data() {
+  truncate -s 1M "$1/img.raw"
+  python3 -c 'import sys; sys.stdout.buffer.write(bytes(range(256)) * 64)' |
+    dd of="$1/img.raw" bs=4k seek=4 conv=notrunc status=none
+}
+setup_odd() { head -c 1000 /dev/urandom >"$1/img.raw"; }
+setup_none() { :; }
+
+# check NAME SETUP SORT ARGS...: runs `qemu-io ARGS` and `imgtool io ARGS`
+# in two directories prepared by SETUP. SORT=sort compares the output lines
+# sorted (aio completions come in any order).
+check() {
+  local name=$1 setup=$2 sort=$3
+  shift 3
+  checks=$((checks + 1))
+  local q="$WORK/$checks/qemu" i="$WORK/$checks/imgtool"
+  mkdir -p "$q" "$i"
+  "$setup" "$q"
+  cp -a "$q/." "$i/"
+  (cd "$q" && qemu-io "$@" >"$WORK/q.out" 2>"$WORK/q.err")
+  local q_rc=$?
+  (cd "$i" && "$IMGTOOL" io "$@" >"$WORK/i.out" 2>"$WORK/i.err")
+  local i_rc=$?
+  local f
+  for f in out err; do
+    normalize "$WORK/q.$f" >"$WORK/q.$f.n"
+    normalize "$WORK/i.$f" >"$WORK/i.$f.n"
+    if [[ $sort == sort ]]; then
+      sort -o "$WORK/q.$f.n" "$WORK/q.$f.n"
+      sort -o "$WORK/i.$f.n" "$WORK/i.$f.n"
+    fi
+    if ! cmp -s "$WORK/q.$f.n" "$WORK/i.$f.n"; then
+      echo "FAIL: $name: std$f differs (< qemu-io, > imgtool)"
+      diff "$WORK/q.$f.n" "$WORK/i.$f.n" | head -20
+      failures=$((failures + 1))
+    fi
+  done
+  if [[ $q_rc != "$i_rc" ]]; then
+    echo "FAIL: $name: exit status qemu-io $q_rc, imgtool $i_rc"
+    failures=$((failures + 1))
+  fi
+  for f in $(cd "$q" && ls -A); do
+    if ! cmp -s "$q/$f" "$i/$f"; then
+      echo "FAIL: $name: $f differs after the commands"
+      cmp "$q/$f" "$i/$f"
+      failures=$((failures + 1))
+    fi
+  done
+}
+
+check "writes and reads" setup_1m nosort -f raw \
+  -c 'write 0 4k' -c 'write -P 0xab 4k 4k' -c 'write -q 8k 512' \
+  -c 'write -P 0x41 100 20' -c 'write -P 7 1 1' -c 'read -v 0 130' \
+  -c 'read -P 0xcd 0 4k' -c 'read -P 0xab 4k 4k' -c 'read -q -P 0xab 4k 4k' \
+  -c 'read -P 0xab 0 4k' -c 'read -q -P 0x12 0 4k' -c 'read -C 0 4k' \
+  -c 'write -C 0 1' -c 'r -v 4090 12' -c 'w 64k 1.5k' -c 'read -v -q 0 16' \
+  img.raw
+
+check "pattern ranges" setup_1m nosort -f raw \
+  -c 'write -P 0x11 4k 4k' -c 'read -P 0x11 -s 4k -l 4k 0 8k' \
+  -c 'read -P 0x11 -s 4k -l 4k 4k 8k' -c 'read -P 0x11 -s 2k -l 4k 0 8k' \
+  -c 'read -P 0x11 -s 4k 0 8k' -c 'read -P 0x11 -l 4k 4k 8k' \
+  -c 'read -P 0x11 -s 9k 0 8k' -c 'read -P 0x11 -l 9k 0 8k' \
+  -c 'read -s 4k 0 8k' -c 'read -P 0 -s 1 0 1' -c 'read -P 0 -s 2 0 1' \
+  -c 'read -P -1 0 1' -c 'read -P 256 0 1' -c 'read -P 0x1 0 1' \
+  -c 'read -P 017 0 1' -c 'read -P 1k 0 1' -c 'read -P 0 -l 0 0 0' \
+  img.raw
+
+check "hex dump" setup_data nosort -f raw \
+  -c 'read -v 16k 256' -c 'read -v 16383 19' -c 'readv -v 16k 16 16' \
+  img.raw
+
+check "numbers" setup_1m nosort -f raw \
+  -c 'write 0 1.5k' -c 'write 0 1k5' -c 'write 0 0x200' -c 'write 0 1K' \
+  -c 'write 0 1b' -c 'write 0 1kb' -c 'write -- -512 512' -c 'write 0 -512' \
+  -c 'write 0 0' -c 'write 1 1' -c 'write 0 1e3' -c 'write 0 1.5' \
+  -c 'write 0 +512' -c 'write 0 3G' -c 'write 0 16E' -c 'write 0 8E' \
+  -c 'write 0 7E' -c 'write 0 0x10k' -c 'write 0 010' -c 'write 0 1.7k' \
+  -c 'write 0 0x' -c 'read 0 3G' -c 'read 0 2147483137' -c 'write -z 0 3G' \
+  -c 'alloc x' -c 'alloc 0 x' -c 'truncate 0x' -c 'sleep x' -c 'sleep 0x10' \
+  img.raw
+
+check "out of range" setup_1m nosort -f raw \
+  -c 'write 1M 512' -c 'write 1020k 8k' -c 'read 1M 512' -c 'read 1M 0' \
+  -c 'read 1020k 8k' -c 'write 0 1G' -c 'discard 1M 512' \
+  -c 'discard 0 2M' -c 'write -z 1M 1' -c 'write -z -n 0 3G' -c 'length' \
+  img.raw
+
+check "write options" setup_1m nosort -f raw \
+  -c 'write -z -P 1 0 1' -c 'write -u 0 1' -c 'write -n 0 1' \
+  -c 'write -u -n 0 1' -c 'write -z -P 1 -u x 1' -c 'write -P x -z 0 1' \
+  -c 'write -c 0 64k' -c 'write -c 1 512' -c 'write -b 0 1' \
+  -c 'write -b 0 512' -c 'read -b 0 512' -c 'read -b 1 1' -c 'write -f 0 1' \
+  -c 'write -z -n 4k 4k' -c 'write -z -u -n 8k 4k' -c 'write -z -f 12k 4k' \
+  -c 'write -s src.bin 64k 4k' -c 'read -v 64k 16' -c 'read -v 68k-16 16' \
+  -c 'write -s /nonexistent 0 4' -c 'write -s /dev/null 0 4' \
+  -c 'write -P 1 -s src.bin 0 1' -c 'write -p 0 1' -c 'read -p 0 1' \
+  -c 'read -a 0 1' -c 'write -x 0 1' -c 'read 0 1 -P' -c 'write -q 0' \
+  -c 'write 0 1 2' -c 'discard 0 1 2' -c 'w -x 0 1' \
+  img.raw
+
+check "zeroes and discard" setup_data nosort -f raw \
+  -c 'write -P 1 0 64k' -c 'discard 0 64k' -c 'read -P 0 0 64k' \
+  -c 'write -P 1 0 64k' -c 'discard 1 4k' -c 'read -P 1 0 1' \
+  -c 'read -P 1 4097 1' -c 'write -z 16k 4k' -c 'write -z -u 18k 4k' \
+  -c 'read -P 0 16k 6k' -c 'discard -q 20k 4k' -c 'discard -C 20k 4k' \
+  img.raw
+
+check "discard ignored" setup_data nosort -f raw -d ignore \
+  -c 'discard 16k 4k' -c 'read -v 16k 16' img.raw
+
+check "truncate, length, map, alloc" setup_1m nosort -f raw \
+  -c 'truncate 2M' -c 'length' -c 'map' -c 'truncate 1000' -c 'length' \
+  -c 'map' -c 'alloc 0 1000' -c 'alloc 512 512' -c 'alloc 0 2000' \
+  -c 'alloc 1 512' -c 'alloc 1024' -c 'alloc 2048' -c 'alloc 0 1023' \
+  -c 'write 1000 24' -c 'truncate -m falloc 3M' -c 'truncate -m full 5M' \
+  -c 'truncate -m metadata 6M' -c 'truncate -m foo 6M' -c 'truncate 1.5k' \
+  -c 'length' -c 'map' -c 'truncate 0' -c 'length' -c 'map' -c 'alloc 0' \
+  -c 'truncate 1M 2M' -c 'length' img.raw
+
+check "odd size" setup_odd nosort -f raw \
+  -c 'length' -c 'map' -c 'read 1000 24' -c 'read 1000 25' \
+  -c 'alloc 512 512' -c 'write 1000 4' -c 'write -z 0 1024' -c 'length' \
+  img.raw
+
+check "info" setup_1m nosort -f raw -c 'info' -c 'i' img.raw
+check "info file" setup_1m nosort -f file -c 'info' -c 'map' img.raw
+
+check "vectored" setup_1m nosort -f raw \
+  -c 'writev -P 5 0 1k 1k' -c 'readv -P 5 0 1k 1k' -c 'readv -P 6 0 512' \
+  -c 'readv 0 3G' -c 'readv 0 1G 1G 1G' -c 'writev -z 0 1' \
+  -c 'writev -P x 0 1' -c 'readv -q 0 512' -c 'writev -C 0 1' \
+  -c 'readv 1M 1' -c 'writev 1M 1' img.raw
+
+check "aio" setup_1m sort -f raw \
+  -c 'aio_write -P 0x11 0 4k' -c 'aio_write -P 0x22 8k 4k 4k' -c 'aio_flush' \
+  -c 'aio_read -P 0x11 0 4k' -c 'aio_read -P 0x22 8k 2k 2k 4k' \
+  -c 'aio_read -P 0x33 8k 4k' -c 'aio_read -v 0 16' -c 'aio_flush' \
+  -c 'aio_write -q 0 512' -c 'aio_flush' -c 'aio_read -q -P 0x44 0 512' \
+  -c 'aio_flush' -c 'aio_write 1M 512' -c 'aio_flush' -c 'aio_read 2M 512' \
+  -c 'aio_flush' -c 'aio_write -z 64k 4k' -c 'aio_flush' \
+  -c 'aio_write -P 0x55 128k 512' img.raw
+
+check "aio errors" setup_1m nosort -f raw \
+  -c 'aio_write -z 0 4k 4k' -c 'aio_write -u 0 4k' -c 'aio_write 0 3G' \
+  -c 'aio_write 0 x' -c 'aio_write x 1' -c 'aio_write -P 256 0 1' \
+  -c 'aio_read -i 0 1' -c 'aio_write -i x 1' -c 'aio_write 0 3G x' \
+  -c 'aio_write 0 1G 1G 1G' -c 'aio_read' -c 'aio_read -q 0' \
+  -c 'aio_flush x' -c 'aio_read -P 1 -s 1 0 1' img.raw
+
+check "read-only" setup_1m nosort -f raw -r \
+  -c 'truncate 2M' -c 'discard 0 4k' -c 'flush' -c 'write -z 0 4k' \
+  -c 'aio_write 0 4k' -c 'aio_flush' -c 'write x' -c 'read 0 512' \
+  -c 'length' img.raw
+
+check "command errors" setup_1m nosort -f raw \
+  -c 'foo' -c 'write' -c 'alloc' -c 'alloc 0 1 2' -c 'map 0' \
+  -c 'length 1' -c 'flush 1' -c 'discard 0' -c 'truncate' -c 'info 1' \
+  -c 'sleep' -c 'sleep 1 2' -c 'alloc -q 0' -c 'truncate -m off 1M' \
+  -c '' -c '  length  ' -c 'write	0	1' -c 'help foo' -c 'length' img.raw
+
+check "quit" setup_1m nosort -f raw \
+  -c 'write 0 1' -c 'q' -c 'write 1 1' img.raw
+
+check "probed raw" setup_1m nosort -c 'write 0 1' -c 'length' img.raw
+check "probed raw read-only" setup_1m nosort -r -c 'read 0 1' img.raw
+check "cache none" setup_1m nosort -f raw -n \
+  -c 'write -P 3 1 1' -c 'read -v 0 2' -c 'write 4095 2' -c 'read -v 4094 4' \
+  img.raw
+check "cache modes" setup_1m nosort -f raw -t directsync \
+  -c 'write 0 1' -c 'flush' -c 'read -v 0 2' img.raw
+check "no such file" setup_none nosort -f raw -c 'length' img.raw
+check "bad cache" setup_1m nosort -f raw -t foo -c 'length' img.raw
+check "force share needs read-only" setup_1m nosort -f raw -U -c length img.raw
+
+echo "$checks cases, $failures failures"
+[[ $failures -eq 0 ]]
