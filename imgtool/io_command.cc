@@ -115,9 +115,12 @@ std::string HumanBytes(double value) {
     double size;
     const char* unit;
   } kUnits[] = {
-      {1152921504606846976.0, "EiB"}, {1125899906842624.0, "PiB"},
-      {1099511627776.0, "TiB"},       {1073741824.0, "GiB"},
-      {1048576.0, "MiB"},             {1024.0, "KiB"},
+      {1152921504606846976.0, "EiB"},
+      {1125899906842624.0, "PiB"},
+      {1099511627776.0, "TiB"},
+      {1073741824.0, "GiB"},
+      {1048576.0, "MiB"},
+      {1024.0, "KiB"},
   };
   for (const auto& u : kUnits) {
     if (value >= u.size) {
@@ -160,8 +163,7 @@ std::string Report(absl::string_view op, double seconds, uint64_t offset,
       "%s %d/%d bytes at offset %d\n%s, %d ops; %s (%s/sec and %.4f "
       "ops/sec)\n",
       op, total, count, offset, HumanBytes(static_cast<double>(total)), ops,
-      ElapsedText(seconds, false), HumanBytes(total / seconds),
-      ops / seconds);
+      ElapsedText(seconds, false), HumanBytes(total / seconds), ops / seconds);
 }
 
 // 16 bytes a line: "%08x:  " offset, "xx " per byte, a space, and the bytes
@@ -188,14 +190,22 @@ std::string HexDump(absl::Span<const uint8_t> data, uint64_t offset) {
 int ErrnoOf(const absl::Status& status) {
   if (const int e = StatusErrno(status); e != 0) return e;
   switch (status.code()) {
-    case absl::StatusCode::kUnimplemented: return ENOTSUP;
-    case absl::StatusCode::kInvalidArgument: return EINVAL;
-    case absl::StatusCode::kFailedPrecondition: return EPERM;
-    case absl::StatusCode::kPermissionDenied: return EACCES;
-    case absl::StatusCode::kNotFound: return ENOENT;
-    case absl::StatusCode::kResourceExhausted: return ENOSPC;
-    case absl::StatusCode::kUnavailable: return EAGAIN;
-    default: return EIO;
+    case absl::StatusCode::kUnimplemented:
+      return ENOTSUP;
+    case absl::StatusCode::kInvalidArgument:
+      return EINVAL;
+    case absl::StatusCode::kFailedPrecondition:
+      return EPERM;
+    case absl::StatusCode::kPermissionDenied:
+      return EACCES;
+    case absl::StatusCode::kNotFound:
+      return ENOENT;
+    case absl::StatusCode::kResourceExhausted:
+      return ENOSPC;
+    case absl::StatusCode::kUnavailable:
+      return EAGAIN;
+    default:
+      return EIO;
   }
 }
 
@@ -225,10 +235,10 @@ struct Request {
   Kind kind = kRead;
   uint64_t offset = 0;
   uint64_t bytes = 0;
-  absl::Span<uint8_t> buffer;  // kRead/kWrite: `bytes` long
-  bool may_unmap = false;      // kWriteZeroes (-u)
-  bool no_fallback = false;    // kWriteZeroes (-n)
-  bool fua = false;            // kWrite/kWriteZeroes (-f): flush afterwards
+  absl::Span<uint8_t> buffer;    // kRead/kWrite: `bytes` long
+  bool may_unmap = false;        // kWriteZeroes (-u)
+  bool no_fallback = false;      // kWriteZeroes (-n)
+  bool fua = false;              // kWrite/kWriteZeroes (-f): flush afterwards
   bool discard_ignored = false;  // kDiscard with -d ignore
 };
 
@@ -302,11 +312,11 @@ class Session {
       // qemu-io words it "can't open device F: <cause>", without the
       // "Could not open 'F': " that qemu-img puts before the cause.
       absl::string_view cause = image.status().message();
-      absl::ConsumePrefix(&cause,
-                          absl::StrCat("Could not open '", spec.filename, "': "));
-      return absl::Status(image.status().code(),
-                          absl::StrCat("can't open device ", spec.filename,
-                                       ": ", cause));
+      absl::ConsumePrefix(
+          &cause, absl::StrCat("Could not open '", spec.filename, "': "));
+      return absl::Status(
+          image.status().code(),
+          absl::StrCat("can't open device ", spec.filename, ": ", cause));
     }
     image_ = *std::move(image);
     return absl::OkStatus();
@@ -358,7 +368,8 @@ class Session {
   template <typename T>
   T Wait(io::Task<T> task) {
     std::optional<T> result;
-    io::Spawn(std::move(task), [&result](T v) { result.emplace(std::move(v)); });
+    io::Spawn(std::move(task),
+              [&result](T v) { result.emplace(std::move(v)); });
     PrintAioOutput();
     while (!result.has_value()) {
       absl::Status st = engine().Poll(/*wait=*/true);
@@ -440,8 +451,8 @@ class Session {
   bool ParseNumber(const std::string& text, uint64_t* value) {
     absl::StatusOr<uint64_t> v = ParseSize(text);
     if (!v.ok()) {
-      const bool too_large = absl::StrContains(v.status().message(),
-                                               "Must be between");
+      const bool too_large =
+          absl::StrContains(v.status().message(), "Must be between");
       out() << "Parsing error: "
             << (too_large ? "argument too large"
                           : "non-numeric argument, or extraneous/"
@@ -450,16 +461,15 @@ class Session {
       return false;
     }
     absl::string_view t = text;
-    while (!t.empty() && (std::isspace(static_cast<unsigned char>(t[0])) ||
-                          t[0] == '+')) {
+    while (!t.empty() &&
+           (std::isspace(static_cast<unsigned char>(t[0])) || t[0] == '+')) {
       t.remove_prefix(1);
     }
     if ((absl::StartsWith(t, "0x") || absl::StartsWith(t, "0X")) &&
         std::strchr("kKmMgGtTpP", t.back()) != nullptr) {
-      PrintWarnings(absl::StrCat(
-                        "Using a multiplier suffix on hex numbers is "
-                        "deprecated: ",
-                        text),
+      PrintWarnings(absl::StrCat("Using a multiplier suffix on hex numbers is "
+                                 "deprecated: ",
+                                 text),
                     err());
     }
     *value = *v;
@@ -570,7 +580,8 @@ class Session {
 constexpr CommandDef kCommands[] = {
     {"aio_flush", nullptr, 0, 0, false, true, "",
      "completes all outstanding aio requests", &Session::CmdAioFlush},
-    {"aio_read", nullptr, 2, -1, false, true, "[-Ciqv] [-P pattern] off len [len..]",
+    {"aio_read", nullptr, 2, -1, false, true,
+     "[-Ciqv] [-P pattern] off len [len..]",
      "asynchronously reads a number of bytes", &Session::CmdAioRead},
     {"aio_write", nullptr, 2, -1, true, true,
      "[-Cfiquz] [-P pattern] off len [len..]",
@@ -578,8 +589,7 @@ constexpr CommandDef kCommands[] = {
     {"alloc", "a", 1, 2, false, true, "offset [count]",
      "checks if offset is allocated in the file", &Session::CmdAlloc},
     {"discard", "d", 2, -1, true, true, "[-Cq] off len",
-     "discards a number of bytes at a specified offset",
-     &Session::CmdDiscard},
+     "discards a number of bytes at a specified offset", &Session::CmdDiscard},
     {"flush", "f", 0, 0, false, true, "",
      "flush all in-core file state to disk", &Session::CmdFlush},
     {"help", "?", 0, 1, false, false, "[command]",
@@ -595,17 +605,18 @@ constexpr CommandDef kCommands[] = {
     {"read", "r", 2, -1, false, true,
      "[-abCqv] [-P pattern [-s off] [-l len]] off len",
      "reads a number of bytes at a specified offset", &Session::CmdRead},
-    {"readv", nullptr, 2, -1, false, true, "[-Cqv] [-P pattern] off len [len..]",
+    {"readv", nullptr, 2, -1, false, true,
+     "[-Cqv] [-P pattern] off len [len..]",
      "reads a number of bytes at a specified offset", &Session::CmdReadv},
     {"sleep", nullptr, 1, 1, false, false, "",
      "waits for the given value in milliseconds", &Session::CmdSleep},
     {"truncate", "t", 1, 3, true, true, "[-m prealloc_mode] off",
-     "truncates the current file at the given offset",
-     &Session::CmdTruncate},
+     "truncates the current file at the given offset", &Session::CmdTruncate},
     {"write", "w", 2, -1, true, true,
      "[-bcCfnquz] [-P pattern | -s source_file] off len",
      "writes a number of bytes at a specified offset", &Session::CmdWrite},
-    {"writev", nullptr, 2, -1, true, true, "[-Cfq] [-P pattern] off len [len..]",
+    {"writev", nullptr, 2, -1, true, true,
+     "[-Cfq] [-P pattern] off len [len..]",
      "writes a number of bytes at a specified offset", &Session::CmdWritev},
 };
 
@@ -619,8 +630,7 @@ const CommandDef* FindCommand(absl::string_view name) {
 }
 
 bool Session::Execute(const std::string& line) {
-  std::vector<std::string> words =
-      absl::StrSplit(line, ' ', absl::SkipEmpty());
+  std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
   if (words.empty()) return true;
   const CommandDef* def = FindCommand(words[0]);
   bool ok = false;
@@ -661,23 +671,32 @@ bool Session::CmdRead(const CommandDef& def, std::vector<std::string>& words) {
             uint64_t v = 0;
             uint8_t p = 0;
             switch (c) {
-              case 'b': vmstate = true; break;
-              case 'C': machine = true; break;
+              case 'b':
+                vmstate = true;
+                break;
+              case 'C':
+                machine = true;
+                break;
               case 'l':
                 if (!ParseNumber(arg, &v)) return false;
                 pattern_count = v;
                 break;
-              case 'p': break;  // ignored, as by qemu-io
+              case 'p':
+                break;  // ignored, as by qemu-io
               case 'P':
                 if (!ParsePattern(arg, &p)) return false;
                 pattern = p;
                 break;
-              case 'q': quiet = true; break;
+              case 'q':
+                quiet = true;
+                break;
               case 's':
                 if (!ParseNumber(arg, &v)) return false;
                 pattern_offset = v;
                 break;
-              case 'v': verbose = true; break;
+              case 'v':
+                verbose = true;
+                break;
             }
             return true;
           },
@@ -718,7 +737,9 @@ bool Session::CmdRead(const CommandDef& def, std::vector<std::string>& words) {
     return false;
   }
   std::vector<uint8_t> buffer(count);
-  Request r{.kind = Request::kRead, .offset = offset, .bytes = count,
+  Request r{.kind = Request::kRead,
+            .offset = offset,
+            .bytes = count,
             .buffer = absl::MakeSpan(buffer)};
   const Clock::time_point start = Clock::now();
   absl::Status st = Wait(RunRequest(&node(), ImageLength(), r));
@@ -728,12 +749,11 @@ bool Session::CmdRead(const CommandDef& def, std::vector<std::string>& words) {
     return false;
   }
   bool ok = true;
-  if (pattern.has_value() &&
-      !AllBytesAre(absl::MakeConstSpan(buffer).subspan(check_offset,
-                                                       check_count),
-                   *pattern)) {
-    out() << "Pattern verification failed at offset "
-          << offset + check_offset << ", " << check_count << " bytes\n";
+  if (pattern.has_value() && !AllBytesAre(absl::MakeConstSpan(buffer).subspan(
+                                              check_offset, check_count),
+                                          *pattern)) {
+    out() << "Pattern verification failed at offset " << offset + check_offset
+          << ", " << check_count << " bytes\n";
     ok = false;
   }
   if (quiet) return ok;
@@ -753,19 +773,38 @@ bool Session::CmdWrite(const CommandDef& def, std::vector<std::string>& words) {
           def, words, "bcCfnpP:qs:uz",
           [&](int c, const char* arg) {
             switch (c) {
-              case 'b': vmstate = true; break;
-              case 'c': compressed = true; break;
-              case 'C': machine = true; break;
-              case 'f': fua = true; break;
-              case 'n': no_fallback = true; break;
-              case 'p': break;  // ignored, as by qemu-io
+              case 'b':
+                vmstate = true;
+                break;
+              case 'c':
+                compressed = true;
+                break;
+              case 'C':
+                machine = true;
+                break;
+              case 'f':
+                fua = true;
+                break;
+              case 'n':
+                no_fallback = true;
+                break;
+              case 'p':
+                break;  // ignored, as by qemu-io
               case 'P':
                 pattern_set = true;
                 return ParsePattern(arg, &pattern);
-              case 'q': quiet = true; break;
-              case 's': source_file = arg; break;
-              case 'u': unmap = true; break;
-              case 'z': zero = true; break;
+              case 'q':
+                quiet = true;
+                break;
+              case 's':
+                source_file = arg;
+                break;
+              case 'u':
+                unmap = true;
+                break;
+              case 'z':
+                zero = true;
+                break;
             }
             return true;
           },
@@ -803,8 +842,8 @@ bool Session::CmdWrite(const CommandDef& def, std::vector<std::string>& words) {
     return false;
   }
   std::vector<uint8_t> buffer;
-  Request r{.kind = Request::kWrite, .offset = offset, .bytes = count,
-            .fua = fua};
+  Request r{
+      .kind = Request::kWrite, .offset = offset, .bytes = count, .fua = fua};
   if (zero) {
     r.kind = Request::kWriteZeroes;
     r.may_unmap = unmap;
@@ -838,13 +877,19 @@ bool Session::CmdReadv(const CommandDef& def, std::vector<std::string>& words) {
           [&](int c, const char* arg) {
             uint8_t p = 0;
             switch (c) {
-              case 'C': machine = true; break;
+              case 'C':
+                machine = true;
+                break;
               case 'P':
                 if (!ParsePattern(arg, &p)) return false;
                 pattern = p;
                 break;
-              case 'q': quiet = true; break;
-              case 'v': verbose = true; break;
+              case 'q':
+                quiet = true;
+                break;
+              case 'v':
+                verbose = true;
+                break;
             }
             return true;
           },
@@ -858,7 +903,9 @@ bool Session::CmdReadv(const CommandDef& def, std::vector<std::string>& words) {
     return false;
   }
   std::vector<uint8_t> buffer(count);
-  Request r{.kind = Request::kRead, .offset = offset, .bytes = count,
+  Request r{.kind = Request::kRead,
+            .offset = offset,
+            .bytes = count,
             .buffer = absl::MakeSpan(buffer)};
   const Clock::time_point start = Clock::now();
   absl::Status st = Wait(RunRequest(&node(), ImageLength(), r));
@@ -869,8 +916,8 @@ bool Session::CmdReadv(const CommandDef& def, std::vector<std::string>& words) {
   }
   bool ok = true;
   if (pattern.has_value() && !AllBytesAre(buffer, *pattern)) {
-    out() << "Pattern verification failed at offset " << offset << ", "
-          << count << " bytes\n";
+    out() << "Pattern verification failed at offset " << offset << ", " << count
+          << " bytes\n";
     ok = false;
   }
   if (quiet) return ok;
@@ -888,10 +935,17 @@ bool Session::CmdWritev(const CommandDef& def,
           def, words, "CfP:q",
           [&](int c, const char* arg) {
             switch (c) {
-              case 'C': machine = true; break;
-              case 'f': fua = true; break;
-              case 'P': return ParsePattern(arg, &pattern);
-              case 'q': quiet = true; break;
+              case 'C':
+                machine = true;
+                break;
+              case 'f':
+                fua = true;
+                break;
+              case 'P':
+                return ParsePattern(arg, &pattern);
+              case 'q':
+                quiet = true;
+                break;
             }
             return true;
           },
@@ -905,8 +959,11 @@ bool Session::CmdWritev(const CommandDef& def,
     return false;
   }
   std::vector<uint8_t> buffer(count, pattern);
-  Request r{.kind = Request::kWrite, .offset = offset, .bytes = count,
-            .buffer = absl::MakeSpan(buffer), .fua = fua};
+  Request r{.kind = Request::kWrite,
+            .offset = offset,
+            .bytes = count,
+            .buffer = absl::MakeSpan(buffer),
+            .fua = fua};
   const Clock::time_point start = Clock::now();
   absl::Status st = Wait(RunRequest(&node(), ImageLength(), r));
   const double seconds = Seconds(Clock::now() - start);
@@ -942,7 +999,8 @@ void Session::SubmitAio(std::shared_ptr<AioRequest> aio, const char* op) {
                       r.offset, ", ", r.bytes, " bytes\n");
     }
     if (aio->quiet) return;
-    if (aio->verbose) absl::StrAppend(&aio_output_, HexDump(aio->buffer, r.offset));
+    if (aio->verbose)
+      absl::StrAppend(&aio_output_, HexDump(aio->buffer, r.offset));
     absl::StrAppend(&aio_output_, Report(op, seconds, r.offset, r.bytes,
                                          r.bytes, 1, aio->machine));
   });
@@ -958,14 +1016,22 @@ bool Session::CmdAioRead(const CommandDef& def,
           [&](int c, const char* arg) {
             uint8_t p = 0;
             switch (c) {
-              case 'C': aio->machine = true; break;
-              case 'i': invalid = true; break;
+              case 'C':
+                aio->machine = true;
+                break;
+              case 'i':
+                invalid = true;
+                break;
               case 'P':
                 if (!ParsePattern(arg, &p)) return false;
                 aio->pattern = p;
                 break;
-              case 'q': aio->quiet = true; break;
-              case 'v': aio->verbose = true; break;
+              case 'q':
+                aio->quiet = true;
+                break;
+              case 'v':
+                aio->verbose = true;
+                break;
             }
             return true;
           },
@@ -984,8 +1050,8 @@ bool Session::CmdAioRead(const CommandDef& def,
     return false;
   }
   aio->buffer.resize(count);
-  aio->request = Request{.kind = Request::kRead, .offset = offset,
-                         .bytes = count};
+  aio->request =
+      Request{.kind = Request::kRead, .offset = offset, .bytes = count};
   SubmitAio(std::move(aio), "read");
   return true;
 }
@@ -1000,13 +1066,26 @@ bool Session::CmdAioWrite(const CommandDef& def,
           def, words, "CfiP:quz",
           [&](int c, const char* arg) {
             switch (c) {
-              case 'C': aio->machine = true; break;
-              case 'f': fua = true; break;
-              case 'i': invalid = true; break;
-              case 'P': return ParsePattern(arg, &pattern);
-              case 'q': aio->quiet = true; break;
-              case 'u': unmap = true; break;
-              case 'z': zero = true; break;
+              case 'C':
+                aio->machine = true;
+                break;
+              case 'f':
+                fua = true;
+                break;
+              case 'i':
+                invalid = true;
+                break;
+              case 'P':
+                return ParsePattern(arg, &pattern);
+              case 'q':
+                aio->quiet = true;
+                break;
+              case 'u':
+                unmap = true;
+                break;
+              case 'z':
+                zero = true;
+                break;
             }
             return true;
           },
@@ -1030,15 +1109,18 @@ bool Session::CmdAioWrite(const CommandDef& def,
   if (!ParseNumber(operands[0], &offset)) return false;
   if (zero) {
     if (!ParseNumber(operands[1], &count)) return false;
-    aio->request = Request{.kind = Request::kWriteZeroes, .offset = offset,
-                           .bytes = count, .may_unmap = unmap, .fua = fua};
+    aio->request = Request{.kind = Request::kWriteZeroes,
+                           .offset = offset,
+                           .bytes = count,
+                           .may_unmap = unmap,
+                           .fua = fua};
   } else {
     if (!ParseLengths(absl::MakeConstSpan(operands).subspan(1), &count)) {
       return false;
     }
     aio->buffer.assign(count, pattern);
-    aio->request = Request{.kind = Request::kWrite, .offset = offset,
-                           .bytes = count, .fua = fua};
+    aio->request = Request{
+        .kind = Request::kWrite, .offset = offset, .bytes = count, .fua = fua};
   }
   SubmitAio(std::move(aio), "wrote");
   return true;
@@ -1068,7 +1150,9 @@ bool Session::CmdDiscard(const CommandDef& def,
   if (!ParseNumber(operands[0], &offset) || !ParseNumber(operands[1], &count)) {
     return false;
   }
-  Request r{.kind = Request::kDiscard, .offset = offset, .bytes = count,
+  Request r{.kind = Request::kDiscard,
+            .offset = offset,
+            .bytes = count,
             .discard_ignored = discard_ignored_};
   const Clock::time_point start = Clock::now();
   absl::Status st = Wait(RunRequest(&node(), ImageLength(), r));
@@ -1157,10 +1241,10 @@ bool Session::CmdMap(const CommandDef&, std::vector<std::string>&) {
       if (next->first != allocated) break;
       run += next->second;
     }
-    out() << absl::StrFormat("%s (0x%x) bytes %s allocated at offset %s (0x%x)\n",
-                             HumanBytes(static_cast<double>(run)), run,
-                             allocated ? "   " : "not",
-                             HumanBytes(static_cast<double>(offset)), offset);
+    out() << absl::StrFormat(
+        "%s (0x%x) bytes %s allocated at offset %s (0x%x)\n",
+        HumanBytes(static_cast<double>(run)), run, allocated ? "   " : "not",
+        HumanBytes(static_cast<double>(offset)), offset);
     offset += run;
   }
   return true;
@@ -1197,7 +1281,8 @@ bool Session::CmdSleep(const CommandDef&, std::vector<std::string>& words) {
     return false;
   }
   // The event loop keeps running: aio requests complete meanwhile.
-  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(ms);
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::milliseconds(ms);
   while (Clock::now() < deadline) {
     if (image_.engine != nullptr && engine().in_flight() > 0) {
       if (!engine().Poll(/*wait=*/false).ok()) std::abort();
@@ -1248,18 +1333,41 @@ absl::Status RunIo(const std::vector<std::string>& args, Streams streams) {
           args, "c:f:rnt:d:i:kmUhsCT:", kLongOptions, kUsage,
           [&](int c, const std::string& arg) -> absl::Status {
             switch (c) {
-              case 'c': commands.push_back(arg); break;
-              case 'f': spec.format = arg; break;
-              case 'r': spec.read_only = true; break;
-              case 'n': spec.cache = "none"; break;
-              case 't': spec.cache = arg; break;
-              case 'd': discard = arg; break;
-              case 'i': aio = arg; break;
-              case 'k': aio = "native"; break;
-              case 'm': break;  // buffer misalignment: nothing to do here
-              case 'U': spec.force_share = true; break;
-              case 'h': help = true; break;
-              case kImageOpts: spec.image_opts = true; break;
+              case 'c':
+                commands.push_back(arg);
+                break;
+              case 'f':
+                spec.format = arg;
+                break;
+              case 'r':
+                spec.read_only = true;
+                break;
+              case 'n':
+                spec.cache = "none";
+                break;
+              case 't':
+                spec.cache = arg;
+                break;
+              case 'd':
+                discard = arg;
+                break;
+              case 'i':
+                aio = arg;
+                break;
+              case 'k':
+                aio = "native";
+                break;
+              case 'm':
+                break;  // buffer misalignment: nothing to do here
+              case 'U':
+                spec.force_share = true;
+                break;
+              case 'h':
+                help = true;
+                break;
+              case kImageOpts:
+                spec.image_opts = true;
+                break;
               case 's':
                 return absl::UnimplementedError("-s is not supported yet");
               case 'C':

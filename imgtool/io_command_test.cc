@@ -27,7 +27,7 @@ using testing::ReadFile;
 using testing::WriteBytes;
 
 const std::regex kTimingLine(
-    R"(^[0-9.]+ (bytes|KiB|MiB|GiB), 1 ops; (00\.[0-9]{2} sec|[0-9]+:[0-9]{2}:[0-9]{2}\.[0-9]{2}) \([0-9.]+ (bytes|KiB|MiB|GiB|TiB)/sec and [0-9]+\.[0-9]{4} ops/sec\)$)");
+    R"(^[0-9.]+ (bytes|KiB|MiB|GiB), 1 ops; (00\.[0-9]{2} sec|[0-9]+:[0-9]{2}:[0-9]{2}\.[0-9]{2}) \([0-9.]+ (bytes|KiB|MiB|GiB|TiB|PiB|EiB)/sec and [0-9]+\.[0-9]{4} ops/sec\)$)");
 const std::regex kMachineLine(
     R"(^[0-9]+,1,[0-9]+:[0-9]{2}:[0-9]{2}\.[0-9]{2},[0-9]+\.[0-9]{3},[0-9]+\.[0-9]{3}$)");
 
@@ -72,8 +72,8 @@ class IoTest : public ::testing::Test {
 };
 
 TEST_F(IoTest, WriteAndReadPrintQemuIoReports) {
-  CommandResult r = Io({"write 0 4k", "write -P 0xab 4k 4k", "read 0 4k",
-                        "read -P 0xab 4k 4k"});
+  CommandResult r = Io(
+      {"write 0 4k", "write -P 0xab 4k 4k", "read 0 4k", "read -P 0xab 4k 4k"});
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(WithoutTiming(r.out),
             "wrote 4096/4096 bytes at offset 0\n"
@@ -109,10 +109,10 @@ TEST_F(IoTest, QuietPrintsNothing) {
 
 TEST_F(IoTest, PatternMismatchIsReportedAndFailsTheRun) {
   WriteBytes("x.raw", 4096, 4096, 0x11);
-  CommandResult r = Io({"read -P 0x11 0 4k", "read -q -P 0x11 0 8k",
-                        "read -P 0x11 -s 4k -l 4k 0 8k",
-                        "read -P 0x11 -s 2k -l 4k 0 8k",
-                        "read -P 0x11 -s 9k 0 8k"});
+  CommandResult r =
+      Io({"read -P 0x11 0 4k", "read -q -P 0x11 0 8k",
+          "read -P 0x11 -s 4k -l 4k 0 8k", "read -P 0x11 -s 2k -l 4k 0 8k",
+          "read -P 0x11 -s 9k 0 8k"});
   EXPECT_FALSE(r.status.ok());
   EXPECT_EQ(r.status.message(), "");  // main prints nothing more
   EXPECT_EQ(ExitCodeOf(r.status), 1);
@@ -140,10 +140,10 @@ TEST_F(IoTest, HexDumpShowsLettersAndDigitsOnly) {
 }
 
 TEST_F(IoTest, ErrorsAreReportedAndLaterCommandsStillRun) {
-  CommandResult r = Io({"write 1M 512", "read 1020k 8k", "write 0 4x",
-                        "write -P 0x1ff 0 512", "write 0 3G", "read 0 3G",
-                        "write 0 16E", "foo", "write 0", "write -x 0 1",
-                        "length"});
+  CommandResult r =
+      Io({"write 1M 512", "read 1020k 8k", "write 0 4x", "write -P 0x1ff 0 512",
+          "write 0 3G", "read 0 3G", "write 0 16E", "foo", "write 0",
+          "write -x 0 1", "length"});
   EXPECT_FALSE(r.status.ok());
   EXPECT_EQ(ExitCodeOf(r.status), 1);
   EXPECT_EQ(r.out,
@@ -165,8 +165,8 @@ TEST_F(IoTest, ErrorsAreReportedAndLaterCommandsStillRun) {
 }
 
 TEST_F(IoTest, SizesTakeSuffixesAndHexSuffixIsDeprecated) {
-  CommandResult r = Io({"write -q 0 1.5k", "write 1 0x200", "write 0 0x10k",
-                        "alloc 0 1.7k"});
+  CommandResult r =
+      Io({"write -q 0 1.5k", "write 1 0x200", "write 0 0x10k", "alloc 0 1.7k"});
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(WithoutTiming(r.out),
             "wrote 512/512 bytes at offset 1\n"
@@ -179,9 +179,9 @@ TEST_F(IoTest, SizesTakeSuffixesAndHexSuffixIsDeprecated) {
 
 TEST_F(IoTest, WriteZeroesAndDiscardClearData) {
   WriteBytes("x.raw", 0, 1 << 20, 0x5a);
-  CommandResult r = Io({"write -z 0 64k", "write -z -u 64k 64k",
-                        "discard 128k 64k", "read -P 0 0 192k",
-                        "read -P 0x5a 192k 4k"});
+  CommandResult r =
+      Io({"write -z 0 64k", "write -z -u 64k 64k", "discard 128k 64k",
+          "read -P 0 0 192k", "read -P 0x5a 192k 4k"});
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(WithoutTiming(r.out),
             "wrote 65536/65536 bytes at offset 0\n"
@@ -193,8 +193,8 @@ TEST_F(IoTest, WriteZeroesAndDiscardClearData) {
 
 TEST_F(IoTest, DiscardIgnoredKeepsData) {
   WriteBytes("x.raw", 0, 4096, 0x5a);
-  CommandResult r = Io({"discard -q 0 4k", "read -q -P 0x5a 0 4k"},
-                       {"-d", "ignore"});
+  CommandResult r =
+      Io({"discard -q 0 4k", "read -q -P 0x5a 0 4k"}, {"-d", "ignore"});
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.out, "");
 }
@@ -213,9 +213,7 @@ TEST_F(IoTest, WriteOptionConflicts) {
 }
 
 TEST_F(IoTest, WriteFromSourceFileRepeatsIt) {
-  {
-    std::ofstream("src.bin") << "abc";
-  }
+  { std::ofstream("src.bin") << "abc"; }
   CommandResult r = Io({"write -q -s src.bin 0 10", "read -v 0 10"});
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(WithoutTiming(r.out),
@@ -263,11 +261,10 @@ TEST_F(IoTest, InfoForRaw) {
 }
 
 TEST_F(IoTest, AioCompletesByAioFlush) {
-  CommandResult r = Io({"aio_write -P 0x11 0 4k", "aio_flush",
-                        "aio_read -P 0x11 0 2k 2k", "aio_flush",
-                        "aio_read -P 0x22 0 4k", "aio_flush",
-                        "aio_write 1M 512", "aio_flush", "aio_read -q 0 1",
-                        "aio_read -i 0 1"});
+  CommandResult r =
+      Io({"aio_write -P 0x11 0 4k", "aio_flush", "aio_read -P 0x11 0 2k 2k",
+          "aio_flush", "aio_read -P 0x22 0 4k", "aio_flush", "aio_write 1M 512",
+          "aio_flush", "aio_read -q 0 1", "aio_read -i 0 1"});
   // aio requests succeed once submitted, whatever their outcome.
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(WithoutTiming(r.out),
@@ -317,8 +314,7 @@ TEST_F(IoTest, VectoredCommands) {
 
 TEST_F(IoTest, ReadOnlyRefusesWrites) {
   CommandResult r = Io({"write 0 1", "write -z 0 1", "discard 0 1",
-                        "truncate 0", "aio_write 0 1", "read -q 0 1",
-                        "flush"},
+                        "truncate 0", "aio_write 0 1", "read -q 0 1", "flush"},
                        {"-r"});
   EXPECT_EQ(ExitCodeOf(r.status), 1);
   EXPECT_EQ(r.out, "");
@@ -349,7 +345,8 @@ TEST_F(IoTest, OpenErrors) {
 }
 
 TEST_F(IoTest, WithoutFileCommandsNeedingOneFail) {
-  CommandResult r = testing::RunCommand(RunIo, {"-c", "length", "-c", "sleep 1"});
+  CommandResult r =
+      testing::RunCommand(RunIo, {"-c", "length", "-c", "sleep 1"});
   EXPECT_EQ(ExitCodeOf(r.status), 1);
   EXPECT_EQ(r.err, "no file open, try 'help open'\n");
 }
