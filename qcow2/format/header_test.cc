@@ -323,6 +323,17 @@ TEST(HeaderTest, BitmapsExtension) {
   EXPECT_FALSE(h.dropped_inconsistent_bitmaps);
 }
 
+TEST(HeaderTest, InternalSnapshot) {
+  const Image image = Create("snap.qcow2", "", "1M");
+  ASSERT_TRUE(RunShell("qemu-io -f qcow2 -c 'write 0 64k' '" + image.path +
+                       "' && qemu-img snapshot -c s1 '" + image.path + "'")
+                  .ok());
+  const Header h = ExpectRoundTrip(Reload(image.path));
+  EXPECT_EQ(h.nb_snapshots, 1u);
+  EXPECT_NE(h.snapshots_offset, 0u);
+  EXPECT_EQ(h.snapshots_offset % 65536, 0u);
+}
+
 // ---- Rewrites compared with QEMU's own header rewrite (qemu-img amend) ----
 
 // Writes `bytes` to a file, has QEMU rewrite its header by toggling lazy

@@ -39,7 +39,9 @@ absl::StatusOr<std::string> QemuImgCreate(absl::string_view name,
                                           absl::string_view size) {
   const std::string path = TempPath(name);
   std::remove(path.c_str());
-  std::string cmd = "qemu-img create -q -f qcow2";
+  // Run in the temporary directory so relative backing/data file names land
+  // there too.
+  std::string cmd = absl::StrCat("cd '", TempPath(""), "' && qemu-img create -q -f qcow2");
   if (!options.empty()) absl::StrAppend(&cmd, " -o '", options, "'");
   absl::StrAppend(&cmd, " '", path, "' ", size);
   absl::StatusOr<std::string> out = RunShell(cmd);

@@ -21,7 +21,8 @@ std::string TempPath(absl::string_view name);
 // output if it exits non-zero.
 absl::StatusOr<std::string> RunShell(const std::string& command);
 
-// `qemu-img create -q -f qcow2 [-o options] <TempPath(name)> <size>`;
+// `qemu-img create -q -f qcow2 [-o options] <TempPath(name)> <size>`, run
+// in TempPath("") so relative file names in `options` resolve there;
 // returns the path.
 absl::StatusOr<std::string> QemuImgCreate(absl::string_view name,
                                           absl::string_view options,
