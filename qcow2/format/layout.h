@@ -11,12 +11,14 @@
 // names only change cluster 0.
 //
 // When the L1 table reaches past the clusters the first refcount block
-// covers (small clusters, wide refcounts, big images), QEMU's
-// allocator adds refcount blocks after the L1 table and may move the refcount
-// table to a bigger one, leaving the old one behind as a free cluster. This
+// covers (small clusters, wide refcounts, big images), QEMU's allocator adds
+// refcount blocks after the L1 table and may move the refcount table to a
+// bigger one, leaving the old one behind as a free cluster. This
 // file replays that allocator (qcow2-refcount.c: alloc_clusters_noref,
 // update_refcount, alloc_refcount_block, qcow2_refcount_area) on an in-memory
 // model, so those layouts come out byte-identical too.
+//
+// Not modelled: encryption, preallocation other than off, data-file-raw.
 //
 // Geometry helpers used here live in l2_entry.h (L2EntriesPerCluster,
 // L1EntriesForSize) and refcount.h (RefcountEntriesPerBlock).
