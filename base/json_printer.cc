@@ -1,5 +1,7 @@
 #include "base/json_printer.h"
 
+#include <charconv>
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -169,6 +171,15 @@ class Printer {
     out_ += '}';
   }
 
+  // The shortest decimal text that reads back as exactly `value`
+  // (68.864, not 68.864000000000004).
+  template <typename T>
+  static std::string ShortestText(T value) {
+    char buf[64];
+    auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value);
+    return std::string(buf, end);
+  }
+
   // Text of a non-message, non-string value; `index` < 0 for a singular
   // field.
   static std::string ScalarText(const Message& message,
@@ -189,13 +200,11 @@ class Printer {
         return absl::StrCat(rep ? r->GetRepeatedUInt64(message, field, index)
                                 : r->GetUInt64(message, field));
       case FieldDescriptor::CPPTYPE_DOUBLE:
-        return absl::StrFormat(
-            "%.17g", rep ? r->GetRepeatedDouble(message, field, index)
-                         : r->GetDouble(message, field));
+        return ShortestText(rep ? r->GetRepeatedDouble(message, field, index)
+                                : r->GetDouble(message, field));
       case FieldDescriptor::CPPTYPE_FLOAT:
-        return absl::StrFormat(
-            "%.17g", rep ? r->GetRepeatedFloat(message, field, index)
-                         : r->GetFloat(message, field));
+        return ShortestText(rep ? r->GetRepeatedFloat(message, field, index)
+                                : r->GetFloat(message, field));
       case FieldDescriptor::CPPTYPE_BOOL:
         return (rep ? r->GetRepeatedBool(message, field, index)
                     : r->GetBool(message, field))

@@ -303,3 +303,19 @@ TEST(PrintJsonTest, EveryFieldKind) {
 
 }  // namespace
 }  // namespace imgtool
+
+namespace imgtool {
+namespace {
+
+TEST(PrintJsonTest, DoublesUseShortestRoundTripText) {
+  Kinds kinds;
+  kinds.set_ratio(68.864);
+  EXPECT_NE(PrintJson(kinds).find("\"ratio\": 68.864,\n"), std::string::npos)
+      << PrintJson(kinds);
+  kinds.set_ratio(1e21);
+  EXPECT_NE(PrintJson(kinds).find("\"ratio\": 1e+21,\n"), std::string::npos)
+      << PrintJson(kinds);
+}
+
+}  // namespace
+}  // namespace imgtool
