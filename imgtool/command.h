@@ -79,6 +79,10 @@ absl::Status RunInfo(const std::vector<std::string>& args, Streams streams);
 absl::Status RunMap(const std::vector<std::string>& args, Streams streams);
 absl::Status RunResize(const std::vector<std::string>& args, Streams streams);
 absl::Status RunBench(const std::vector<std::string>& args, Streams streams);
+// convert and compare (convert.cc, compare.cc). compare's "images differ"
+// (exit 1) has been printed on stdout: its status has an empty message.
+absl::Status RunConvert(const std::vector<std::string>& args, Streams streams);
+absl::Status RunCompare(const std::vector<std::string>& args, Streams streams);
 // qemu-io's commands (io_command.cc). When a command fails it has printed
 // its own error: the status then has an empty message, and main prints
 // nothing more (exit code 1).

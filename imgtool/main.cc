@@ -23,6 +23,8 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"bench", imgtool::cli::RunBench},
+    {"compare", imgtool::cli::RunCompare},
+    {"convert", imgtool::cli::RunConvert},
     {"create", imgtool::cli::RunCreate},
     {"info", imgtool::cli::RunInfo},
     {"io", imgtool::cli::RunIo},
@@ -41,6 +43,11 @@ constexpr char kHelp[] =
     "[-n] [--no-drain]\n"
     "        [-o OFFSET] [--pattern=BYTE] [-q] [-s SIZE] [-S STEP] [-t CACHE] "
     "[-w] [-U] FILE\n"
+    "  compare [-f FMT] [-F FMT] [-T CACHE] [-p] [-q] [-s] [-U] FILE1 FILE2\n"
+    "  convert [-f FMT] [-O FMT] [-o OPTIONS] [-S SPARSE_SIZE] [-m N] [-W] "
+    "[-n]\n"
+    "        [--target-is-zero] [-t CACHE] [-T SRC_CACHE] [-p] [-q] [-U] "
+    "SRC... DST\n"
     "  create [-q] [-f FMT] [-o OPTIONS] FILE [SIZE]\n"
     "  info [-f FMT] [--output=human|json] [-U] FILE\n"
     "  io [-f FMT] [-r] [-n] [-t CACHE] [-U] -c CMD [-c CMD]... FILE\n"
