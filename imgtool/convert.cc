@@ -899,6 +899,8 @@ absl::Status Convert(const ConvertArgs& a,
     spec.cache = *CacheMode(a.source_cache);
     spec.read_only = true;
     spec.force_share = a.force_share;
+    // As qemu-img, keep writers (and convert onto itself) out.
+    spec.unshare_write = true;
     spec.queue_depth = a.num_coroutines;
     ASSIGN_OR_RETURN(OpenedImage image, OpenImage(spec, streams.err));
     total += VirtualSize(image);

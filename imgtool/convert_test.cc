@@ -219,6 +219,20 @@ TEST_F(ConvertTest, TargetIsZeroSkipsZeroRanges) {
             std::string(4 * kKiB, 'g'));
 }
 
+TEST_F(ConvertTest, ConvertingAnImageOntoItselfLeavesItAlone) {
+  MakeScattered("x.raw");
+  const std::string before = ReadFile("x.raw");
+  CommandResult r = Convert({"x.raw", "x.raw"});
+  EXPECT_EQ(r.status.message(),
+            "x.raw: error while converting raw: Failed to get \"write\" lock\n"
+            "Is another process using the image [x.raw]?");
+  r = Convert({"-n", "x.raw", "x.raw"});
+  EXPECT_EQ(r.status.message(),
+            "Could not open 'x.raw': Failed to get \"write\" lock\n"
+            "Is another process using the image [x.raw]?");
+  EXPECT_EQ(ReadFile("x.raw"), before);
+}
+
 TEST_F(ConvertTest, TargetSmallerThanSourcesIsRefused) {
   MakeSparseFile("src.raw", 2 * kMiB);
   MakeSparseFile("dst.raw", 1 * kMiB);

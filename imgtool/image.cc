@@ -98,7 +98,8 @@ absl::StatusOr<OpenedImage> OpenImage(const ImageSpec& spec,
   // opened by qemu-img), so a read-only open takes only the consistent-read
   // lock: `info` and `map` work on a raw image a VM is writing, as with
   // qemu-img 7.2. Formats with metadata (qcow2) will unshare write.
-  options.set_force_share(spec.force_share || spec.read_only);
+  options.set_force_share(spec.force_share ||
+                          (spec.read_only && !spec.unshare_write));
   std::ostringstream warnings;
   absl::StatusOr<std::unique_ptr<posix_file::FileNode>> file =
       posix_file::FileNode::Open(*image.engine, options, &warnings);

@@ -24,6 +24,9 @@ struct ImageSpec {
   std::string cache = "writeback";
   bool read_only = true;
   bool force_share = false;      // -U
+  // A read-only open that keeps writers out (QEMU's BDRV_O_NO_SHARE, used
+  // for convert's sources unless -U); other read-only opens share write.
+  bool unshare_write = false;
   io::EngineKind aio = io::EngineKind::kAuto;
   int queue_depth = 64;          // requests the command keeps in flight
 };
