@@ -45,9 +45,11 @@ for img in hint.raw nohint.raw; do
   echo "extents in $img: $(filefrag "$img" | sed 's/.*: //')"
 done
 
-echo "== map: imgtool vs qemu-img on the same file"
-"$imgtool" map -f raw --output=json nohint.raw > map.imgtool.json
-qemu-img map -f raw --output=json nohint.raw > map.qemu.json
+echo "== map: imgtool vs qemu-img on a file with a hole every 8 KiB"
+run "$imgtool" create -f raw -o extent_size_hint=0 holes.raw 256M
+"$imgtool" bench -f raw -w -t none -d 64 -c 16384 -s 4k -S 8k holes.raw
+"$imgtool" map -f raw --output=json holes.raw > map.imgtool.json
+qemu-img map -f raw --output=json holes.raw > map.qemu.json
 if cmp -s map.imgtool.json map.qemu.json; then
   echo "map --output=json identical ($(wc -l < map.qemu.json) extents)"
 else
