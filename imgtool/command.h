@@ -79,6 +79,10 @@ absl::Status RunInfo(const std::vector<std::string>& args, Streams streams);
 absl::Status RunMap(const std::vector<std::string>& args, Streams streams);
 absl::Status RunResize(const std::vector<std::string>& args, Streams streams);
 absl::Status RunBench(const std::vector<std::string>& args, Streams streams);
+// check (check.cc): exit codes 2 (corruptions), 3 (leaks only) and 63 (no
+// checks for the format) come with an empty message or "This image format
+// does not support checks"; "Check failed" is exit code 1.
+absl::Status RunCheck(const std::vector<std::string>& args, Streams streams);
 // convert and compare (convert.cc, compare.cc). compare's "images differ"
 // (exit 1) has been printed on stdout: its status has an empty message.
 absl::Status RunConvert(const std::vector<std::string>& args, Streams streams);

@@ -23,6 +23,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"bench", imgtool::cli::RunBench},
+    {"check", imgtool::cli::RunCheck},
     {"compare", imgtool::cli::RunCompare},
     {"convert", imgtool::cli::RunConvert},
     {"create", imgtool::cli::RunCreate},
@@ -43,6 +44,8 @@ constexpr char kHelp[] =
     "[-n] [--no-drain]\n"
     "        [-o OFFSET] [--pattern=BYTE] [-q] [-s SIZE] [-S STEP] [-t CACHE] "
     "[-w] [-U] FILE\n"
+    "  check [-q] [-f FMT] [--output=human|json] [-r leaks|all] [-T CACHE] "
+    "[-U] FILE\n"
     "  compare [-f FMT] [-F FMT] [-T CACHE] [-p] [-q] [-s] [-U] FILE1 FILE2\n"
     "  convert [-f FMT] [-O FMT] [-o OPTIONS] [-S SPARSE_SIZE] [-m N] [-W] "
     "[-n]\n"

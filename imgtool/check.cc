@@ -1,0 +1,304 @@
+// imgtool check [-q] [-f FMT] [--output=human|json] [-r leaks|all]
+// [-T CACHE] [-U] FILE: qemu-img 7.2's consistency check of qcow2 images
+// (qcow2/check.h), with its stdout report, its per-problem lines on stderr
+// and its exit codes: 0 clean, 1 check failed or could not complete,
+// 2 corruptions, 3 leaked clusters only, 63 format without checks (raw).
+#include <getopt.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/errno_status.h"
+#include "base/json_printer.h"
+#include "base/status_macros.h"
+#include "imgtool/check_result.pb.h"
+#include "imgtool/command.h"
+#include "imgtool/image.h"
+#include "io/engine.h"
+#include "posix_file/file_node.h"
+#include "posix_file/file_options.pb.h"
+#include "qcow2/check.h"
+
+namespace imgtool::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "Usage: imgtool check [-q] [-f FMT] [--output=human|json] [-r leaks|all] "
+    "[-T CACHE] [-U] FILE";
+
+constexpr char kHelp[] =
+    "Usage: imgtool check [-q] [-f FMT] [--output=human|json] [-r leaks|all] "
+    "[-T CACHE] [-U] FILE\n"
+    "Checks a qcow2 image for consistency, and repairs it with -r.\n"
+    "  -f FMT                image format (qcow2; raw has no checks); probed "
+    "if absent\n"
+    "  --output=human|json   output format (default human)\n"
+    "  -q, --quiet           print nothing on stdout\n"
+    "  -r leaks|all          repair leaked clusters, or all errors\n"
+    "  -T CACHE              cache mode of the image (default writeback)\n"
+    "  -U, --force-share     open read-only without taking the image locks\n"
+    "Exit codes: 0 no errors, 1 check failed, 2 corruptions, 3 leaks only,\n"
+    "63 the format does not support checks.\n";
+
+enum LongOption { kOutput = 256, kObject, kImageOpts };
+
+const struct option kLongOptions[] = {
+    {"help", no_argument, nullptr, 'h'},
+    {"format", required_argument, nullptr, 'f'},
+    {"repair", required_argument, nullptr, 'r'},
+    {"output", required_argument, nullptr, kOutput},
+    {"object", required_argument, nullptr, kObject},
+    {"image-opts", no_argument, nullptr, kImageOpts},
+    {"force-share", no_argument, nullptr, 'U'},
+    {"quiet", no_argument, nullptr, 'q'},
+    {nullptr, 0, nullptr, 0},
+};
+
+constexpr std::array<const char*, 5> kCacheModes = {
+    "none", "writeback", "writethrough", "directsync", "unsafe"};
+
+absl::Status CouldNotOpen(const std::string& filename,
+                          const absl::Status& cause) {
+  std::string message(cause.message());
+  // open(2) failing: qemu-img names the file twice.
+  const int error_number = StatusErrno(cause);
+  if (error_number != 0 &&
+      message == absl::StrCat(filename, ": Could not open: ",
+                              std::strerror(error_number))) {
+    message = absl::StrCat("Could not open '", filename,
+                           "': ", std::strerror(error_number));
+  }
+  return absl::Status(cause.code(), absl::StrCat("Could not open '", filename,
+                                                 "': ", message));
+}
+
+// The human report (qemu-img's dump_human_image_check).
+std::string HumanReport(const qcow2::CheckResult& r) {
+  std::string text;
+  if (r.corruptions == 0 && r.leaks == 0 && r.check_errors == 0) {
+    text += "No errors were found on the image.\n";
+  } else {
+    if (r.corruptions != 0) {
+      absl::StrAppend(&text, "\n", r.corruptions,
+                      " errors were found on the image.\n"
+                      "Data may be corrupted, or further writes to the image "
+                      "may corrupt it.\n");
+    }
+    if (r.leaks != 0) {
+      absl::StrAppend(&text, "\n", r.leaks,
+                      " leaked clusters were found on the image.\n"
+                      "This means waste of disk space, but no harm to data.\n");
+    }
+    if (r.check_errors != 0) {
+      absl::StrAppend(&text, "\n", r.check_errors,
+                      " internal errors have occurred during the check.\n");
+    }
+  }
+  if (r.total_clusters != 0 && r.allocated_clusters != 0) {
+    absl::StrAppend(
+        &text,
+        absl::StrFormat(
+            "%d/%d = %0.2f%% allocated, %0.2f%% fragmented, %0.2f%% "
+            "compressed clusters\n",
+            r.allocated_clusters, r.total_clusters,
+            r.allocated_clusters * 100.0 / r.total_clusters,
+            r.fragmented_clusters * 100.0 / r.allocated_clusters,
+            r.compressed_clusters * 100.0 / r.allocated_clusters));
+  }
+  if (r.image_end_offset != 0) {
+    absl::StrAppend(&text, "Image end offset: ", r.image_end_offset, "\n");
+  }
+  return text;
+}
+
+ImageCheck JsonReport(const qcow2::CheckResult& r, const std::string& filename) {
+  ImageCheck check;
+  if (r.image_end_offset) check.set_image_end_offset(r.image_end_offset);
+  if (r.compressed_clusters) check.set_compressed_clusters(r.compressed_clusters);
+  if (r.total_clusters) check.set_total_clusters(r.total_clusters);
+  if (r.corruptions) check.set_corruptions(r.corruptions);
+  if (r.corruptions_fixed) check.set_corruptions_fixed(r.corruptions_fixed);
+  check.set_check_errors(r.check_errors);
+  if (r.leaks) check.set_leaks(r.leaks);
+  if (r.leaks_fixed) check.set_leaks_fixed(r.leaks_fixed);
+  if (r.allocated_clusters) check.set_allocated_clusters(r.allocated_clusters);
+  check.set_filename(filename);
+  check.set_format("qcow2");
+  if (r.fragmented_clusters) check.set_fragmented_clusters(r.fragmented_clusters);
+  return check;
+}
+
+// The format of the file from its first bytes: "qcow2", "qcow" or "raw".
+absl::StatusOr<std::string> ProbeFormat(io::Engine& engine,
+                                        io::BlockNode& node) {
+  std::array<uint8_t, 8> head{};
+  RETURN_IF_ERROR(
+      io::RunSync(engine, node.Read(0, io::IoVec(head.data(), head.size()))));
+  if (head[0] == 'Q' && head[1] == 'F' && head[2] == 'I' && head[3] == 0xfb) {
+    return std::string(head[7] == 1 ? "qcow" : "qcow2");
+  }
+  return std::string("raw");
+}
+
+}  // namespace
+
+absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
+  std::string format;
+  std::string output = "human";
+  std::string cache = "writeback";
+  qcow2::RepairMode repair = qcow2::RepairMode::kNone;
+  bool quiet = false;
+  bool force_share = false;
+  bool image_opts = false;
+  bool help = false;
+  ASSIGN_OR_RETURN(
+      std::vector<std::string> operands,
+      ParseOptions(
+          args, "hf:r:T:qU", kLongOptions, kUsage,
+          [&](int c, const std::string& arg) -> absl::Status {
+            switch (c) {
+              case 'h': help = true; break;
+              case 'f': format = arg; break;
+              case 'r':
+                if (arg == "leaks") {
+                  repair = qcow2::RepairMode::kLeaks;
+                } else if (arg == "all") {
+                  repair = qcow2::RepairMode::kAll;
+                } else {
+                  return UsageError(
+                      absl::StrCat("Unknown option value for -r (expecting "
+                                   "'leaks' or 'all'): ",
+                                   arg),
+                      "");
+                }
+                break;
+              case 'T': cache = arg; break;
+              case 'q': quiet = true; break;
+              case 'U': force_share = true; break;
+              case kOutput: output = arg; break;
+              case kObject:
+                return absl::UnimplementedError(
+                    "--object is not supported yet");
+              case kImageOpts: image_opts = true; break;
+            }
+            return absl::OkStatus();
+          }));
+  if (help) {
+    streams.out << kHelp;
+    return absl::OkStatus();
+  }
+  if (operands.size() != 1) {
+    return UsageError("Expecting one image file name", "");
+  }
+  const std::string& filename = operands[0];
+  ASSIGN_OR_RETURN(const bool json, ParseOutputFormat(output));
+  if (std::find(kCacheModes.begin(), kCacheModes.end(), cache) ==
+      kCacheModes.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Invalid source cache option: ", cache));
+  }
+  if (image_opts) {
+    return absl::UnimplementedError("--image-opts is not supported yet");
+  }
+  const bool read_only = repair == qcow2::RepairMode::kNone;
+  if (force_share && !read_only) {
+    return CouldNotOpen(filename,
+                        absl::InvalidArgumentError(
+                            "force-share=on can only be used with read-only "
+                            "images"));
+  }
+  if (!format.empty() && format != "qcow2") {
+    if (absl::Status st = CheckFormat(format, /*for_create=*/false); !st.ok()) {
+      return CouldNotOpen(filename, st);
+    }
+  }
+
+  ASSIGN_OR_RETURN(std::unique_ptr<io::Engine> engine,
+                   io::CreateEngine(io::EngineKind::kAuto, 1, &streams.err));
+  posix_file::FileOpenOptions options;
+  options.set_filename(filename);
+  options.set_cache(cache);
+  options.set_read_only(read_only);
+  options.set_force_share(force_share);
+  std::ostringstream warnings;
+  absl::StatusOr<std::unique_ptr<posix_file::FileNode>> file =
+      posix_file::FileNode::Open(*engine, options, &warnings);
+  PrintWarnings(warnings.str(), streams.err);
+  if (!file.ok()) return CouldNotOpen(filename, file.status());
+  posix_file::FileNode& node = **file;
+  auto close = [&]() { return io::RunSync(*engine, node.Close()); };
+
+  if (format.empty()) {
+    absl::StatusOr<std::string> probed = ProbeFormat(*engine, node);
+    if (!probed.ok()) {
+      close().IgnoreError();
+      return CouldNotOpen(filename, probed.status());
+    }
+    if (*probed == "qcow") {
+      close().IgnoreError();
+      return CouldNotOpen(filename, absl::UnimplementedError(
+                                        "Format 'qcow' is not supported yet"));
+    }
+    if (*probed == "raw" && !read_only) {
+      // qemu-img warns when a probed raw image is opened for writing.
+      streams.err
+          << "WARNING: Image format was not specified for '" << filename
+          << "' and probing guessed raw.\n"
+             "         Automatically detecting the format is dangerous for "
+             "raw images, write operations on block 0 will be restricted.\n"
+             "         Specify the 'raw' format explicitly to remove the "
+             "restrictions.\n";
+    }
+    format = *probed;
+  }
+  if (format != "qcow2") {
+    RETURN_IF_ERROR(close());
+    return WithExitCode(
+        absl::UnimplementedError("This image format does not support checks"),
+        63);
+  }
+
+  absl::StatusOr<qcow2::CheckResult> result = io::RunSync(
+      *engine, qcow2::CheckQcow2(node, repair, streams.err));
+  absl::Status closed = close();
+  if (!result.ok()) return result.status();
+  if (!closed.ok()) {
+    return absl::Status(closed.code(),
+                        absl::StrCat("Check failed: ", closed.message()));
+  }
+  const qcow2::CheckResult& r = *result;
+
+  if (!quiet) {
+    if (json) {
+      streams.out << PrintJson(JsonReport(r, filename)) << "\n";
+    } else {
+      if (r.corruptions_fixed != 0 || r.leaks_fixed != 0) {
+        streams.out << "The following inconsistencies were found and "
+                       "repaired:\n\n    "
+                    << r.leaks_fixed << " leaked clusters\n    "
+                    << r.corruptions_fixed
+                    << " corruptions\n\nDouble checking the fixed image "
+                       "now...\n";
+      }
+      streams.out << HumanReport(r);
+    }
+  }
+  if (r.check_errors != 0) return absl::InternalError("Check failed");
+  if (r.corruptions != 0) {
+    return WithExitCode(absl::Status(absl::StatusCode::kDataLoss, ""), 2);
+  }
+  if (r.leaks != 0) {
+    return WithExitCode(absl::Status(absl::StatusCode::kDataLoss, ""), 3);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace imgtool::cli

@@ -1,0 +1,606 @@
+// CheckQcow2 and RebuildRefcounts against qemu-img 7.2 on the same broken
+// images. Every image is made by qemu-img/qemu-io and then broken by
+// patching bytes (the recipe is in each test). For each case the checker
+// runs on one copy and `qemu-img check --output=json` on another, in the
+// same repair mode: the problem lines must be the same multiset, the counts
+// the same numbers, and after a repair both files must be byte-identical.
+#include "qcow2/check.h"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/engine.h"
+#include "posix_file/file_node.h"
+#include "posix_file/file_options.pb.h"
+
+namespace imgtool::qcow2 {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAreArray;
+
+struct Shell {
+  int rc = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Runs `command` with /bin/sh in `dir`.
+Shell RunShell(const std::string& dir, const std::string& command) {
+  const std::string out = dir + "/.sh_out";
+  const std::string err = dir + "/.sh_err";
+  const std::string full = absl::StrCat("cd '", dir, "' && (", command,
+                                        ") >'", out, "' 2>'", err, "'");
+  const int status = std::system(full.c_str());
+  Shell r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = ReadAll(out);
+  r.err = ReadAll(err);
+  return r;
+}
+
+std::string MakeTestDir() {
+  static std::atomic<int> counter{0};
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(base != nullptr ? base : "/tmp",
+                                       "/qcow2_check_test_", getpid(), "_",
+                                       counter++);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// Writes `bytes` (hex) at `offset` of `path`.
+void Patch(const std::string& path, uint64_t offset, const std::string& hex) {
+  std::string bytes;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  const int fd = open(path.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(pwrite(fd, bytes.data(), bytes.size(), offset),
+            static_cast<ssize_t>(bytes.size()));
+  close(fd);
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  for (absl::string_view l : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    lines.emplace_back(l);
+  }
+  return lines;
+}
+
+// `"key": number` of qemu-img's JSON (0 when absent, as qemu-img omits
+// zero counts).
+uint64_t JsonNumber(const std::string& json, const std::string& key) {
+  const std::string needle = absl::StrCat("\"", key, "\": ");
+  const size_t pos = json.find(needle);
+  if (pos == std::string::npos) return 0;
+  const size_t start = pos + needle.size();
+  const size_t end = json.find_first_not_of("0123456789", start);
+  uint64_t v = 0;
+  EXPECT_TRUE(absl::SimpleAtoi(json.substr(start, end - start), &v)) << json;
+  return v;
+}
+
+struct Outcome {
+  absl::Status status;  // of CheckQcow2
+  CheckResult result;
+  std::vector<std::string> messages;
+};
+
+// Runs CheckQcow2 on `path`, opened read-write for a repair.
+Outcome CheckFile(const std::string& path, RepairMode mode) {
+  Outcome o;
+  absl::StatusOr<std::unique_ptr<io::Engine>> engine =
+      io::CreateEngine(io::EngineKind::kAuto, 4, nullptr);
+  if (!engine.ok()) {
+    o.status = engine.status();
+    return o;
+  }
+  posix_file::FileOpenOptions options;
+  options.set_filename(path);
+  options.set_read_only(mode == RepairMode::kNone);
+  absl::StatusOr<std::unique_ptr<posix_file::FileNode>> file =
+      posix_file::FileNode::Open(**engine, options, nullptr);
+  if (!file.ok()) {
+    o.status = file.status();
+    return o;
+  }
+  std::ostringstream messages;
+  absl::StatusOr<CheckResult> r =
+      io::RunSync(**engine, CheckQcow2(**file, mode, messages));
+  absl::Status closed = io::RunSync(**engine, (*file)->Close());
+  o.status = r.ok() ? closed : r.status();
+  if (r.ok()) o.result = *r;
+  o.messages = Lines(messages.str());
+  return o;
+}
+
+const char* ModeFlag(RepairMode mode) {
+  switch (mode) {
+    case RepairMode::kNone: return "";
+    case RepairMode::kLeaks: return "-r leaks ";
+    case RepairMode::kAll: return "-r all ";
+  }
+  return "";
+}
+
+class CheckTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = MakeTestDir(); }
+
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+
+  // Runs a shell command in the test directory and expects success.
+  void Sh(const std::string& command) {
+    Shell r = RunShell(dir_, command);
+    ASSERT_EQ(r.rc, 0) << command << "\n" << r.out << r.err;
+  }
+
+  // The standard 64 MiB image, 64 KiB clusters: header 0, reftable 1,
+  // refblock 2, L1 3, L2 4, data clusters 5 (guest 0), 6 (guest 64k) and
+  // 7 (guest 1 MiB); 8 clusters, 524288 bytes.
+  void MakeBaseImage(const std::string& name) {
+    Sh("qemu-img create -q -f qcow2 " + name + " 64M");
+    Sh("qemu-io -c 'write -P 1 0 128k' -c 'write -P 2 1M 64k' " + name +
+       " >/dev/null");
+  }
+
+  // Checks `name` with our checker and with qemu-img on copies, in `mode`,
+  // and expects the same lines, counts and (after a repair) bytes. Returns
+  // our outcome for further expectations. Leaves `name` untouched.
+  Outcome CompareWithQemu(const std::string& name, RepairMode mode) {
+    const std::string ours = name + ".ours";
+    const std::string theirs = name + ".qemu";
+    std::filesystem::copy_file(Path(name), Path(ours),
+                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file(Path(name), Path(theirs),
+                               std::filesystem::copy_options::overwrite_existing);
+    Outcome o = CheckFile(Path(ours), mode);
+    Shell q = RunShell(dir_, absl::StrCat("qemu-img check --output=json ",
+                                     ModeFlag(mode), theirs));
+    // qemu-img's own error lines carry its name; ours say imgtool.
+    std::vector<std::string> qemu_lines;
+    for (std::string& l : Lines(q.err)) {
+      if (absl::StartsWith(l, "qemu-img: Check failed")) continue;
+      absl::StrReplaceAll({{"qemu-img: ", "imgtool: "}}, &l);
+      qemu_lines.push_back(l);
+    }
+    EXPECT_THAT(o.messages, UnorderedElementsAreArray(qemu_lines))
+        << "mode " << ModeFlag(mode) << "; qemu-img said:\n" << q.err;
+    if (q.rc == 1 && q.out.empty()) {
+      // The check could not be done: no report.
+      EXPECT_FALSE(o.status.ok()) << "qemu-img: " << q.err;
+    } else {
+      EXPECT_TRUE(o.status.ok()) << o.status;
+      const CheckResult& r = o.result;
+      EXPECT_EQ(r.corruptions, JsonNumber(q.out, "corruptions"));
+      EXPECT_EQ(r.leaks, JsonNumber(q.out, "leaks"));
+      EXPECT_EQ(r.check_errors, JsonNumber(q.out, "check-errors"));
+      EXPECT_EQ(r.corruptions_fixed, JsonNumber(q.out, "corruptions-fixed"));
+      EXPECT_EQ(r.leaks_fixed, JsonNumber(q.out, "leaks-fixed"));
+      EXPECT_EQ(r.image_end_offset, JsonNumber(q.out, "image-end-offset"));
+      EXPECT_EQ(r.total_clusters, JsonNumber(q.out, "total-clusters"));
+      EXPECT_EQ(r.allocated_clusters, JsonNumber(q.out, "allocated-clusters"));
+      EXPECT_EQ(r.fragmented_clusters,
+                JsonNumber(q.out, "fragmented-clusters"));
+      EXPECT_EQ(r.compressed_clusters,
+                JsonNumber(q.out, "compressed-clusters"));
+    }
+    if (mode != RepairMode::kNone) {
+      EXPECT_TRUE(ReadAll(Path(ours)) == ReadAll(Path(theirs)))
+          << "repaired files differ (" << ModeFlag(mode) << ")";
+    }
+    return o;
+  }
+
+  // All three modes.
+  void CompareAllModes(const std::string& name) {
+    for (RepairMode mode :
+         {RepairMode::kNone, RepairMode::kLeaks, RepairMode::kAll}) {
+      SCOPED_TRACE(ModeFlag(mode));
+      CompareWithQemu(name, mode);
+    }
+  }
+
+  // `qemu-img check` exit code of a file.
+  int QemuCheck(const std::string& name) {
+    return RunShell(dir_, "qemu-img check " + name).rc;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(CheckTest, CleanImage) {
+  MakeBaseImage("a.qcow2");
+  Outcome o = CompareWithQemu("a.qcow2", RepairMode::kNone);
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  EXPECT_THAT(o.messages, IsEmpty());
+  EXPECT_EQ(o.result.corruptions, 0u);
+  EXPECT_EQ(o.result.leaks, 0u);
+  EXPECT_EQ(o.result.check_errors, 0u);
+  EXPECT_EQ(o.result.image_end_offset, 524288u);
+  EXPECT_EQ(o.result.total_clusters, 1024u);
+  EXPECT_EQ(o.result.allocated_clusters, 3u);
+  EXPECT_EQ(o.result.fragmented_clusters, 0u);
+}
+
+// Images of every shape qemu-img makes check clean, with qemu-img's
+// statistics.
+TEST_F(CheckTest, CleanImagesOfManyShapes) {
+  struct Shape {
+    const char* options;
+    const char* size;
+    const char* cluster_size;  // compressed writes are whole clusters
+  };
+  const Shape shapes[] = {
+      {"cluster_size=512", "4M", "512"},
+      {"cluster_size=2M", "64M", "2M"},
+      {"refcount_bits=1", "64M", "64k"},
+      {"refcount_bits=64", "64M", "64k"},
+      {"compat=0.10", "64M", "64k"},
+      {"extended_l2=on,cluster_size=128k", "64M", "128k"},
+      {"lazy_refcounts=on", "64M", "64k"},
+      {"cluster_size=4k,refcount_bits=8", "16M", "4k"},
+  };
+  int n = 0;
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(s.options);
+    const std::string name = absl::StrCat("shape", n++, ".qcow2");
+    Sh(absl::StrCat("qemu-img create -q -f qcow2 -o ", s.options, " ", name,
+                    " ", s.size));
+    Sh(absl::StrCat("qemu-io -c 'write -P 1 0 4k' -c 'write -P 2 100k 300k' "
+                    "-c 'write -z 1M 64k' -c 'write -c -P 3 2M ",
+                    s.cluster_size, "' -c 'write -P 4 3M 512' ", name,
+                    " >/dev/null"));
+    Outcome o = CompareWithQemu(name, RepairMode::kNone);
+    EXPECT_THAT(o.messages, IsEmpty());
+    EXPECT_EQ(o.result.corruptions + o.result.leaks, 0u);
+  }
+}
+
+TEST_F(CheckTest, SnapshotsAndCompressedClustersAreCounted) {
+  MakeBaseImage("s.qcow2");
+  Sh("qemu-img snapshot -c first s.qcow2");
+  Sh("qemu-io -c 'write -P 5 0 64k' -c 'write -c -P 6 4M 64k' s.qcow2 "
+     ">/dev/null");
+  Sh("qemu-img snapshot -c second s.qcow2");
+  Sh("qemu-io -c 'write -P 7 64k 64k' s.qcow2 >/dev/null");
+  Outcome o = CompareWithQemu("s.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages, IsEmpty());
+  EXPECT_EQ(o.result.compressed_clusters, 1u);
+  EXPECT_EQ(o.result.corruptions + o.result.leaks, 0u);
+}
+
+TEST_F(CheckTest, BitmapsAreCounted) {
+  MakeBaseImage("b.qcow2");
+  Sh("qemu-img bitmap --add b.qcow2 b0");
+  Sh("qemu-io -c 'write -P 8 8M 1M' b.qcow2 >/dev/null");
+  Sh("qemu-img bitmap --add b.qcow2 b1");
+  Outcome o = CompareWithQemu("b.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages, IsEmpty());
+}
+
+// Recipe: grow the file by one cluster and give that cluster refcount 1
+// (refblock at 0x20000, 16-bit entries).
+TEST_F(CheckTest, LeakedCluster) {
+  MakeBaseImage("leak.qcow2");
+  Sh("truncate -s 589824 leak.qcow2");
+  Patch(Path("leak.qcow2"), 0x20000 + 2 * 8, "0001");
+  Outcome o = CompareWithQemu("leak.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages, ElementsAre("Leaked cluster 8 refcount=1 reference=0"));
+  EXPECT_EQ(o.result.leaks, 1u);
+  EXPECT_EQ(o.result.corruptions, 0u);
+  EXPECT_EQ(o.result.image_end_offset, 589824u);
+
+  o = CompareWithQemu("leak.qcow2", RepairMode::kLeaks);
+  EXPECT_THAT(o.messages,
+              ElementsAre("Leaked cluster 8 refcount=1 reference=0",
+                          "Repairing cluster 8 refcount=1 reference=0"));
+  EXPECT_EQ(o.result.leaks_fixed, 1u);
+  EXPECT_EQ(o.result.leaks, 0u);
+  EXPECT_EQ(QemuCheck("leak.qcow2.ours"), 0);
+  CompareWithQemu("leak.qcow2", RepairMode::kAll);
+  EXPECT_EQ(QemuCheck("leak.qcow2.ours"), 0);
+}
+
+// Recipe: set the refcount of data cluster 5 to 0. Needs a rebuild of the
+// refcount structure: -r leaks gives up, -r all rebuilds it at the end of
+// the file and frees the old one.
+TEST_F(CheckTest, ZeroRefcountOfUsedClusterRebuildsRefcounts) {
+  MakeBaseImage("zero.qcow2");
+  Sh("cp zero.qcow2 before.qcow2");
+  Patch(Path("zero.qcow2"), 0x20000 + 2 * 5, "0000");
+  Outcome o = CompareWithQemu("zero.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              UnorderedElementsAreArray(
+                  {"ERROR cluster 5 refcount=0 reference=1",
+                   "ERROR OFLAG_COPIED data cluster: l2_entry=8000000000050000 "
+                   "refcount=0"}));
+  EXPECT_EQ(o.result.corruptions, 2u);
+
+  o = CompareWithQemu("zero.qcow2", RepairMode::kLeaks);
+  EXPECT_EQ(o.status.message(), "Check failed: Input/output error");
+
+  o = CompareWithQemu("zero.qcow2", RepairMode::kAll);
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  EXPECT_THAT(o.messages,
+              ElementsAre("ERROR cluster 5 refcount=0 reference=1",
+                          "Rebuilding refcount structure",
+                          "Repairing cluster 1 refcount=1 reference=0",
+                          "Repairing cluster 2 refcount=1 reference=0"));
+  EXPECT_EQ(o.result.corruptions_fixed, 1u);
+  EXPECT_EQ(o.result.corruptions, 0u);
+  // New refcount block at cluster 8, table at 9.
+  EXPECT_EQ(o.result.image_end_offset, 655360u);
+  EXPECT_EQ(QemuCheck("zero.qcow2.ours"), 0);
+  EXPECT_EQ(RunShell(dir_, "qemu-img compare before.qcow2 zero.qcow2.ours").rc, 0);
+}
+
+// Recipe: point guest cluster 1's L2 entry at guest cluster 0's host
+// cluster 5 (cluster 6 is then leaked).
+TEST_F(CheckTest, TwoL2EntriesShareACluster) {
+  MakeBaseImage("shared.qcow2");
+  Patch(Path("shared.qcow2"), 0x40008, "8000000000050000");
+  Outcome o = CompareWithQemu("shared.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              UnorderedElementsAreArray(
+                  {"ERROR cluster 5 refcount=1 reference=2",
+                   "Leaked cluster 6 refcount=1 reference=0"}));
+  EXPECT_EQ(o.result.corruptions, 1u);
+  EXPECT_EQ(o.result.leaks, 1u);
+  CompareWithQemu("shared.qcow2", RepairMode::kLeaks);
+  o = CompareWithQemu("shared.qcow2", RepairMode::kAll);
+  EXPECT_EQ(o.result.corruptions_fixed, 3u);  // refcount + 2 COPIED flags
+  EXPECT_EQ(o.result.leaks_fixed, 1u);
+  EXPECT_EQ(QemuCheck("shared.qcow2.ours"), 0);
+}
+
+// Recipe: L1 entry 0 -> 0x40200 (L2 table offset not cluster aligned).
+TEST_F(CheckTest, MisalignedL2Table) {
+  MakeBaseImage("l2.qcow2");
+  Patch(Path("l2.qcow2"), 0x30000, "8000000000040200");
+  Outcome o = CompareWithQemu("l2.qcow2", RepairMode::kNone);
+  EXPECT_EQ(o.messages.front(),
+            "ERROR l2_offset=40200: Table is not cluster aligned; L1 entry "
+            "corrupted");
+  EXPECT_EQ(o.result.corruptions, 129u);
+  CompareWithQemu("l2.qcow2", RepairMode::kLeaks);
+  CompareWithQemu("l2.qcow2", RepairMode::kAll);
+}
+
+// Recipes: a data cluster at 4 GiB (past the end of the file), and one at
+// the largest offset an L2 entry holds.
+TEST_F(CheckTest, DataClusterPastEndOfFile) {
+  MakeBaseImage("eof.qcow2");
+  Patch(Path("eof.qcow2"), 0x40000, "8000000100000000");
+  Outcome o = CompareWithQemu("eof.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              UnorderedElementsAreArray(
+                  {"ERROR: counting reference for region exceeding the end of "
+                   "the file by one cluster or more: offset 0x100000000 size "
+                   "0x10000",
+                   "Leaked cluster 5 refcount=1 reference=0",
+                   "ERROR OFLAG_COPIED data cluster: l2_entry=8000000100000000 "
+                   "refcount=0"}));
+  CompareWithQemu("eof.qcow2", RepairMode::kLeaks);
+  CompareWithQemu("eof.qcow2", RepairMode::kAll);
+
+  MakeBaseImage("far.qcow2");
+  Patch(Path("far.qcow2"), 0x40008, "80ffffffffff0000");
+  CompareAllModes("far.qcow2");
+}
+
+// Recipe: set reserved bit 1 of an L2 entry and reserved bit 56 of an L1
+// entry.
+TEST_F(CheckTest, ReservedBits) {
+  MakeBaseImage("resv.qcow2");
+  Patch(Path("resv.qcow2"), 0x40000, "8000000000050002");
+  Outcome o = CompareWithQemu("resv.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              ElementsAre("ERROR found l2 entry with reserved bits set: "
+                          "8000000000050002"));
+  EXPECT_EQ(o.result.corruptions, 1u);
+  CompareAllModes("resv.qcow2");
+
+  MakeBaseImage("l1resv.qcow2");
+  Patch(Path("l1resv.qcow2"), 0x30000, "8100000000040000");
+  o = CompareWithQemu("l1resv.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              ElementsAre("ERROR found L1 entry with reserved bits set: "
+                          "8100000000040000"));
+  CompareAllModes("l1resv.qcow2");
+}
+
+// Recipe: refcount table entry 1 -> 2^56 (refcount block far past the end
+// of the file). Nothing may be sized by that offset; -r all cannot grow
+// the file that far (as qemu-img on ext4) and rebuilds instead.
+TEST_F(CheckTest, RefcountBlockFarPastEndOfFileKeepsMemoryBounded) {
+  MakeBaseImage("far.qcow2");
+  Patch(Path("far.qcow2"), 0x10008, "0100000000000000");
+  struct rusage before;
+  getrusage(RUSAGE_SELF, &before);
+  Outcome o = CompareWithQemu("far.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages, ElementsAre("ERROR refcount block 1 is outside image"));
+  CompareWithQemu("far.qcow2", RepairMode::kLeaks);
+  o = CompareWithQemu("far.qcow2", RepairMode::kAll);
+  EXPECT_EQ(o.result.corruptions_fixed, 1u);
+  EXPECT_EQ(QemuCheck("far.qcow2.ours"), 0);
+  struct rusage after;
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 64 * 1024);  // KiB
+
+  // A block just past the end: -r all grows the file to hold it.
+  MakeBaseImage("near.qcow2");
+  Patch(Path("near.qcow2"), 0x10008, "00000000000a0000");
+  CompareAllModes("near.qcow2");
+  EXPECT_EQ(QemuCheck("near.qcow2.ours"), 0);
+}
+
+// Recipe: refcount table entry 0 -> 0x20200 (refcount block not cluster
+// aligned): every refcount is unreadable, the check cannot complete, and a
+// repair marks the image corrupt.
+TEST_F(CheckTest, MisalignedRefcountBlock) {
+  MakeBaseImage("rb.qcow2");
+  Patch(Path("rb.qcow2"), 0x10000, "0000000000020200");
+  Outcome o = CompareWithQemu("rb.qcow2", RepairMode::kNone);
+  EXPECT_EQ(o.result.check_errors, 8u);
+  EXPECT_EQ(o.messages[1],
+            "qcow2: Image is corrupt: Refblock offset 0x20200 unaligned "
+            "(reftable index: 0); further non-fatal corruption events will be "
+            "suppressed");
+  CompareWithQemu("rb.qcow2", RepairMode::kLeaks);
+  CompareWithQemu("rb.qcow2", RepairMode::kAll);
+}
+
+// Recipe: clear the COPIED flag of L1 entry 0 and of L2 entry 1 (guest
+// 64 KiB, at 0x40008).
+TEST_F(CheckTest, CopiedFlagsAreRepaired) {
+  MakeBaseImage("copied.qcow2");
+  Patch(Path("copied.qcow2"), 0x30000, "0000000000040000");
+  Patch(Path("copied.qcow2"), 0x40008, "0000000000060000");
+  Outcome o = CompareWithQemu("copied.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              ElementsAre("ERROR OFLAG_COPIED L2 cluster: l1_index=0 "
+                          "l1_entry=40000 refcount=1",
+                          "ERROR OFLAG_COPIED data cluster: "
+                          "l2_entry=60000 refcount=1"));
+  // With nothing else wrong, -r leaks repairs COPIED flags too.
+  o = CompareWithQemu("copied.qcow2", RepairMode::kLeaks);
+  EXPECT_EQ(o.result.corruptions_fixed, 2u);
+  EXPECT_EQ(QemuCheck("copied.qcow2.ours"), 0);
+  CompareWithQemu("copied.qcow2", RepairMode::kAll);
+}
+
+// Recipe: COPIED flag on a compressed cluster's L2 entry.
+TEST_F(CheckTest, CompressedClusterWithCopiedFlag) {
+  Sh("qemu-img create -q -f qcow2 c.qcow2 64M");
+  Sh("qemu-io -c 'write -c -P 3 0 64k' c.qcow2 >/dev/null");
+  Shell entry = RunShell(dir_, "od -An -tx1 -j 262144 -N 8 c.qcow2 | tr -d ' \\n'");
+  ASSERT_EQ(entry.out.substr(0, 2), "40");
+  Patch(Path("c.qcow2"), 0x40000, "c0" + entry.out.substr(2));
+  Outcome o = CompareWithQemu("c.qcow2", RepairMode::kNone);
+  EXPECT_EQ(o.result.corruptions, 1u);
+  CompareAllModes("c.qcow2");
+}
+
+// Recipe: a preallocated zero cluster (qemu-io write -z of an allocated
+// cluster keeps its host cluster) whose offset is made misaligned; -r all
+// turns it into a plain zero cluster.
+TEST_F(CheckTest, MisalignedPreallocatedZeroCluster) {
+  MakeBaseImage("z.qcow2");
+  Sh("qemu-io -c 'write -z 64k 64k' z.qcow2 >/dev/null");
+  Shell entry = RunShell(dir_, "od -An -tx1 -j 262152 -N 8 z.qcow2 | tr -d ' \\n'");
+  ASSERT_EQ(entry.out, "8000000000060001");
+  Patch(Path("z.qcow2"), 0x40008, "8000000000060201");
+  Outcome o = CompareWithQemu("z.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              ::testing::Contains("ERROR offset=60200: Preallocated cluster is "
+                                "not properly aligned; L2 entry corrupted."));
+  CompareWithQemu("z.qcow2", RepairMode::kLeaks);
+  o = CompareWithQemu("z.qcow2", RepairMode::kAll);
+  EXPECT_EQ(QemuCheck("z.qcow2.ours"), 0);
+
+  // A misaligned data cluster cannot be repaired.
+  MakeBaseImage("d.qcow2");
+  Patch(Path("d.qcow2"), 0x40008, "8000000000060200");
+  o = CompareWithQemu("d.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              ::testing::Contains("ERROR offset=60200: Data cluster is not "
+                                "properly aligned; L2 entry corrupted."));
+  CompareAllModes("d.qcow2");
+}
+
+// Recipes on an extended-L2 image (128 KiB clusters: L2 at 0x80000, entry
+// 0 = 16 bytes): a subcluster both allocated and zero, and an unallocated
+// cluster with allocation bits.
+TEST_F(CheckTest, ExtendedL2BitmapErrors) {
+  Sh("qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=128k "
+     "x.qcow2 64M");
+  Sh("qemu-io -c 'write -P 1 0 4k' x.qcow2 >/dev/null");
+  Patch(Path("x.qcow2"), 0x80008, "0000000100000001");
+  Patch(Path("x.qcow2"), 0x80018, "0000000000000003");
+  Outcome o = CompareWithQemu("x.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              UnorderedElementsAreArray(
+                  {"ERROR offset=a0000: Allocated cluster has corrupted "
+                   "subcluster allocation bitmap",
+                   "ERROR: Unallocated cluster has non-zero subcluster "
+                   "allocation map"}));
+  CompareAllModes("x.qcow2");
+}
+
+// Recipe: the L1 table placed on the refcount table's cluster (two tables
+// on one cluster).
+TEST_F(CheckTest, OverlappingMetadata) {
+  MakeBaseImage("ov.qcow2");
+  Patch(Path("ov.qcow2"), 40, "0000000000010000");  // l1_table_offset
+  CompareAllModes("ov.qcow2");
+}
+
+TEST_F(CheckTest, NotQcow2) {
+  Sh("truncate -s 1M raw.img");
+  Outcome o = CheckFile(Path("raw.img"), RepairMode::kNone);
+  EXPECT_EQ(o.status.message(),
+            absl::StrCat("Could not open '", Path("raw.img"),
+                         "': Image is not in qcow2 format"));
+}
+
+// RebuildRefcounts (a dirty lazy-refcounts image opened for writing):
+// repairs the refcounts and clears the dirty bit, like QEMU's open does.
+TEST_F(CheckTest, RebuildRefcountsRepairsDirtyImage) {
+  Sh("qemu-img create -q -f qcow2 -o lazy_refcounts=on dirty.qcow2 64M");
+  Sh("qemu-io -c 'write -P 1 0 128k' dirty.qcow2 >/dev/null");
+  Patch(Path("dirty.qcow2"), 0x20000 + 2 * 6, "0000");  // used: too low
+  Patch(Path("dirty.qcow2"), 79, "01");                 // dirty bit
+  absl::StatusOr<std::unique_ptr<io::Engine>> engine =
+      io::CreateEngine(io::EngineKind::kAuto, 4, nullptr);
+  ASSERT_TRUE(engine.ok());
+  posix_file::FileOpenOptions options;
+  options.set_filename(Path("dirty.qcow2"));
+  absl::StatusOr<std::unique_ptr<posix_file::FileNode>> file =
+      posix_file::FileNode::Open(**engine, options, nullptr);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::ostringstream messages;
+  absl::Status st = io::RunSync(**engine, RebuildRefcounts(**file, &messages));
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_TRUE(io::RunSync(**engine, (*file)->Close()).ok());
+  EXPECT_THAT(Lines(messages.str()),
+              ::testing::Contains("Rebuilding refcount structure"));
+  EXPECT_EQ(QemuCheck("dirty.qcow2"), 0);
+  Shell features = RunShell(dir_, "od -An -tx1 -j 72 -N 8 dirty.qcow2 | tr -d ' \\n'");
+  EXPECT_EQ(features.out, "0000000000000000");
+}
+
+}  // namespace
+}  // namespace imgtool::qcow2
