@@ -1,0 +1,59 @@
+// What the qcow2 metadata code (refcounts, allocation) needs from the node
+// that owns it: checked metadata writes, file syncs, header updates and the
+// corruption signal. Implemented by Qcow2Node.
+// Thread model: engine thread, under the node's metadata lock.
+#ifndef IMGTOOL_QCOW2_METADATA_IO_H_
+#define IMGTOOL_QCOW2_METADATA_IO_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "io/block_node.h"
+#include "io/task.h"
+
+namespace imgtool::qcow2 {
+
+// Kinds of metadata for the pre-write overlap check (QEMU's
+// QCow2MetadataOverlap, "cached" template: everything but inactive L2).
+enum Overlap : uint32_t {
+  kOverlapHeader = 1u << 0,
+  kOverlapActiveL1 = 1u << 1,
+  kOverlapActiveL2 = 1u << 2,
+  kOverlapRefcountTable = 1u << 3,
+  kOverlapRefcountBlock = 1u << 4,
+  kOverlapSnapshotTable = 1u << 5,
+  kOverlapInactiveL1 = 1u << 6,
+};
+
+class MetadataIo {
+ public:
+  virtual ~MetadataIo() = default;
+
+  // Writes `data` at `offset` of the image file after checking that the
+  // range overlaps no metadata except the kinds in `ignore` (an overlap
+  // marks the image corrupt and fails with kDataLoss).
+  virtual io::Task<absl::Status> WriteMetadata(uint64_t offset,
+                                               io::ConstIoVec data,
+                                               uint32_t ignore) = 0;
+  // Reads metadata bytes from the image file.
+  virtual io::Task<absl::Status> ReadMetadata(uint64_t offset,
+                                              io::IoVec buf) = 0;
+  // Makes everything written so far durable (fdatasync).
+  virtual io::Task<absl::Status> SyncFile() = 0;
+  // Marks the image corrupt ("qcow2: Marking image as corrupt: <message>")
+  // and returns the kDataLoss error every later request fails with.
+  virtual io::Task<absl::Status> SignalCorruption(std::string message) = 0;
+  // Points the header at a new refcount table (written and synced).
+  virtual io::Task<absl::Status> SetRefcountTable(uint64_t offset,
+                                                  uint32_t clusters) = 0;
+  // The refcount of the cluster at `offset` dropped to 0: forget cached
+  // copies of it.
+  virtual void ClusterFreed(uint64_t offset) = 0;
+  // Current length of the image file in bytes.
+  virtual uint64_t FileSize() const = 0;
+};
+
+}  // namespace imgtool::qcow2
+
+#endif  // IMGTOOL_QCOW2_METADATA_IO_H_

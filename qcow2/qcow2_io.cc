@@ -1,0 +1,758 @@
+// Qcow2Node: cluster mapping, reads, writes, write zeroes, discard and block
+// status.
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "io/chain_status.h"
+#include "qcow2/compress.h"
+#include "qcow2/qcow2_node.h"
+
+namespace imgtool::qcow2 {
+namespace {
+
+using format::ClusterType;
+using format::L2Entry;
+
+constexpr uint64_t kInvalidOffset = ~uint64_t{0};
+
+// Zeroes for explicit zero writes (at most one 2 MiB cluster at a time).
+io::ConstIoVec Zeroes(uint64_t length) {
+  static const std::vector<uint8_t>* zeroes =
+      new std::vector<uint8_t>(format::kMaxClusterSize, 0);
+  return io::ConstIoVec(zeroes->data(),
+                        std::min<uint64_t>(length, zeroes->size()));
+}
+
+bool IsAllocated(ClusterType t) {
+  return t == ClusterType::kNormal || t == ClusterType::kZeroAlloc ||
+         t == ClusterType::kCompressed;
+}
+
+}  // namespace
+
+// ---- L1/L2 access -----------------------------------------------------------
+
+format::L2Entry Qcow2Node::GetEntry(const TableCache::Ref& l2,
+                                    uint64_t index) const {
+  return format::LoadL2Entry(l2.data(), index, l2_format_.extended_l2);
+}
+
+void Qcow2Node::SetEntry(TableCache::Ref& l2, uint64_t index,
+                         const format::L2Entry& e) {
+  format::StoreL2Entry(l2.data(), index, l2_format_.extended_l2, e);
+  l2_cache_->MarkDirty(l2);
+}
+
+io::Task<absl::StatusOr<TableCache::Ref>> Qcow2Node::LoadL2(uint64_t index) {
+  const uint64_t l2 = l1_[index] & format::kL1OffsetMask;
+  if ((l2 & (cluster_size_ - 1)) != 0) {
+    co_return co_await SignalCorruption(absl::StrFormat(
+        "L2 table offset %#x unaligned (L1 index: %#x)", l2, index));
+  }
+  if (l2 >= FileSize()) {
+    co_return co_await SignalCorruption(absl::StrFormat(
+        "L2 table offset %#x beyond the end of the image file (L1 index: %#x)",
+        l2, index));
+  }
+  co_return co_await l2_cache_->Get(l2);
+}
+
+io::Task<absl::StatusOr<TableCache::Ref>> Qcow2Node::GetL2ForWrite(
+    uint64_t index) {
+  if (index >= l1_.size()) {
+    co_return absl::InternalError(absl::StrFormat(
+        "%s: L1 index %u beyond the L1 table", filename(), index));
+  }
+  const uint64_t raw = l1_[index];
+  const uint64_t old = raw & format::kL1OffsetMask;
+  if (old != 0 && (raw & format::kCopiedFlag) != 0) {
+    co_return co_await LoadL2(index);
+  }
+  // A new table, or a private copy of a shared one (refcount > 1).
+  TableCache::Ref old_table;
+  if (old != 0) {
+    CO_ASSIGN_OR_RETURN(old_table, co_await LoadL2(index));
+  }
+  CO_ASSIGN_OR_RETURN(const uint64_t table, co_await refcounts_->Allocate(cluster_size_));
+  if (table == 0) {
+    co_return co_await SignalCorruption(
+        "Preventing invalid allocation of L2 table at offset 0");
+  }
+  // Its refcount goes to disk before anything uses the cluster.
+  CO_RETURN_IF_ERROR(co_await refcounts_->WriteDirty());
+  CO_RETURN_IF_ERROR(co_await SyncFile());
+  CO_ASSIGN_OR_RETURN(TableCache::Ref ref, co_await l2_cache_->GetEmpty(table));
+  if (old_table) {
+    std::memcpy(ref.data().data(), old_table.data().data(), cluster_size_);
+    old_table.reset();
+  }
+  // The table, then the L1 entry pointing to it.
+  CO_RETURN_IF_ERROR(co_await l2_cache_->WriteOne(table));
+  CO_RETURN_IF_ERROR(co_await SyncFile());
+  l1_[index] = table | format::kCopiedFlag;
+  CO_RETURN_IF_ERROR(co_await WriteL1Entry(index));
+  l2_offsets_.insert(table);
+  if (old != 0) {
+    l2_offsets_.erase(old);
+    // The L1 entry no longer points to it on disk.
+    CO_RETURN_IF_ERROR(co_await refcounts_->Free(old, cluster_size_));
+  }
+  co_return ref;
+}
+
+namespace {
+
+// The cluster type by the entry's bits alone (QEMU's qcow2_get_cluster_type).
+ClusterType RawType(const L2Entry& e) {
+  if (e.compressed()) return ClusterType::kCompressed;
+  const bool zero = (e.word & format::kZeroFlag) != 0;
+  if (zero) {
+    return e.host_offset() != 0 ? ClusterType::kZeroAlloc
+                                : ClusterType::kZeroPlain;
+  }
+  return e.host_offset() != 0 ? ClusterType::kNormal : ClusterType::kUnallocated;
+}
+
+}  // namespace
+
+io::Task<absl::StatusOr<format::ClusterType>> Qcow2Node::Classify(
+    const format::L2Entry& e, uint64_t l2_offset, uint64_t index) {
+  const ClusterType type = RawType(e);
+  if (type == ClusterType::kCompressed) {
+    const format::CompressedDescriptor d =
+        format::DecodeCompressedDescriptor(e.word, cluster_bits_);
+    if (d.host_offset >= FileSize()) {
+      co_return co_await SignalCorruption(absl::StrFormat(
+          "Compressed cluster offset %#x beyond the end of the image file "
+          "(L2 offset: %#x, L2 index: %#x)",
+          d.host_offset, l2_offset, index));
+    }
+    co_return type;
+  }
+  if ((type == ClusterType::kZeroPlain || type == ClusterType::kZeroAlloc) &&
+      header_.version < 3) {
+    co_return co_await SignalCorruption(absl::StrFormat(
+        "Zero cluster entry found in pre-v3 image (L2 offset: %#x, L2 index: "
+        "%#x)",
+        l2_offset, index));
+  }
+  const uint64_t host = e.host_offset();
+  if (host != 0 && (host & (cluster_size_ - 1)) != 0) {
+    co_return co_await SignalCorruption(absl::StrFormat(
+        "Cluster allocation offset %#x unaligned (L2 offset: %#x, L2 index: "
+        "%#x)",
+        host, l2_offset, index));
+  }
+  if (type == ClusterType::kNormal && host >= FileSize()) {
+    co_return co_await SignalCorruption(absl::StrFormat(
+        "Data cluster offset %#x beyond the end of the image file (L2 offset: "
+        "%#x, L2 index: %#x)",
+        host, l2_offset, index));
+  }
+  co_return type;
+}
+
+io::Task<absl::StatusOr<Qcow2Node::Mapping>> Qcow2Node::GetMapping(
+    uint64_t offset, uint64_t max_length) {
+  const uint64_t mask = cluster_size_ - 1;
+  const uint64_t in_cluster = offset & mask;
+  const uint64_t li = l1_index(offset);
+  const uint64_t table_end = ((li + 1) * l2_entries_) << cluster_bits_;
+  const uint64_t available = std::min(max_length, table_end - offset);
+  Mapping m;
+  if (li >= l1_.size() || (l1_[li] & format::kL1OffsetMask) == 0) {
+    m.length = available;
+    co_return m;
+  }
+  CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await LoadL2(li));
+  const uint64_t first = l2_index(offset);
+  const L2Entry e0 = GetEntry(l2, first);
+  CO_ASSIGN_OR_RETURN(m.type, co_await Classify(e0, l2.offset(), first));
+  if (m.type == ClusterType::kCompressed) {
+    m.l2_word = e0.word;
+    m.length = std::min(available, cluster_size_ - in_cluster);
+    co_return m;
+  }
+  const uint64_t max_clusters = (in_cluster + available + mask) >> cluster_bits_;
+  const uint64_t file_size = FileSize();
+  uint64_t n = 1;
+  for (; n < max_clusters; ++n) {
+    const L2Entry e = GetEntry(l2, first + n);
+    if (RawType(e) != m.type) break;
+    if (m.type == ClusterType::kNormal) {
+      const uint64_t expected = e0.host_offset() + (n << cluster_bits_);
+      if (e.host_offset() != expected || expected >= file_size) break;
+    }
+  }
+  m.length = std::min(available, (n << cluster_bits_) - in_cluster);
+  if (m.type == ClusterType::kNormal || m.type == ClusterType::kZeroAlloc) {
+    m.host_offset = e0.host_offset() + in_cluster;
+  }
+  co_return m;
+}
+
+Qcow2Node::WriteKind Qcow2Node::KindOf(format::ClusterType type,
+                                       const format::L2Entry& e) {
+  if (type == ClusterType::kNormal && e.copied()) return WriteKind::kInPlace;
+  if (type == ClusterType::kZeroAlloc && e.copied()) return WriteKind::kReuse;
+  return WriteKind::kAllocate;
+}
+
+// ---- Bookkeeping -------------------------------------------------------------
+
+std::shared_ptr<Qcow2Node::Inflight> Qcow2Node::FindInflight(
+    uint64_t first, uint64_t count) const {
+  if (inflight_.empty() || count == 0) return nullptr;
+  auto it = inflight_.upper_bound(first + count - 1);
+  if (it == inflight_.begin()) return nullptr;
+  --it;
+  if (it->second->first + it->second->count > first) return it->second;
+  return nullptr;
+}
+
+uint64_t Qcow2Node::BeginDataOp() {
+  const uint64_t seq = next_seq_++;
+  ops_in_flight_.insert(seq);
+  return seq;
+}
+
+void Qcow2Node::EndDataOp(uint64_t seq) {
+  auto it = ops_in_flight_.find(seq);
+  if (it != ops_in_flight_.end()) ops_in_flight_.erase(it);
+}
+
+void Qcow2Node::FreeEntryLater(const format::L2Entry& e, bool discard) {
+  const ClusterType type = RawType(e);
+  PendingFree f;
+  f.seq = next_seq_;
+  f.discard = discard;
+  if (type == ClusterType::kNormal || type == ClusterType::kZeroAlloc) {
+    f.offset = e.host_offset();
+    f.length = cluster_size_;
+  } else if (type == ClusterType::kCompressed) {
+    const format::CompressedDescriptor d =
+        format::DecodeCompressedDescriptor(e.word, cluster_bits_);
+    f.offset = d.host_offset;
+    f.length = d.size();
+  } else {
+    return;
+  }
+  pending_frees_.push_back(f);
+}
+
+// ---- Reads --------------------------------------------------------------------
+
+io::Task<absl::Status> Qcow2Node::ReadBacking(uint64_t offset, io::IoVec buf) {
+  uint64_t n = 0;
+  if (backing_ != nullptr && offset < backing_->size()) {
+    n = std::min<uint64_t>(buf.size(), backing_->size() - offset);
+    CO_RETURN_IF_ERROR(co_await backing_->Read(offset, buf.first(n)));
+  }
+  std::fill(buf.begin() + n, buf.end(), 0);
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::ReadCompressed(uint64_t l2_word,
+                                                 uint64_t offset_in_cluster,
+                                                 io::IoVec buf) {
+  if (header_.compression_type != format::kCompressionZlib) {
+    co_return absl::UnimplementedError(absl::StrFormat(
+        "%s: zstd-compressed clusters are not supported", filename()));
+  }
+  const format::CompressedDescriptor d =
+      format::DecodeCompressedDescriptor(l2_word, cluster_bits_);
+  std::vector<uint8_t> src(d.size());
+  CO_RETURN_IF_ERROR(co_await file_->Read(d.host_offset, io::IoVec(src)));
+  std::vector<uint8_t> cluster(cluster_size_);
+  absl::Status st = InflateCluster(src, absl::MakeSpan(cluster));
+  if (!st.ok()) {
+    co_return absl::DataLossError(absl::StrFormat(
+        "%s: compressed cluster at host offset %#x does not decompress",
+        filename(), d.host_offset));
+  }
+  std::memcpy(buf.data(), cluster.data() + offset_in_cluster, buf.size());
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::DoRead(uint64_t offset, io::IoVec buf) {
+  if (offset >= size()) {
+    std::fill(buf.begin(), buf.end(), 0);
+    co_return absl::OkStatus();
+  }
+  if (buf.size() > size() - offset) {
+    std::fill(buf.begin() + (size() - offset), buf.end(), 0);
+    buf = buf.first(size() - offset);
+  }
+  while (!buf.empty()) {
+    auto lock = co_await io::ScopedLock::Take(meta_lock_);
+    CO_RETURN_IF_ERROR(CheckUsable());
+    CO_ASSIGN_OR_RETURN(Mapping m, co_await GetMapping(offset, buf.size()));
+    const uint64_t seq = BeginDataOp();
+    lock.Release();
+    io::IoVec part = buf.first(m.length);
+    absl::Status st;
+    switch (m.type) {
+      case ClusterType::kUnallocated:
+        st = co_await ReadBacking(offset, part);
+        break;
+      case ClusterType::kZeroPlain:
+      case ClusterType::kZeroAlloc:
+        std::fill(part.begin(), part.end(), 0);
+        break;
+      case ClusterType::kNormal:
+        st = co_await file_->Read(m.host_offset, part);
+        break;
+      case ClusterType::kCompressed:
+        st = co_await ReadCompressed(m.l2_word, offset & (cluster_size_ - 1),
+                                     part);
+        break;
+    }
+    EndDataOp(seq);
+    CO_RETURN_IF_ERROR(st);
+    offset += m.length;
+    buf.remove_prefix(m.length);
+  }
+  co_return absl::OkStatus();
+}
+
+// ---- Writes -------------------------------------------------------------------
+
+io::Task<absl::Status> Qcow2Node::ReadOldContents(const format::L2Entry& old,
+                                                  uint64_t offset,
+                                                  io::IoVec buf) {
+  const uint64_t in_cluster = offset & (cluster_size_ - 1);
+  switch (RawType(old)) {
+    case ClusterType::kUnallocated:
+      co_return co_await ReadBacking(offset, buf);
+    case ClusterType::kZeroPlain:
+    case ClusterType::kZeroAlloc:
+      std::fill(buf.begin(), buf.end(), 0);
+      co_return absl::OkStatus();
+    case ClusterType::kNormal:
+      co_return co_await file_->Read(old.host_offset() + in_cluster, buf);
+    case ClusterType::kCompressed:
+      co_return co_await ReadCompressed(old.word, in_cluster, buf);
+  }
+  co_return absl::OkStatus();
+}
+
+bool Qcow2Node::OldContentsAreZero(const format::L2Entry& old, uint64_t offset,
+                                   uint64_t length) const {
+  if (length == 0) return true;
+  switch (RawType(old)) {
+    case ClusterType::kZeroPlain:
+    case ClusterType::kZeroAlloc:
+      return true;
+    case ClusterType::kUnallocated:
+      return backing_ == nullptr || offset >= backing_->size();
+    default:
+      return false;
+  }
+}
+
+io::Task<bool> Qcow2Node::BackingReadsZero(uint64_t offset, uint64_t length) {
+  if (backing_ == nullptr) co_return true;
+  const uint64_t end = std::min(offset + length, backing_->size());
+  while (offset < end) {
+    absl::StatusOr<io::ChainStatus> st =
+        co_await io::GetChainStatus(*backing_, offset, end - offset);
+    if (!st.ok()) co_return false;
+    if (st->present && !st->status.zero) co_return false;
+    offset += st->status.length;
+  }
+  co_return true;
+}
+
+io::Task<absl::Status> Qcow2Node::WriteAllocated(
+    uint64_t offset, io::ConstIoVec data, uint64_t first_cluster,
+    uint64_t count, uint64_t host, const std::vector<format::L2Entry>& olds) {
+  const uint64_t start = first_cluster << cluster_bits_;
+  const uint64_t bytes = count << cluster_bits_;
+  const uint64_t head = offset - start;
+  const uint64_t data_end = offset + data.size();
+  const uint64_t tail = start + bytes - data_end;
+  if (head == 0 && tail == 0) {
+    co_return co_await file_->Write(host, data);
+  }
+  if (OldContentsAreZero(olds.front(), start, head) &&
+      OldContentsAreZero(olds.back(), data_end, tail)) {
+    // Zero the new clusters efficiently, then write the data (QEMU's
+    // handle_alloc_space).
+    io::WriteZeroesFlags flags;
+    flags.no_fallback = true;
+    absl::Status st = co_await file_->WriteZeroes(host, bytes, flags);
+    if (st.ok()) co_return co_await file_->Write(host + head, data);
+    if (!absl::IsUnimplemented(st)) co_return st;
+  }
+  // Copy-on-write: the untouched parts from what the clusters showed before.
+  std::vector<uint8_t> buf(bytes);
+  CO_RETURN_IF_ERROR(co_await ReadOldContents(
+      olds.front(), start, io::IoVec(buf.data(), head)));
+  std::memcpy(buf.data() + head, data.data(), data.size());
+  CO_RETURN_IF_ERROR(co_await ReadOldContents(
+      olds.back(), data_end, io::IoVec(buf.data() + head + data.size(), tail)));
+  co_return co_await file_->Write(host, buf);
+}
+
+io::Task<absl::Status> Qcow2Node::LinkL2(
+    uint64_t first_cluster, uint64_t count, uint64_t host,
+    const std::vector<format::L2Entry>& olds, bool free_old) {
+  const uint64_t li = first_cluster / l2_entries_;
+  const uint64_t first = first_cluster % l2_entries_;
+  CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(li));
+  for (uint64_t i = 0; i < count; ++i) {
+    L2Entry e;
+    e.word = format::MakeStandardL2Word(host + (i << cluster_bits_),
+                                        /*copied=*/true, /*zero=*/false);
+    SetEntry(l2, first + i, e);
+    if (free_old) FreeEntryLater(olds[i], /*discard=*/false);
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
+                                                        io::ConstIoVec data) {
+  auto lock = co_await io::ScopedLock::Take(meta_lock_);
+  CO_RETURN_IF_ERROR(CheckUsable());
+  CO_RETURN_IF_ERROR(co_await PrepareFirstWrite());
+  const uint64_t cluster = offset >> cluster_bits_;
+  if (std::shared_ptr<Inflight> other = FindInflight(cluster, 1)) {
+    lock.Release();
+    co_await other->done.Wait();
+    co_return uint64_t{0};
+  }
+  const uint64_t li = l1_index(offset);
+  const uint64_t first = l2_index(offset);
+  CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(li));
+  const uint64_t end = offset + data.size();
+  const uint64_t end_cluster =
+      (end + cluster_size_ - 1) >> cluster_bits_;
+  const uint64_t max_n =
+      std::min(end_cluster - cluster, l2_entries_ - first);
+  std::vector<L2Entry> olds;
+  olds.push_back(GetEntry(l2, first));
+  CO_ASSIGN_OR_RETURN(ClusterType type,
+                      co_await Classify(olds[0], l2.offset(), first));
+  const WriteKind kind = KindOf(type, olds[0]);
+  uint64_t n = 1;
+  for (; n < max_n; ++n) {
+    if (FindInflight(cluster + n, 1) != nullptr) break;
+    const L2Entry e = GetEntry(l2, first + n);
+    CO_ASSIGN_OR_RETURN(ClusterType t,
+                        co_await Classify(e, l2.offset(), first + n));
+    if (KindOf(t, e) != kind) break;
+    if (kind != WriteKind::kAllocate &&
+        e.host_offset() != olds[0].host_offset() + (n << cluster_bits_)) {
+      break;
+    }
+    olds.push_back(e);
+  }
+  const uint64_t bytes =
+      std::min(end, (cluster + n) << cluster_bits_) - offset;
+  io::ConstIoVec part = data.first(bytes);
+
+  if (kind == WriteKind::kInPlace) {
+    const uint64_t host =
+        olds[0].host_offset() + (offset & (cluster_size_ - 1));
+    CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, bytes, 0));
+    const uint64_t seq = BeginDataOp();
+    l2.reset();
+    lock.Release();
+    absl::Status st = co_await file_->Write(host, part);
+    EndDataOp(seq);
+    CO_RETURN_IF_ERROR(st);
+    ++write_gen_;
+    co_return bytes;
+  }
+
+  uint64_t host;
+  if (kind == WriteKind::kReuse) {
+    host = olds[0].host_offset();
+  } else {
+    CO_ASSIGN_OR_RETURN(host, co_await refcounts_->Allocate(n << cluster_bits_));
+  }
+  CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, n << cluster_bits_, 0));
+  auto inflight = std::make_shared<Inflight>();
+  inflight->first = cluster;
+  inflight->count = n;
+  inflight_[cluster] = inflight;
+  const uint64_t seq = BeginDataOp();
+  l2.reset();
+  lock.Release();
+
+  absl::Status st = co_await WriteAllocated(offset, part, cluster, n, host, olds);
+  EndDataOp(seq);
+  auto relock = co_await io::ScopedLock::Take(meta_lock_);
+  if (st.ok()) {
+    ++write_gen_;
+    st = CheckUsable();
+  }
+  if (st.ok()) {
+    st = co_await LinkL2(cluster, n, host, olds,
+                         /*free_old=*/kind == WriteKind::kAllocate);
+  }
+  if (!st.ok() && kind == WriteKind::kAllocate && broken_.ok()) {
+    // Never referenced: give the clusters back now.
+    absl::Status undo = co_await refcounts_->Free(host, n << cluster_bits_);
+    (void)undo;
+  }
+  inflight_.erase(cluster);
+  relock.Release();
+  inflight->done.Set();
+  CO_RETURN_IF_ERROR(st);
+  co_return bytes;
+}
+
+io::Task<absl::Status> Qcow2Node::DoWrite(uint64_t offset, io::ConstIoVec data) {
+  if (offset > size() || data.size() > size() - offset) {
+    co_return absl::OutOfRangeError(absl::StrFormat(
+        "%s: write of %u bytes at offset %u is beyond the end of the image "
+        "(%u bytes)",
+        filename(), data.size(), offset, size()));
+  }
+  while (!data.empty()) {
+    CO_ASSIGN_OR_RETURN(const uint64_t n, co_await WriteStep(offset, data));
+    offset += n;
+    data.remove_prefix(n);
+  }
+  co_return absl::OkStatus();
+}
+
+// ---- Write zeroes and discard --------------------------------------------------
+
+io::Task<absl::Status> Qcow2Node::ForEachL2Range(
+    uint64_t first, uint64_t count,
+    std::function<io::Task<absl::Status>(uint64_t, uint64_t)> fn) {
+  while (count > 0) {
+    const uint64_t n = std::min(count, l2_entries_ - first % l2_entries_);
+    auto lock = co_await io::ScopedLock::Take(meta_lock_);
+    CO_RETURN_IF_ERROR(CheckUsable());
+    CO_RETURN_IF_ERROR(co_await PrepareFirstWrite());
+    if (std::shared_ptr<Inflight> other = FindInflight(first, n)) {
+      lock.Release();
+      co_await other->done.Wait();
+      continue;
+    }
+    CO_RETURN_IF_ERROR(co_await fn(first, n));
+    first += n;
+    count -= n;
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::ZeroClusters(uint64_t first, uint64_t count,
+                                               bool may_unmap) {
+  if (header_.version < 3) {
+    // No zero flag: without a backing file, unallocated reads as zeroes.
+    co_return co_await DiscardClusters(first, count, /*full_discard=*/false);
+  }
+  CO_ASSIGN_OR_RETURN(TableCache::Ref l2,
+                      co_await GetL2ForWrite(first / l2_entries_));
+  const uint64_t index = first % l2_entries_;
+  for (uint64_t i = 0; i < count; ++i) {
+    const L2Entry old = GetEntry(l2, index + i);
+    CO_ASSIGN_OR_RETURN(ClusterType type,
+                        co_await Classify(old, l2.offset(), index + i));
+    const bool unmap = type == ClusterType::kCompressed ||
+                       (may_unmap && (type == ClusterType::kNormal ||
+                                      type == ClusterType::kZeroAlloc));
+    L2Entry e = unmap ? L2Entry{} : old;
+    e.word |= format::kZeroFlag;
+    if (e == old) continue;
+    SetEntry(l2, index + i, e);
+    if (unmap) FreeEntryLater(old, /*discard=*/true);
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::DiscardClusters(uint64_t first,
+                                                  uint64_t count,
+                                                  bool full_discard) {
+  const uint64_t li = first / l2_entries_;
+  if (li >= l1_.size()) co_return absl::OkStatus();
+  CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(li));
+  const uint64_t index = first % l2_entries_;
+  const bool has_backing =
+      backing_ != nullptr || header_.backing_file.has_value();
+  for (uint64_t i = 0; i < count; ++i) {
+    const L2Entry old = GetEntry(l2, index + i);
+    CO_ASSIGN_OR_RETURN(ClusterType type,
+                        co_await Classify(old, l2.offset(), index + i));
+    L2Entry e = old;
+    if (full_discard) {
+      e = L2Entry{};
+    } else if (has_backing || IsAllocated(type)) {
+      e = L2Entry{};
+      if (header_.version >= 3) e.word = format::kZeroFlag;
+    }
+    if (e == old) continue;
+    SetEntry(l2, index + i, e);
+    FreeEntryLater(old, /*discard=*/true);
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::WriteZeroesPartial(uint64_t offset,
+                                                     uint64_t length) {
+  const uint64_t start = offset & ~(cluster_size_ - 1);
+  const uint64_t end = std::min(start + cluster_size_, size());
+  const uint64_t cluster = start >> cluster_bits_;
+  // The rest of the cluster must already read as zeroes (QEMU's is_zero()),
+  // and the cluster must hold no data, for a zero cluster to do.
+  bool zero_ok = co_await BackingReadsZero(start, offset - start) &&
+                 co_await BackingReadsZero(offset + length,
+                                           end - (offset + length));
+  if (zero_ok) {
+    bool fallback = false;
+    CO_RETURN_IF_ERROR(co_await ForEachL2Range(
+        cluster, 1, [&](uint64_t first, uint64_t) -> io::Task<absl::Status> {
+          CO_ASSIGN_OR_RETURN(Mapping m, co_await GetMapping(start, cluster_size_));
+          if (m.type == ClusterType::kUnallocated) {
+            if (header_.version < 3) co_return absl::OkStatus();  // reads zero
+          } else if (m.type != ClusterType::kZeroPlain &&
+                     m.type != ClusterType::kZeroAlloc) {
+            fallback = true;
+            co_return absl::OkStatus();
+          }
+          co_return co_await ZeroClusters(first, 1, /*may_unmap=*/false);
+        }));
+    if (!fallback) co_return absl::OkStatus();
+  }
+  co_return co_await DoWrite(offset, Zeroes(length));
+}
+
+io::Task<absl::Status> Qcow2Node::DoWriteZeroes(uint64_t offset,
+                                                uint64_t length,
+                                                io::WriteZeroesFlags flags) {
+  if (offset > size() || length > size() - offset) {
+    co_return absl::OutOfRangeError(absl::StrFormat(
+        "%s: zero write of %u bytes at offset %u is beyond the end of the "
+        "image (%u bytes)",
+        filename(), length, offset, size()));
+  }
+  const bool has_backing =
+      backing_ != nullptr || header_.backing_file.has_value();
+  if (header_.version < 3 && has_backing) {
+    co_return absl::UnimplementedError("write zeroes");
+  }
+  const uint64_t mask = cluster_size_ - 1;
+  const uint64_t end = offset + length;
+  uint64_t pos = offset;
+  while (pos < end) {
+    const uint64_t cluster_end = (pos & ~mask) + cluster_size_;
+    const uint64_t seg_end = std::min(end, cluster_end);
+    const bool whole = (pos & mask) == 0 &&
+                       (seg_end == cluster_end || seg_end == size());
+    if (!whole) {
+      CO_RETURN_IF_ERROR(co_await WriteZeroesPartial(pos, seg_end - pos));
+      pos = seg_end;
+      continue;
+    }
+    // A run of whole clusters (the last one may end at the image end).
+    const uint64_t run_end =
+        end == size() ? (end + mask) & ~mask : end & ~mask;
+    const uint64_t first = pos >> cluster_bits_;
+    const uint64_t count = (run_end - pos) >> cluster_bits_;
+    CO_RETURN_IF_ERROR(co_await ForEachL2Range(
+        first, count, [this, flags](uint64_t f, uint64_t n) {
+          return ZeroClusters(f, n, flags.may_unmap);
+        }));
+    pos = std::min(run_end, end);
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::DoDiscard(uint64_t offset, uint64_t length) {
+  if (offset > size() || length > size() - offset) {
+    co_return absl::OutOfRangeError(absl::StrFormat(
+        "%s: discard of %u bytes at offset %u is beyond the end of the image "
+        "(%u bytes)",
+        filename(), length, offset, size()));
+  }
+  const uint64_t mask = cluster_size_ - 1;
+  const uint64_t start = (offset + mask) & ~mask;
+  uint64_t end = offset + length;
+  end = end == size() ? (end + mask) & ~mask : end & ~mask;
+  if (start >= end) co_return absl::OkStatus();
+  co_return co_await ForEachL2Range(
+      start >> cluster_bits_, (end - start) >> cluster_bits_,
+      [this](uint64_t f, uint64_t n) {
+        return DiscardClusters(f, n, /*full_discard=*/false);
+      });
+}
+
+// ---- Block status ----------------------------------------------------------------
+
+io::Task<bool> Qcow2Node::DetectMetadataPreallocation() {
+  // QEMU's qcow2_detect_metadata_preallocation(): many more clusters in use
+  // than the file has allocated means preallocated, unwritten clusters.
+  absl::StatusOr<uint64_t> allocated = file_->AllocatedSize();
+  if (!allocated.ok()) co_return false;
+  const uint64_t real_clusters = *allocated >> cluster_bits_;
+  const uint64_t threshold =
+      std::max(real_clusters * 10 / 9, real_clusters + 2);
+  const uint64_t end_cluster =
+      (FileSize() + cluster_size_ - 1) >> cluster_bits_;
+  uint64_t count = 0;
+  for (uint64_t i = 0; i < end_cluster && count < threshold; ++i) {
+    absl::StatusOr<uint64_t> rc = co_await refcounts_->Get(i);
+    if (!rc.ok()) co_return false;
+    count += *rc != 0;
+  }
+  co_return count >= threshold;
+}
+
+io::Task<absl::StatusOr<io::BlockStatus>> Qcow2Node::DoGetBlockStatus(
+    uint64_t offset, uint64_t max_length) {
+  auto lock = co_await io::ScopedLock::Take(meta_lock_);
+  CO_RETURN_IF_ERROR(CheckUsable());
+  CO_ASSIGN_OR_RETURN(Mapping m, co_await GetMapping(offset, max_length));
+  if (!metadata_preallocation_.has_value()) {
+    metadata_preallocation_ = co_await DetectMetadataPreallocation();
+  }
+  lock.Release();
+  io::BlockStatus s;
+  s.length = m.length;
+  switch (m.type) {
+    case ClusterType::kUnallocated:
+      break;
+    case ClusterType::kZeroPlain:
+      s.zero = true;
+      break;
+    case ClusterType::kZeroAlloc:
+      s.zero = true;
+      s.offset_valid = true;
+      s.host_offset = m.host_offset;
+      s.file = file_.get();
+      break;
+    case ClusterType::kCompressed:
+      s.data = true;
+      break;
+    case ClusterType::kNormal:
+      s.data = true;
+      s.offset_valid = true;
+      s.host_offset = m.host_offset;
+      s.file = file_.get();
+      if (*metadata_preallocation_) {
+        // Preallocated clusters the file has no data for read as zeroes.
+        if (m.host_offset >= file_->size()) {
+          s.zero = true;
+        } else {
+          absl::StatusOr<io::BlockStatus> fs =
+              co_await file_->GetBlockStatus(m.host_offset, m.length);
+          if (fs.ok()) {
+            s.length = std::min(s.length, fs->length);
+            s.zero = fs->zero;
+          }
+        }
+      }
+      break;
+  }
+  co_return s;
+}
+
+}  // namespace imgtool::qcow2

@@ -1,0 +1,522 @@
+// Qcow2Node: open, close, header updates, metadata I/O and flushing.
+// Reads and writes are in qcow2_io.cc, resizing in qcow2_resize.cc.
+#include "qcow2/qcow2_node.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "qcow2/bytes.h"
+#include "qcow2/format/refcount.h"
+
+namespace imgtool::qcow2 {
+namespace {
+
+
+constexpr uint64_t kDefaultL2CacheSize = uint64_t{1} << 20;
+constexpr uint64_t kDefaultRefcountCacheSize = uint64_t{256} << 10;
+constexpr uint64_t kIncompatibleFeaturesOffset = 72;
+constexpr uint64_t kSizeOffset = 24;
+constexpr uint64_t kRefcountTableOffsetOffset = 48;
+
+// QEMU's path_combine() for backing file names.
+std::string ResolveBackingName(const std::string& image,
+                               const std::string& backing) {
+  if (backing.empty() || backing[0] == '/') return backing;
+  const size_t colon = backing.find(':');
+  const size_t slash = backing.find('/');
+  if (colon != std::string::npos &&
+      (slash == std::string::npos || colon < slash)) {
+    return backing;  // a protocol prefix ("json:", "nbd:", ...)
+  }
+  const size_t dir_end = image.rfind('/');
+  if (dir_end == std::string::npos) return backing;
+  return image.substr(0, dir_end + 1) + backing;
+}
+
+}  // namespace
+
+Qcow2Node::Qcow2Node(std::unique_ptr<io::BlockNode> file, format::Header header,
+                     Config config)
+    : io::BlockNode(file->filename(), file->read_only()),
+      file_(std::move(file)),
+      header_(std::move(header)),
+      config_(config),
+      cluster_bits_(header_.cluster_bits),
+      cluster_size_(uint64_t{1} << header_.cluster_bits),
+      l2_entries_(format::L2EntriesPerCluster(header_.cluster_bits,
+                                              header_.extended_l2())) {
+  l2_format_.cluster_bits = cluster_bits_;
+  l2_format_.extended_l2 = header_.extended_l2();
+  l2_format_.external_data_file = header_.has_data_file();
+  l2_cache_ = std::make_unique<TableCache>(
+      cluster_size_, config_.l2_cache_tables,
+      [this](uint64_t offset, io::IoVec buf) { return ReadMetadata(offset, buf); },
+      [this](uint64_t offset, io::ConstIoVec data) {
+        return WriteL2Table(offset, data);
+      });
+}
+
+Qcow2Node::~Qcow2Node() = default;
+
+uint64_t Qcow2Node::size() const { return header_.size; }
+
+absl::StatusOr<uint64_t> Qcow2Node::AllocatedSize() const {
+  return file_->AllocatedSize();
+}
+
+std::string Qcow2Node::backing_filename() const {
+  return header_.backing_file.value_or("");
+}
+
+std::string Qcow2Node::backing_format() const {
+  return header_.backing_format.value_or("");
+}
+
+io::Task<absl::StatusOr<std::unique_ptr<Qcow2Node>>> Qcow2Node::Open(
+    std::unique_ptr<io::BlockNode> file, Qcow2OpenOptions options,
+    BackingOpener open_backing, RefcountRepairer repair_refcounts) {
+  format::Header header;
+  for (int attempt = 0;; ++attempt) {
+    const uint64_t file_size = file->size();
+    std::vector<uint8_t> head(std::min<uint64_t>(file_size, 4096));
+    CO_RETURN_IF_ERROR(co_await file->Read(0, io::IoVec(head)));
+    if (head.size() >= 24 && LoadBE32(head.data()) == format::kMagic) {
+      const uint32_t bits = LoadBE32(head.data() + 20);
+      if (bits >= format::kMinClusterBits && bits <= format::kMaxClusterBits &&
+          (uint64_t{1} << bits) > head.size() && file_size > head.size()) {
+        head.resize(std::min<uint64_t>(file_size, uint64_t{1} << bits));
+        CO_RETURN_IF_ERROR(co_await file->Read(0, io::IoVec(head)));
+      }
+    }
+    CO_ASSIGN_OR_RETURN(header, format::DecodeHeader(head, file_size));
+    if (header.has_data_file()) {
+      co_return absl::UnimplementedError(
+          "qcow2 images with an external data file are not supported yet");
+    }
+    if (header.crypt_method != format::kCryptNone) {
+      co_return absl::UnimplementedError(
+          "encrypted qcow2 images are not supported");
+    }
+    if (header.extended_l2()) {
+      co_return absl::UnimplementedError("extended_l2 is not yet supported");
+    }
+    if (file->read_only()) break;
+    if (header.corrupt()) {
+      co_return absl::DataLossError(
+          "qcow2: Image is corrupt; cannot be opened read/write");
+    }
+    if (!header.dirty()) break;
+    if (repair_refcounts == nullptr || attempt > 0) {
+      co_return absl::FailedPreconditionError(
+          "qcow2: the image is dirty (it was not closed cleanly with lazy "
+          "refcounts); repair its refcounts with 'check -r all' first");
+    }
+    CO_RETURN_IF_ERROR(co_await repair_refcounts(*file));
+  }
+
+  Config config;
+  const uint64_t cs = header.cluster_size();
+  const uint64_t l2_bytes = options.l2_cache_size() != 0
+                                ? options.l2_cache_size()
+                                : kDefaultL2CacheSize;
+  config.l2_cache_tables = std::max<uint64_t>(2, l2_bytes / cs);
+  const uint64_t rc_bytes = options.refcount_cache_size() != 0
+                                ? options.refcount_cache_size()
+                                : std::max(kDefaultRefcountCacheSize, 4 * cs);
+  config.refcount_cache_tables = std::max<uint64_t>(4, rc_bytes / cs);
+  config.lazy_refcounts = options.has_lazy_refcounts()
+                              ? options.lazy_refcounts()
+                              : header.lazy_refcounts();
+  if (config.lazy_refcounts && header.version < 3) {
+    co_return absl::InvalidArgumentError(
+        "Lazy refcounts require a qcow2 image with at least qemu 1.1 "
+        "compatibility level");
+  }
+
+  std::unique_ptr<Qcow2Node> node(
+      new Qcow2Node(std::move(file), std::move(header), config));
+  CO_RETURN_IF_ERROR(co_await node->LoadTables());
+
+  if (node->header_.backing_file.has_value()) {
+    node->full_backing_filename_ =
+        ResolveBackingName(node->file_->filename(), *node->header_.backing_file);
+    if (open_backing != nullptr) {
+      absl::StatusOr<std::unique_ptr<io::BlockNode>> backing =
+          co_await open_backing(node->full_backing_filename_,
+                                node->header_.backing_format.value_or(""));
+      if (!backing.ok()) {
+        absl::Status cause = backing.status();
+        absl::Status closed = co_await node->file_->Close();
+        (void)closed;
+        co_return absl::Status(
+            cause.code(),
+            absl::StrCat("Could not open backing file: ", cause.message()));
+      }
+      node->backing_ = *std::move(backing);
+    }
+  }
+  co_return node;
+}
+
+io::Task<absl::Status> Qcow2Node::LoadTables() {
+  // L1 table (DecodeHeader checked its position and size).
+  l1_.assign(header_.l1_size, 0);
+  if (header_.l1_size > 0) {
+    std::vector<uint8_t> bytes(uint64_t{header_.l1_size} * 8);
+    CO_RETURN_IF_ERROR(
+        co_await file_->Read(header_.l1_table_offset, io::IoVec(bytes)));
+    for (uint64_t i = 0; i < l1_.size(); ++i) {
+      l1_[i] = LoadBE64(bytes.data() + i * 8);
+      const uint64_t l2 = l1_[i] & format::kL1OffsetMask;
+      if (l2 != 0) l2_offsets_.insert(l2);
+    }
+  }
+  // Refcount table.
+  const uint64_t rt_bytes = uint64_t{header_.refcount_table_clusters}
+                            << cluster_bits_;
+  std::vector<uint8_t> bytes(rt_bytes);
+  CO_RETURN_IF_ERROR(
+      co_await file_->Read(header_.refcount_table_offset, io::IoVec(bytes)));
+  std::vector<uint64_t> table(rt_bytes / 8);
+  for (uint64_t i = 0; i < table.size(); ++i) {
+    table[i] = LoadBE64(bytes.data() + i * 8);
+  }
+  refcounts_ = std::make_unique<Refcounts>(
+      static_cast<MetadataIo&>(*this), cluster_bits_, header_.refcount_order,
+      header_.refcount_table_offset, header_.refcount_table_clusters,
+      std::move(table), config_.refcount_cache_tables);
+  co_return co_await LoadSnapshotTable();
+}
+
+io::Task<absl::Status> Qcow2Node::LoadSnapshotTable() {
+  snapshot_l1s_.clear();
+  snapshots_bytes_ = 0;
+  if (header_.nb_snapshots == 0) co_return absl::OkStatus();
+  // Entries are read one header at a time; the table's extent was checked
+  // against the file by DecodeHeader only at its start.
+  uint64_t pos = header_.snapshots_offset;
+  const uint64_t file_size = file_->size();
+  for (uint32_t i = 0; i < header_.nb_snapshots; ++i) {
+    uint8_t fixed[40];
+    if (pos + sizeof(fixed) > file_size) {
+      co_return absl::DataLossError("Snapshot table offset invalid");
+    }
+    CO_RETURN_IF_ERROR(co_await file_->Read(pos, io::IoVec(fixed, sizeof(fixed))));
+    const uint64_t l1_offset = LoadBE64(fixed);
+    const uint32_t l1_size = LoadBE32(fixed + 8);
+    const uint16_t id_len = LoadBE16(fixed + 12);
+    const uint16_t name_len = LoadBE16(fixed + 14);
+    const uint32_t extra_size = LoadBE32(fixed + 36);
+    if (extra_size > 1024) {
+      co_return absl::DataLossError("Too much extra metadata in snapshot table "
+                                    "entry");
+    }
+    if (uint64_t{l1_size} * 8 > format::kMaxL1TableBytes) {
+      co_return absl::DataLossError("Snapshot L1 table too large");
+    }
+    if ((l1_offset & (cluster_size_ - 1)) != 0 ||
+        l1_offset + uint64_t{l1_size} * 8 > file_size) {
+      co_return absl::DataLossError("Snapshot L1 table offset invalid");
+    }
+    snapshot_l1s_.push_back({l1_offset, uint64_t{l1_size} * 8});
+    pos += sizeof(fixed) + extra_size + id_len + name_len;
+    pos = (pos + 7) & ~uint64_t{7};
+  }
+  snapshots_bytes_ = pos - header_.snapshots_offset;
+  if (snapshots_bytes_ > (uint64_t{64} << 20)) {
+    co_return absl::DataLossError("Snapshot table too large");
+  }
+  co_return absl::OkStatus();
+}
+
+// ---- Metadata I/O -----------------------------------------------------------
+
+io::Task<absl::Status> Qcow2Node::ReadMetadata(uint64_t offset, io::IoVec buf) {
+  co_return co_await file_->Read(offset, buf);
+}
+
+uint32_t Qcow2Node::CheckOverlap(uint64_t offset, uint64_t size,
+                                 uint32_t ignore) const {
+  if (size == 0) return 0;
+  const uint32_t chk = ~ignore;
+  if ((chk & kOverlapHeader) && offset < cluster_size_) return kOverlapHeader;
+  const uint64_t mask = cluster_size_ - 1;
+  const uint64_t start = offset & ~mask;
+  const uint64_t end = (offset + size + mask) & ~mask;
+  auto overlaps = [&](uint64_t o, uint64_t n) {
+    return n != 0 && o < end && start < o + n;
+  };
+  if ((chk & kOverlapActiveL1) &&
+      overlaps(header_.l1_table_offset, uint64_t{header_.l1_size} * 8)) {
+    return kOverlapActiveL1;
+  }
+  if ((chk & kOverlapRefcountTable) &&
+      overlaps(refcounts_->table_offset(), refcounts_->table_bytes())) {
+    return kOverlapRefcountTable;
+  }
+  if ((chk & kOverlapSnapshotTable) &&
+      overlaps(header_.snapshots_offset, snapshots_bytes_)) {
+    return kOverlapSnapshotTable;
+  }
+  if (chk & kOverlapInactiveL1) {
+    for (const SnapshotL1& s : snapshot_l1s_) {
+      if (overlaps(s.offset, s.bytes)) return kOverlapInactiveL1;
+    }
+  }
+  const uint64_t clusters = (end - start) >> cluster_bits_;
+  if (chk & kOverlapActiveL2) {
+    if (clusters < l2_offsets_.size()) {
+      for (uint64_t c = start; c < end; c += cluster_size_) {
+        if (l2_offsets_.contains(c)) return kOverlapActiveL2;
+      }
+    } else {
+      for (uint64_t o : l2_offsets_) {
+        if (overlaps(o, cluster_size_)) return kOverlapActiveL2;
+      }
+    }
+  }
+  if (chk & kOverlapRefcountBlock) {
+    const std::vector<uint64_t>& table = refcounts_->table();
+    if (clusters < table.size()) {
+      for (uint64_t c = start; c < end; c += cluster_size_) {
+        if (refcounts_->IsRefcountBlock(c)) return kOverlapRefcountBlock;
+      }
+    } else {
+      for (uint64_t o : table) {
+        if (o != 0 && overlaps(o, cluster_size_)) return kOverlapRefcountBlock;
+      }
+    }
+  }
+  return 0;
+}
+
+io::Task<absl::Status> Qcow2Node::CheckOverlapOrFail(uint64_t offset,
+                                                     uint64_t size,
+                                                     uint32_t ignore) {
+  const uint32_t kind = CheckOverlap(offset, size, ignore);
+  if (kind == 0) co_return absl::OkStatus();
+  const char* name = "metadata";
+  switch (kind) {
+    case kOverlapHeader: name = "qcow2_header"; break;
+    case kOverlapActiveL1: name = "active L1 table"; break;
+    case kOverlapActiveL2: name = "active L2 table"; break;
+    case kOverlapRefcountTable: name = "refcount table"; break;
+    case kOverlapRefcountBlock: name = "refcount block"; break;
+    case kOverlapSnapshotTable: name = "snapshot table"; break;
+    case kOverlapInactiveL1: name = "inactive L1 table"; break;
+  }
+  co_return co_await SignalCorruption(absl::StrCat(
+      "Preventing invalid write on metadata (overlaps with ", name, ")"));
+}
+
+io::Task<absl::Status> Qcow2Node::WriteMetadata(uint64_t offset,
+                                                io::ConstIoVec data,
+                                                uint32_t ignore) {
+  CO_RETURN_IF_ERROR(CheckUsable());
+  CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(offset, data.size(), ignore));
+  co_return co_await file_->Write(offset, data);
+}
+
+io::Task<absl::Status> Qcow2Node::SyncFile() {
+  const uint64_t gen = write_gen_;
+  CO_RETURN_IF_ERROR(co_await file_->Flush());
+  synced_gen_ = gen;
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::SignalCorruption(std::string message) {
+  if (read_only()) {
+    co_return absl::DataLossError(
+        absl::StrCat("qcow2: Image is corrupt: ", message,
+                     "; further non-fatal corruption events will be "
+                     "suppressed"));
+  }
+  if (!broken_.ok()) co_return broken_;
+  broken_ = absl::DataLossError(
+      absl::StrCat("qcow2: Marking image as corrupt: ", message,
+                   "; further corruption events will be suppressed"));
+  header_.incompatible_features |= format::kIncompatibleCorrupt;
+  if (header_.version >= 3) {
+    // Only the feature field; nothing else is written any more.
+    uint8_t field[8];
+    StoreBE64(field, header_.incompatible_features);
+    absl::Status st = co_await file_->Write(kIncompatibleFeaturesOffset,
+                                            io::ConstIoVec(field, 8));
+    if (st.ok()) st = co_await file_->Flush();
+    (void)st;
+  }
+  co_return broken_;
+}
+
+io::Task<absl::Status> Qcow2Node::SetRefcountTable(uint64_t offset,
+                                                   uint32_t clusters) {
+  uint8_t field[12];
+  StoreBE64(field, offset);
+  StoreBE32(field + 8, clusters);
+  CO_RETURN_IF_ERROR(co_await WriteHeaderField(kRefcountTableOffsetOffset,
+                                               io::ConstIoVec(field, 12)));
+  header_.refcount_table_offset = offset;
+  header_.refcount_table_clusters = clusters;
+  co_return absl::OkStatus();
+}
+
+void Qcow2Node::ClusterFreed(uint64_t offset) {
+  if (l2_cache_ != nullptr) l2_cache_->Discard(offset);
+}
+
+io::Task<absl::Status> Qcow2Node::WriteHeaderField(uint64_t offset,
+                                                   io::ConstIoVec bytes) {
+  CO_RETURN_IF_ERROR(CheckUsable());
+  CO_RETURN_IF_ERROR(co_await file_->Write(offset, bytes));
+  co_return co_await SyncFile();
+}
+
+io::Task<absl::Status> Qcow2Node::WriteIncompatibleFeatures() {
+  uint8_t field[8];
+  StoreBE64(field, header_.incompatible_features);
+  co_return co_await WriteHeaderField(kIncompatibleFeaturesOffset,
+                                      io::ConstIoVec(field, 8));
+}
+
+io::Task<absl::Status> Qcow2Node::WriteHeader() {
+  CO_RETURN_IF_ERROR(CheckUsable());
+  std::vector<uint8_t> bytes = format::EncodeHeader(header_);
+  if (bytes.size() > cluster_size_) {
+    co_return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s: qcow2 header does not fit in the first cluster", filename()));
+  }
+  header_.header_length = header_.version >= 3 ? LoadBE32(bytes.data() + 100)
+                                               : format::kV2HeaderLength;
+  header_.backing_file_offset = LoadBE64(bytes.data() + 8);
+  header_.backing_file_size = LoadBE32(bytes.data() + 16);
+  bytes.resize(cluster_size_, 0);
+  CO_RETURN_IF_ERROR(co_await file_->Write(0, bytes));
+  co_return co_await SyncFile();
+}
+
+io::Task<absl::Status> Qcow2Node::WriteL1Entry(uint64_t index) {
+  // One 512-byte sector of the table, as QEMU writes it.
+  constexpr uint64_t kPerSector = 512 / 8;
+  const uint64_t first = index & ~(kPerSector - 1);
+  const uint64_t n = std::min<uint64_t>(kPerSector, l1_.size() - first);
+  std::vector<uint8_t> bytes(n * 8);
+  for (uint64_t i = 0; i < n; ++i) StoreBE64(bytes.data() + i * 8, l1_[first + i]);
+  CO_RETURN_IF_ERROR(co_await WriteMetadata(
+      header_.l1_table_offset + first * 8, bytes, kOverlapActiveL1));
+  co_return co_await SyncFile();
+}
+
+io::Task<absl::Status> Qcow2Node::PrepareFirstWrite() {
+  if (first_write_done_) co_return absl::OkStatus();
+  // Features this driver does not maintain (bitmaps, raw external data and
+  // anything newer) become invalid with the first write.
+  if (header_.autoclear_features != 0) {
+    header_.autoclear_features = 0;
+    CO_RETURN_IF_ERROR(co_await WriteHeader());
+  }
+  if (config_.lazy_refcounts && !header_.dirty()) {
+    header_.incompatible_features |= format::kIncompatibleDirty;
+    CO_RETURN_IF_ERROR(co_await WriteIncompatibleFeatures());
+    dirty_set_by_us_ = true;
+  }
+  first_write_done_ = true;
+  co_return absl::OkStatus();
+}
+
+// ---- Flushing -----------------------------------------------------------------
+
+io::Task<absl::Status> Qcow2Node::PrepareL2Write() {
+  if (refcounts_->dirty()) {
+    CO_RETURN_IF_ERROR(co_await refcounts_->WriteDirty());
+    co_return co_await SyncFile();
+  }
+  if (write_gen_ != synced_gen_) co_return co_await SyncFile();
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::WriteL2Table(uint64_t offset,
+                                               io::ConstIoVec data) {
+  CO_RETURN_IF_ERROR(co_await PrepareL2Write());
+  co_return co_await WriteMetadata(offset, data, kOverlapActiveL2);
+}
+
+io::Task<absl::Status> Qcow2Node::ApplyPendingFrees() {
+  if (pending_frees_.empty()) co_return absl::OkStatus();
+  const uint64_t oldest =
+      ops_in_flight_.empty() ? next_seq_ : *ops_in_flight_.begin();
+  std::vector<PendingFree> keep;
+  std::vector<PendingFree> apply;
+  for (const PendingFree& f : pending_frees_) {
+    (f.seq <= oldest ? apply : keep).push_back(f);
+  }
+  pending_frees_ = std::move(keep);
+  absl::Status result;
+  for (const PendingFree& f : apply) {
+    absl::Status st = co_await refcounts_->Free(f.offset, f.length);
+    if (!st.ok()) {
+      if (result.ok()) result = st;
+      continue;
+    }
+    if (f.discard) {
+      // Only whole clusters whose refcount is now 0.
+      const uint64_t mask = cluster_size_ - 1;
+      for (uint64_t c = f.offset & ~mask; c < f.offset + f.length;
+           c += cluster_size_) {
+        absl::StatusOr<uint64_t> rc = co_await refcounts_->Get(c >> cluster_bits_);
+        if (rc.ok() && *rc == 0) {
+          absl::Status d = co_await file_->Discard(c, cluster_size_);
+          (void)d;  // advisory
+        }
+      }
+    }
+  }
+  co_return result;
+}
+
+io::Task<absl::Status> Qcow2Node::FlushAll() {
+  CO_RETURN_IF_ERROR(CheckUsable());
+  CO_RETURN_IF_ERROR(co_await l2_cache_->WriteDirty());
+  CO_RETURN_IF_ERROR(co_await refcounts_->WriteDirty());
+  CO_RETURN_IF_ERROR(co_await SyncFile());
+  if (!pending_frees_.empty()) {
+    CO_RETURN_IF_ERROR(co_await ApplyPendingFrees());
+    CO_RETURN_IF_ERROR(co_await refcounts_->WriteDirty());
+    CO_RETURN_IF_ERROR(co_await SyncFile());
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::DoFlush() {
+  if (read_only()) co_return absl::OkStatus();
+  auto lock = co_await io::ScopedLock::Take(meta_lock_);
+  co_return co_await FlushAll();
+}
+
+io::Task<absl::Status> Qcow2Node::Close() {
+  if (closed_) co_return absl::OkStatus();
+  closed_ = true;
+  absl::Status result;
+  if (!read_only() && broken_.ok()) {
+    auto lock = co_await io::ScopedLock::Take(meta_lock_);
+    result = co_await FlushAll();
+    if (result.ok() && dirty_set_by_us_) {
+      header_.incompatible_features &= ~format::kIncompatibleDirty;
+      result = co_await WriteIncompatibleFeatures();
+      dirty_set_by_us_ = false;
+    }
+  }
+  if (backing_ != nullptr) {
+    absl::Status st = co_await backing_->Close();
+    if (result.ok()) result = st;
+  }
+  absl::Status st = co_await file_->Close();
+  if (result.ok()) result = st;
+  co_return result;
+}
+
+}  // namespace imgtool::qcow2

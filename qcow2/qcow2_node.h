@@ -1,0 +1,328 @@
+// The `qcow2` format driver (version 2 and 3 images with standard 64-bit L2
+// entries; qcow2 spec and ../shared/reference/qcow2-format.md): a block node
+// over an image file node, with an optional backing node.
+//
+// Reads resolve each guest cluster through the L1 and L2 tables: data
+// clusters are read from the file, zero clusters read as zeroes, compressed
+// clusters are inflated (zlib), unallocated clusters come from the backing
+// node (zeroes past its end, or without one). Writes allocate host clusters
+// with QEMU 7.2's allocator, copying the untouched part of a new cluster from
+// its old contents (the backing file, a compressed or shared cluster) or
+// zero-filling it with the file's write-zeroes, and write in place into
+// clusters whose L2 entry has the COPIED flag.
+//
+// Metadata (L2 tables, refcount blocks) is cached and written back so that
+// the image is consistent after a crash at any point (leaks are possible,
+// corruption is not): data is written and synced before an L2 table that
+// points to it, raised refcounts before the L2 table or L1 entry that uses
+// the cluster, an L2 table before its L1 entry; a cluster whose reference
+// was dropped is freed only after the L2 table no longer pointing to it is
+// durable and no request that could still be using it is in flight.
+//
+// Concurrency: requests run concurrently on the engine's thread. One
+// metadata mutex guards the tables; it is not held during data I/O, so
+// requests to different clusters overlap. Requests that would allocate a
+// cluster another request is allocating wait for it to finish.
+//
+// Corruption found while running (a table or data cluster at a misaligned
+// offset or past the end of the file, an allocation or write landing on
+// metadata) marks the image corrupt (the incompatible-features field only)
+// when it is writable, fails the request with kDataLoss "qcow2: Marking
+// image as corrupt: ..." and makes every later request fail the same way;
+// metadata is never overwritten.
+//
+// Errors: kDataLoss for corrupt images, kUnimplemented for valid images
+// using features not implemented (external data files, encryption,
+// extended L2 entries, zstd-compressed clusters), kOutOfRange for requests
+// past the end, I/O errors of the file. Open errors carry QEMU's text
+// without the file name (callers prefix "Could not open '<file>': ").
+// Thread model: like every node, used from its engine's thread only.
+#ifndef IMGTOOL_QCOW2_QCOW2_NODE_H_
+#define IMGTOOL_QCOW2_QCOW2_NODE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "io/block_node.h"
+#include "io/sync.h"
+#include "io/task.h"
+#include "qcow2/format/header.h"
+#include "qcow2/format/l2_entry.h"
+#include "qcow2/metadata_io.h"
+#include "qcow2/qcow2_options.pb.h"
+#include "qcow2/refcounts.h"
+#include "qcow2/table_cache.h"
+
+namespace imgtool::qcow2 {
+
+// Opens the backing file of an image: `filename` is the name stored in the
+// image resolved against the image's directory (absolute names and names
+// with a protocol prefix such as "json:" are passed unchanged), `format`
+// the backing format stored in the image ("" = probe). The returned node
+// should be read-only; the qcow2 node owns it. A coroutine because opening
+// a qcow2 backing file does I/O on the same engine.
+using BackingOpener =
+    std::function<io::Task<absl::StatusOr<std::unique_ptr<io::BlockNode>>>(
+        std::string filename, std::string format)>;
+
+// Rebuilds the refcounts of the dirty image in `file` (lazy refcounts after
+// a crash) and clears its dirty bit, like `qemu-img check -r all`. Provided
+// by qcow2/check.h.
+using RefcountRepairer =
+    std::function<io::Task<absl::Status>(io::BlockNode& file)>;
+
+class Qcow2Node final : public io::BlockNode, private MetadataIo {
+ public:
+  // Opens the qcow2 image in `file` (read-only if `file` is). Validates the
+  // header, the L1 table, refcount table and snapshot table positions
+  // against the file size (qcow2-format.md §9 messages). Refuses unknown
+  // incompatible features (naming them), and a read-write open of an image
+  // with the corrupt bit ("qcow2: Image is corrupt; cannot be opened
+  // read/write", kDataLoss); a read-write open of a dirty image runs
+  // `repair_refcounts` first, or fails with kFailedPrecondition without one.
+  // Opens the backing file through `open_backing` unless it is null (then
+  // unallocated clusters read as zeroes, as with QEMU's backing=null);
+  // its errors come back as "Could not open backing file: <cause>".
+  static io::Task<absl::StatusOr<std::unique_ptr<Qcow2Node>>> Open(
+      std::unique_ptr<io::BlockNode> file, Qcow2OpenOptions options,
+      BackingOpener open_backing, RefcountRepairer repair_refcounts = nullptr);
+
+  ~Qcow2Node() override;
+
+  // Virtual size in bytes (the header's size field).
+  uint64_t size() const override;
+  // The image file's allocated bytes.
+  absl::StatusOr<uint64_t> AllocatedSize() const override;
+  io::BlockNode* backing() const override { return backing_.get(); }
+  // Flushes caches, frees what is left to free, clears the dirty bit this
+  // node set, then closes the backing node and the file.
+  io::Task<absl::Status> Close() override;
+
+  // The header as it is now (dirty and corrupt bits included).
+  const format::Header& header() const { return header_; }
+  uint64_t cluster_size() const { return cluster_size_; }
+  // The backing file name as stored in the image ("" if none), and resolved
+  // against the image's directory.
+  std::string backing_filename() const;
+  const std::string& full_backing_filename() const { return full_backing_filename_; }
+  // The backing format extension ("" if none).
+  std::string backing_format() const;
+  // "1.1" for version 3, "0.10" for version 2.
+  const char* compat() const { return header_.version >= 3 ? "1.1" : "0.10"; }
+  bool lazy_refcounts() const { return header_.lazy_refcounts(); }
+  uint32_t refcount_bits() const { return header_.refcount_bits(); }
+  bool corrupt() const { return header_.corrupt(); }
+  bool extended_l2() const { return header_.extended_l2(); }
+  bool dirty() const { return header_.dirty(); }
+  io::BlockNode& file() const { return *file_; }
+
+ protected:
+  io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override;
+  io::Task<absl::Status> DoWrite(uint64_t offset, io::ConstIoVec data) override;
+  io::Task<absl::Status> DoWriteZeroes(uint64_t offset, uint64_t length,
+                                       io::WriteZeroesFlags flags) override;
+  io::Task<absl::Status> DoDiscard(uint64_t offset, uint64_t length) override;
+  io::Task<absl::Status> DoFlush() override;
+  io::Task<absl::Status> DoTruncate(uint64_t size,
+                                    io::PreallocMode prealloc) override;
+  io::Task<absl::StatusOr<io::BlockStatus>> DoGetBlockStatus(
+      uint64_t offset, uint64_t max_length) override;
+
+ private:
+  // The state of a run of guest clusters in this image (QEMU's cluster
+  // types, standard L2 entries).
+  struct Mapping {
+    format::ClusterType type = format::ClusterType::kUnallocated;
+    uint64_t host_offset = 0;  // kNormal/kZeroAlloc: host byte of `offset`
+    uint64_t l2_word = 0;      // kCompressed: the L2 entry
+    uint64_t length = 0;       // bytes from the queried offset
+  };
+  // How a write treats a cluster.
+  enum class WriteKind {
+    kInPlace,   // data cluster with COPIED: write where it is
+    kReuse,     // preallocated zero cluster with COPIED: same host cluster,
+                // L2 entry rewritten
+    kAllocate,  // needs a new host cluster
+  };
+  // An allocating write in flight on guest clusters [first, first + count).
+  struct Inflight {
+    uint64_t first = 0;
+    uint64_t count = 0;
+    io::Event done;
+  };
+  struct PendingFree {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint64_t seq = 0;       // data requests numbered below may use it
+    bool discard = false;   // punch a hole in the file once freed
+  };
+  struct SnapshotL1 {
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+  };
+  struct Config {
+    size_t l2_cache_tables = 0;
+    size_t refcount_cache_tables = 0;
+    bool lazy_refcounts = false;
+  };
+
+  Qcow2Node(std::unique_ptr<io::BlockNode> file, format::Header header,
+            Config config);
+
+  // MetadataIo.
+  io::Task<absl::Status> WriteMetadata(uint64_t offset, io::ConstIoVec data,
+                                       uint32_t ignore) override;
+  io::Task<absl::Status> ReadMetadata(uint64_t offset, io::IoVec buf) override;
+  io::Task<absl::Status> SyncFile() override;
+  io::Task<absl::Status> SignalCorruption(std::string message) override;
+  io::Task<absl::Status> SetRefcountTable(uint64_t offset,
+                                          uint32_t clusters) override;
+  void ClusterFreed(uint64_t offset) override;
+  uint64_t FileSize() const override { return file_->size(); }
+
+  // Open helpers.
+  io::Task<absl::Status> LoadTables();
+  io::Task<absl::Status> LoadSnapshotTable();
+
+  // Header writes (all synced).
+  io::Task<absl::Status> WriteHeader();
+  io::Task<absl::Status> WriteHeaderField(uint64_t offset, io::ConstIoVec bytes);
+  io::Task<absl::Status> WriteIncompatibleFeatures();
+  io::Task<absl::Status> WriteL1Entry(uint64_t l1_index);
+  // Before the first change to the image: clear autoclear bits, set the
+  // dirty bit with lazy refcounts.
+  io::Task<absl::Status> PrepareFirstWrite();
+  absl::Status CheckUsable() const { return broken_; }
+
+  // Overlap check (QEMU's "cached" template). 0 or the overlapping kind.
+  uint32_t CheckOverlap(uint64_t offset, uint64_t size, uint32_t ignore) const;
+  io::Task<absl::Status> CheckOverlapOrFail(uint64_t offset, uint64_t size,
+                                            uint32_t ignore);
+
+  // L1/L2 access (metadata lock held).
+  uint64_t l1_index(uint64_t guest_offset) const {
+    return (guest_offset >> cluster_bits_) / l2_entries_;
+  }
+  uint64_t l2_index(uint64_t guest_offset) const {
+    return (guest_offset >> cluster_bits_) % l2_entries_;
+  }
+  // The L2 table of L1 entry `index` (which must be allocated), checked.
+  io::Task<absl::StatusOr<TableCache::Ref>> LoadL2(uint64_t index);
+  // The L2 table for L1 entry `index`, allocated (or copied from a shared
+  // one) so that it can be changed.
+  io::Task<absl::StatusOr<TableCache::Ref>> GetL2ForWrite(uint64_t index);
+  format::L2Entry GetEntry(const TableCache::Ref& l2, uint64_t index) const;
+  void SetEntry(TableCache::Ref& l2, uint64_t index, const format::L2Entry& e);
+  // Classifies an entry the way QEMU does at run time; a corruption event
+  // for misaligned offsets, past-EOF clusters and zero flags in v2 images.
+  io::Task<absl::StatusOr<format::ClusterType>> Classify(
+      const format::L2Entry& entry, uint64_t l2_offset, uint64_t index);
+  // The mapping of [offset, offset + max_length) up to the end of its L2
+  // table (metadata lock held).
+  io::Task<absl::StatusOr<Mapping>> GetMapping(uint64_t offset,
+                                               uint64_t max_length);
+  // Write class of one entry of a given type.
+  static WriteKind KindOf(format::ClusterType type, const format::L2Entry& e);
+
+  // In-flight allocations.
+  std::shared_ptr<Inflight> FindInflight(uint64_t first, uint64_t count) const;
+  uint64_t BeginDataOp();
+  void EndDataOp(uint64_t seq);
+  // Queues the host clusters of an L2 entry that no longer references them.
+  void FreeEntryLater(const format::L2Entry& entry, bool discard);
+  io::Task<absl::Status> ApplyPendingFrees();
+
+  // Data paths (no lock held).
+  io::Task<absl::Status> ReadBacking(uint64_t offset, io::IoVec buf);
+  io::Task<absl::Status> ReadCompressed(uint64_t l2_word,
+                                        uint64_t offset_in_cluster,
+                                        io::IoVec buf);
+  // Reads what guest range [offset, offset + buf.size()) showed through
+  // `old` before an allocating write replaced it (same cluster).
+  io::Task<absl::Status> ReadOldContents(const format::L2Entry& old,
+                                         uint64_t offset, io::IoVec buf);
+  bool OldContentsAreZero(const format::L2Entry& old, uint64_t offset,
+                          uint64_t length) const;
+  io::Task<bool> BackingReadsZero(uint64_t offset, uint64_t length);
+
+  // Write pieces.
+  io::Task<absl::StatusOr<uint64_t>> WriteStep(uint64_t offset,
+                                               io::ConstIoVec data);
+  io::Task<absl::Status> WriteAllocated(uint64_t offset, io::ConstIoVec data,
+                                        uint64_t first_cluster, uint64_t count,
+                                        uint64_t host,
+                                        const std::vector<format::L2Entry>& olds);
+  io::Task<absl::Status> LinkL2(uint64_t first_cluster, uint64_t count,
+                                uint64_t host,
+                                const std::vector<format::L2Entry>& olds,
+                                bool free_old);
+  // Zero / discard of whole clusters [first, first + count) within one L2
+  // table (metadata lock held; no allocation in flight there).
+  io::Task<absl::Status> ZeroClusters(uint64_t first, uint64_t count,
+                                      bool may_unmap);
+  io::Task<absl::Status> DiscardClusters(uint64_t first, uint64_t count,
+                                         bool full_discard);
+  // Runs `fn(first, count)` under the metadata lock for each L2 table's
+  // share of [first, first + count), waiting out allocations in flight.
+  io::Task<absl::Status> ForEachL2Range(
+      uint64_t first, uint64_t count,
+      std::function<io::Task<absl::Status>(uint64_t, uint64_t)> fn);
+  io::Task<absl::Status> WriteZeroesPartial(uint64_t offset, uint64_t length);
+
+  // Flush (metadata lock held): L2 tables, refcount blocks, sync, frees.
+  io::Task<absl::Status> FlushAll();
+  // Before an L2 table write: the refcounts and data it relies on.
+  io::Task<absl::Status> PrepareL2Write();
+  io::Task<absl::Status> WriteL2Table(uint64_t offset, io::ConstIoVec data);
+
+  // Resize pieces (metadata lock held).
+  io::Task<absl::Status> GrowL1(uint64_t min_size, bool exact);
+  io::Task<absl::Status> PreallocateMetadata(uint64_t from, uint64_t to);
+  io::Task<absl::Status> PreallocateData(uint64_t from, uint64_t to,
+                                         io::PreallocMode mode);
+  io::Task<absl::Status> Shrink(uint64_t new_size);
+  io::Task<bool> DetectMetadataPreallocation();
+
+  std::unique_ptr<io::BlockNode> file_;
+  std::unique_ptr<io::BlockNode> backing_;
+  std::string full_backing_filename_;
+  format::Header header_;
+  Config config_;
+  const uint32_t cluster_bits_;
+  const uint64_t cluster_size_;
+  const uint64_t l2_entries_;
+  format::L2Format l2_format_;
+
+  std::vector<uint64_t> l1_;                  // raw entries
+  absl::flat_hash_set<uint64_t> l2_offsets_;  // active L2 tables
+  std::vector<SnapshotL1> snapshot_l1s_;
+  uint64_t snapshots_bytes_ = 0;
+  std::unique_ptr<Refcounts> refcounts_;
+  std::unique_ptr<TableCache> l2_cache_;
+
+  io::Mutex meta_lock_;
+  std::map<uint64_t, std::shared_ptr<Inflight>> inflight_;  // by first
+  uint64_t next_seq_ = 1;
+  std::multiset<uint64_t> ops_in_flight_;
+  std::vector<PendingFree> pending_frees_;
+  uint64_t write_gen_ = 0;   // completed data writes
+  uint64_t synced_gen_ = 0;  // write_gen_ at the last sync start
+  bool first_write_done_ = false;
+  bool dirty_set_by_us_ = false;
+  std::optional<bool> metadata_preallocation_;
+  absl::Status broken_;  // set by a fatal corruption event
+  bool closed_ = false;
+};
+
+}  // namespace imgtool::qcow2
+
+#endif  // IMGTOOL_QCOW2_QCOW2_NODE_H_

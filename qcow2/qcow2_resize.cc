@@ -1,0 +1,332 @@
+// Qcow2Node: resizing (qcow2_co_truncate): L1 growth, metadata and data
+// preallocation the way QEMU 7.2 lays them out, and shrinking.
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "qcow2/bytes.h"
+#include "qcow2/qcow2_node.h"
+
+namespace imgtool::qcow2 {
+namespace {
+
+using format::ClusterType;
+using format::L2Entry;
+
+constexpr uint64_t kL1SizeOffset = 36;
+constexpr uint64_t kSizeOffset = 24;
+constexpr uint64_t kInvalidOffset = ~uint64_t{0};
+constexpr uint64_t kIntMax = 0x7fffffff;
+
+}  // namespace
+
+io::Task<absl::Status> Qcow2Node::GrowL1(uint64_t min_size, bool exact) {
+  if (min_size <= l1_.size()) co_return absl::OkStatus();
+  uint64_t new_size = min_size;
+  if (!exact) {
+    new_size = std::max<uint64_t>(l1_.size(), 1);
+    while (min_size > new_size) new_size = (new_size * 3 + 1) / 2;
+  }
+  if (new_size * 8 > format::kMaxL1TableBytes) {
+    co_return absl::InvalidArgumentError(
+        "The image size is too large for file format 'qcow2' (try using a "
+        "larger cluster size)");
+  }
+  const uint64_t bytes = new_size * 8;
+  CO_ASSIGN_OR_RETURN(const uint64_t table, co_await refcounts_->Allocate(bytes));
+  CO_RETURN_IF_ERROR(co_await refcounts_->WriteDirty());
+  CO_RETURN_IF_ERROR(co_await SyncFile());
+  std::vector<uint8_t> data(bytes, 0);
+  for (uint64_t i = 0; i < l1_.size(); ++i) StoreBE64(data.data() + i * 8, l1_[i]);
+  CO_RETURN_IF_ERROR(co_await WriteMetadata(table, data, 0));
+  CO_RETURN_IF_ERROR(co_await SyncFile());
+  uint8_t field[12];
+  StoreBE32(field, static_cast<uint32_t>(new_size));
+  StoreBE64(field + 4, table);
+  CO_RETURN_IF_ERROR(co_await WriteHeaderField(kL1SizeOffset, io::ConstIoVec(field, 12)));
+  const uint64_t old_table = header_.l1_table_offset;
+  const uint64_t old_bytes = l1_.size() * 8;
+  header_.l1_table_offset = table;
+  header_.l1_size = static_cast<uint32_t>(new_size);
+  l1_.resize(new_size, 0);
+  co_return co_await refcounts_->Free(old_table, old_bytes);
+}
+
+io::Task<absl::Status> Qcow2Node::PreallocateMetadata(uint64_t from,
+                                                      uint64_t to) {
+  // QEMU's preallocate_co(): allocation calls of at most INT_MAX bytes, each
+  // gathering host-contiguous clusters across L2 tables.
+  const uint64_t mask = cluster_size_ - 1;
+  const uint64_t chunk = kIntMax & ~mask;
+  uint64_t offset = from;
+  uint64_t bytes = to - from;
+  uint64_t last_host = kInvalidOffset;
+  uint64_t last_bytes = 0;
+  while (bytes > 0) {
+    const uint64_t cur = std::min(bytes, chunk);
+    uint64_t pos = offset;
+    uint64_t remaining = cur;
+    uint64_t call_host = kInvalidOffset;
+    uint64_t next_host = kInvalidOffset;
+    while (remaining > 0) {
+      const uint64_t index = l2_index(pos);
+      CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(l1_index(pos)));
+      const uint64_t in_cluster = pos & mask;
+      const uint64_t max_n = std::min((in_cluster + remaining + mask) >> cluster_bits_,
+                                      l2_entries_ - index);
+      const L2Entry e0 = GetEntry(l2, index);
+      CO_ASSIGN_OR_RETURN(ClusterType t0, co_await Classify(e0, l2.offset(), index));
+      const bool keep = KindOf(t0, e0) != WriteKind::kAllocate;
+      uint64_t n = 1;
+      uint64_t host;
+      if (keep) {
+        host = e0.host_offset();
+        if (next_host != kInvalidOffset && host != next_host) break;
+        for (; n < max_n; ++n) {
+          const L2Entry e = GetEntry(l2, index + n);
+          CO_ASSIGN_OR_RETURN(ClusterType t, co_await Classify(e, l2.offset(), index + n));
+          if (KindOf(t, e) == WriteKind::kAllocate ||
+              e.host_offset() != host + (n << cluster_bits_)) {
+            break;
+          }
+        }
+      } else {
+        std::vector<L2Entry> olds{e0};
+        for (; n < max_n; ++n) {
+          const L2Entry e = GetEntry(l2, index + n);
+          CO_ASSIGN_OR_RETURN(ClusterType t, co_await Classify(e, l2.offset(), index + n));
+          if (KindOf(t, e) != WriteKind::kAllocate) break;
+          olds.push_back(e);
+        }
+        if (next_host == kInvalidOffset) {
+          CO_ASSIGN_OR_RETURN(host, co_await refcounts_->Allocate(n << cluster_bits_));
+        } else {
+          CO_ASSIGN_OR_RETURN(const uint64_t got,
+                              co_await refcounts_->AllocateAt(next_host, n));
+          if (got == 0) break;
+          n = got;
+          host = next_host;
+        }
+        CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, n << cluster_bits_, 0));
+        for (uint64_t i = 0; i < n; ++i) {
+          L2Entry e;
+          e.word = format::MakeStandardL2Word(host + (i << cluster_bits_),
+                                              /*copied=*/true, /*zero=*/false);
+          SetEntry(l2, index + i, e);
+          FreeEntryLater(olds[i], /*discard=*/false);
+        }
+        // Like QEMU (perform_cow), the parts of the first and last cluster
+        // outside the range get their old contents written.
+        const uint64_t piece_end =
+            pos + std::min(remaining, (n << cluster_bits_) - in_cluster);
+        const uint64_t tail_in = piece_end & mask;
+        l2.reset();
+        if (in_cluster != 0) {
+          std::vector<uint8_t> head(in_cluster);
+          CO_RETURN_IF_ERROR(co_await ReadOldContents(olds.front(), pos & ~mask,
+                                                      io::IoVec(head)));
+          CO_RETURN_IF_ERROR(co_await file_->Write(host, head));
+        }
+        if (tail_in != 0) {
+          std::vector<uint8_t> tail(cluster_size_ - tail_in);
+          CO_RETURN_IF_ERROR(co_await ReadOldContents(olds[n - 1], piece_end,
+                                                      io::IoVec(tail)));
+          CO_RETURN_IF_ERROR(co_await file_->Write(
+              host + ((n - 1) << cluster_bits_) + tail_in, tail));
+        }
+      }
+      const uint64_t consumed = std::min(remaining, (n << cluster_bits_) - in_cluster);
+      if (call_host == kInvalidOffset) call_host = host + in_cluster;
+      next_host = host + (n << cluster_bits_);
+      pos += consumed;
+      remaining -= consumed;
+    }
+    const uint64_t done = cur - remaining;
+    if (done == 0) {
+      co_return absl::InternalError(absl::StrFormat(
+          "%s: metadata preallocation made no progress at %u", filename(), offset));
+    }
+    last_host = call_host;
+    last_bytes = done;
+    offset += done;
+    bytes -= done;
+  }
+  // The file must cover every allocated cluster.
+  if (last_host != kInvalidOffset && last_host + last_bytes > FileSize()) {
+    CO_RETURN_IF_ERROR(
+        co_await file_->Truncate(last_host + last_bytes, io::PreallocMode::kOff));
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::PreallocateData(uint64_t from, uint64_t to,
+                                                  io::PreallocMode mode) {
+  const uint64_t mask = cluster_size_ - 1;
+  // A partly used first cluster keeps its data; preallocate from the next.
+  uint64_t guest = from & ~mask;
+  if ((from & mask) != 0) {
+    const uint64_t li = l1_index(guest);
+    if (li < l1_.size() && (l1_[li] & format::kL1OffsetMask) != 0) {
+      CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await LoadL2(li));
+      const L2Entry e = GetEntry(l2, l2_index(guest));
+      if (e.compressed() || e.host_offset() != 0) guest += cluster_size_;
+    }
+  }
+  const uint64_t end = (to + mask) & ~mask;
+  if (guest >= end) co_return absl::OkStatus();
+  uint64_t old_file_size = FileSize();
+  CO_ASSIGN_OR_RETURN(const int64_t last, co_await refcounts_->LastUsedCluster(old_file_size));
+  old_file_size = last >= 0 ? (static_cast<uint64_t>(last) + 1) << cluster_bits_
+                            : (old_file_size + mask) & ~mask;
+  uint64_t data_clusters = (end - guest) >> cluster_bits_;
+  // Enough refcount coverage for the data and the L2 tables it needs (one
+  // more for an unaligned head or tail).
+  const uint64_t l2_tables = (data_clusters + l2_entries_ - 1) / l2_entries_ + 1;
+  CO_ASSIGN_OR_RETURN(const uint64_t start,
+                      co_await refcounts_->RefcountArea(old_file_size,
+                                                        data_clusters + l2_tables,
+                                                        /*exact_size=*/true, 0, 0));
+  CO_ASSIGN_OR_RETURN(const uint64_t got,
+                      co_await refcounts_->AllocateAt(start, data_clusters));
+  if (got != data_clusters) {
+    co_return absl::InternalError(absl::StrFormat(
+        "%s: preallocated area at %#x is not free", filename(), start));
+  }
+  const uint64_t new_file_size = start + (data_clusters << cluster_bits_);
+  if (new_file_size > FileSize()) {
+    absl::Status st = co_await file_->Truncate(new_file_size, mode);
+    if (!st.ok()) {
+      absl::Status undo =
+          co_await refcounts_->Free(start, data_clusters << cluster_bits_);
+      (void)undo;
+      co_return st;
+    }
+  }
+  uint64_t host = start;
+  while (data_clusters > 0) {
+    const uint64_t index = l2_index(guest);
+    const uint64_t n = std::min(data_clusters, l2_entries_ - index);
+    CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(l1_index(guest)));
+    for (uint64_t i = 0; i < n; ++i) {
+      const L2Entry old = GetEntry(l2, index + i);
+      L2Entry e;
+      e.word = format::MakeStandardL2Word(host + (i << cluster_bits_),
+                                          /*copied=*/true, /*zero=*/false);
+      SetEntry(l2, index + i, e);
+      FreeEntryLater(old, /*discard=*/false);
+    }
+    guest += n << cluster_bits_;
+    host += n << cluster_bits_;
+    data_clusters -= n;
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::Shrink(uint64_t new_size) {
+  const uint64_t mask = cluster_size_ - 1;
+  const uint64_t start = (new_size + mask) & ~mask;
+  const uint64_t end = (size() + mask) & ~mask;
+  // Drop every cluster past the new end (they fall through to nothing).
+  for (uint64_t pos = start; pos < end;) {
+    const uint64_t li = l1_index(pos);
+    const uint64_t table_end = ((li + 1) * l2_entries_) << cluster_bits_;
+    const uint64_t stop = std::min(end, table_end);
+    if (li < l1_.size() && (l1_[li] & format::kL1OffsetMask) != 0) {
+      CO_RETURN_IF_ERROR(co_await DiscardClusters(
+          pos >> cluster_bits_, (stop - pos) >> cluster_bits_, /*full_discard=*/true));
+    }
+    pos = stop;
+  }
+  // L2 tables wholly past the end: zero their L1 entries on disk (the L1
+  // size stays), then free them.
+  const uint64_t new_l1 =
+      format::L1EntriesForSize(new_size, cluster_bits_, l2_format_.extended_l2);
+  std::vector<uint64_t> freed;
+  for (uint64_t i = new_l1; i < l1_.size(); ++i) {
+    const uint64_t l2 = l1_[i] & format::kL1OffsetMask;
+    if (l2 != 0) freed.push_back(l2);
+  }
+  if (!freed.empty()) {
+    CO_RETURN_IF_ERROR(co_await FlushAll());
+    std::vector<uint8_t> zeroes((l1_.size() - new_l1) * 8, 0);
+    CO_RETURN_IF_ERROR(co_await WriteMetadata(
+        header_.l1_table_offset + new_l1 * 8, zeroes, kOverlapActiveL1));
+    CO_RETURN_IF_ERROR(co_await SyncFile());
+    for (uint64_t i = new_l1; i < l1_.size(); ++i) l1_[i] = 0;
+    for (uint64_t l2 : freed) {
+      l2_offsets_.erase(l2);
+      CO_RETURN_IF_ERROR(co_await refcounts_->Free(l2, cluster_size_));
+    }
+  }
+  CO_RETURN_IF_ERROR(co_await FlushAll());
+  // Cut the file after the last cluster in use.
+  const uint64_t file_size = FileSize();
+  CO_ASSIGN_OR_RETURN(const int64_t last, co_await refcounts_->LastUsedCluster(file_size));
+  const uint64_t keep = (static_cast<uint64_t>(last + 1)) << cluster_bits_;
+  if (last >= 0 && keep < file_size) {
+    absl::Status st = co_await file_->Truncate(keep, io::PreallocMode::kOff);
+    (void)st;  // QEMU only warns
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::DoTruncate(uint64_t new_size,
+                                             io::PreallocMode prealloc) {
+  if (new_size % 512 != 0) {
+    co_return absl::InvalidArgumentError("The new size must be a multiple of 512");
+  }
+  while (true) {
+    auto lock = co_await io::ScopedLock::Take(meta_lock_);
+    CO_RETURN_IF_ERROR(CheckUsable());
+    if (header_.nb_snapshots != 0 && header_.version < 3) {
+      co_return absl::UnimplementedError(
+          "Can't resize a v2 image which has snapshots");
+    }
+    const uint64_t old_size = size();
+    if (new_size < old_size) {
+      // Allocating writes past the new end finish first.
+      const uint64_t first = (new_size + cluster_size_ - 1) >> cluster_bits_;
+      const uint64_t end = (old_size + cluster_size_ - 1) >> cluster_bits_;
+      if (end > first) {
+        if (std::shared_ptr<Inflight> other = FindInflight(first, end - first)) {
+          lock.Release();
+          co_await other->done.Wait();
+          continue;
+        }
+      }
+    }
+    CO_RETURN_IF_ERROR(co_await PrepareFirstWrite());
+    if (new_size < old_size) {
+      CO_RETURN_IF_ERROR(co_await Shrink(new_size));
+    } else {
+      CO_RETURN_IF_ERROR(co_await GrowL1(
+          format::L1EntriesForSize(new_size, cluster_bits_,
+                                   l2_format_.extended_l2),
+          /*exact=*/true));
+      switch (prealloc) {
+        case io::PreallocMode::kOff:
+          break;
+        case io::PreallocMode::kMetadata:
+          CO_RETURN_IF_ERROR(co_await PreallocateMetadata(old_size, new_size));
+          break;
+        case io::PreallocMode::kFalloc:
+        case io::PreallocMode::kFull:
+          CO_RETURN_IF_ERROR(
+              co_await PreallocateData(old_size, new_size, prealloc));
+          break;
+      }
+      if (prealloc != io::PreallocMode::kOff) {
+        CO_RETURN_IF_ERROR(co_await FlushAll());
+      }
+    }
+    uint8_t field[8];
+    StoreBE64(field, new_size);
+    CO_RETURN_IF_ERROR(
+        co_await WriteHeaderField(kSizeOffset, io::ConstIoVec(field, 8)));
+    header_.size = new_size;
+    co_return absl::OkStatus();
+  }
+}
+
+}  // namespace imgtool::qcow2

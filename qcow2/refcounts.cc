@@ -1,0 +1,382 @@
+#include "qcow2/refcounts.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "qcow2/bytes.h"
+#include "qcow2/format/header.h"
+#include "qcow2/format/refcount.h"
+
+namespace imgtool::qcow2 {
+namespace {
+
+constexpr char kRetryMessage[] = "qcow2: refcount metadata allocated, retry";
+
+uint64_t DivRoundUp(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+
+// qcow2_refcount_metadata_size(): refcount blocks needed so that `clusters`
+// plus the refcount blocks and table themselves are covered; `generous`
+// leaves room for the table to grow by half.
+uint64_t RefcountBlocksNeeded(uint64_t clusters, uint64_t cluster_size,
+                              uint64_t per_block, bool generous) {
+  const uint64_t blocks_per_table_cluster = cluster_size / 8;
+  uint64_t table = 0, blocks = 0, total = 0, last = 0;
+  do {
+    last = total;
+    blocks = DivRoundUp(clusters + table + blocks, per_block);
+    table = DivRoundUp(blocks, blocks_per_table_cluster);
+    total = clusters + blocks + table;
+    if (total == last && generous) {
+      clusters += DivRoundUp(table, 2);
+      total = 0;
+      generous = false;
+    }
+  } while (total != last);
+  return blocks;
+}
+
+}  // namespace
+
+absl::Status Refcounts::Retry() { return absl::AbortedError(kRetryMessage); }
+
+bool Refcounts::IsRetry(const absl::Status& st) {
+  return absl::IsAborted(st) && st.message() == kRetryMessage;
+}
+
+Refcounts::Refcounts(MetadataIo& io, uint32_t cluster_bits,
+                     uint32_t refcount_order, uint64_t table_offset,
+                     uint32_t table_clusters, std::vector<uint64_t> table,
+                     size_t cache_tables)
+    : io_(io),
+      cluster_bits_(cluster_bits),
+      refcount_order_(refcount_order),
+      block_bits_(cluster_bits + 3 - refcount_order),
+      table_offset_(table_offset),
+      cache_(
+          uint64_t{1} << cluster_bits, cache_tables,
+          [this](uint64_t offset, io::IoVec buf) {
+            return io_.ReadMetadata(offset, buf);
+          },
+          [this](uint64_t offset, io::ConstIoVec data) {
+            return io_.WriteMetadata(offset, data, kOverlapRefcountBlock);
+          }) {
+  table.resize((uint64_t{table_clusters} << cluster_bits) / 8, 0);
+  for (uint64_t& e : table) e &= format::kRefcountTableOffsetMask;
+  SetTable(std::move(table), table_offset);
+}
+
+void Refcounts::SetTable(std::vector<uint64_t> table, uint64_t offset) {
+  table_ = std::move(table);
+  table_offset_ = offset;
+  blocks_.clear();
+  max_table_index_ = 0;
+  for (uint64_t i = 0; i < table_.size(); ++i) {
+    if (table_[i] != 0) {
+      blocks_.insert(table_[i]);
+      max_table_index_ = i;
+    }
+  }
+}
+
+bool Refcounts::PeekRefcount(uint64_t cluster_index, uint64_t* refcount) {
+  const uint64_t table_index = cluster_index >> block_bits_;
+  if (table_index >= table_.size() || table_[table_index] == 0) {
+    *refcount = 0;
+    return true;
+  }
+  TableCache::Table* t = cache_.Peek(table_[table_index]);
+  if (t == nullptr) return false;
+  *refcount = format::GetRefcount(
+      t->data, cluster_index & ((uint64_t{1} << block_bits_) - 1),
+      refcount_order_);
+  return true;
+}
+
+io::Task<absl::StatusOr<TableCache::Ref>> Refcounts::LoadBlock(
+    uint64_t table_index) {
+  if (table_index >= table_.size() || table_[table_index] == 0) {
+    co_return TableCache::Ref();
+  }
+  const uint64_t block = table_[table_index];
+  if ((block & (cluster_size() - 1)) != 0) {
+    co_return co_await io_.SignalCorruption(absl::StrFormat(
+        "Refblock offset %#x unaligned (reftable index: %#x)", block,
+        table_index));
+  }
+  if (block >= io_.FileSize()) {
+    co_return co_await io_.SignalCorruption(absl::StrFormat(
+        "Refblock offset %#x beyond the end of the image file (reftable "
+        "index: %#x)",
+        block, table_index));
+  }
+  co_return co_await cache_.Get(block);
+}
+
+io::Task<absl::StatusOr<uint64_t>> Refcounts::Get(uint64_t cluster_index) {
+  uint64_t refcount;
+  if (PeekRefcount(cluster_index, &refcount)) co_return refcount;
+  CO_ASSIGN_OR_RETURN(TableCache::Ref block,
+                      co_await LoadBlock(cluster_index >> block_bits_));
+  if (!block) co_return uint64_t{0};
+  co_return format::GetRefcount(
+      block.data(), cluster_index & ((uint64_t{1} << block_bits_) - 1),
+      refcount_order_);
+}
+
+io::Task<absl::StatusOr<uint64_t>> Refcounts::FindFree(uint64_t count) {
+  uint64_t found = 0;
+  while (found < count) {
+    const uint64_t cluster = free_cluster_index_++;
+    uint64_t refcount;
+    if (!PeekRefcount(cluster, &refcount)) {
+      CO_ASSIGN_OR_RETURN(refcount, co_await Get(cluster));
+    }
+    found = refcount == 0 ? found + 1 : 0;
+  }
+  // Host offsets must fit in the 56-bit offset fields.
+  if ((free_cluster_index_ << cluster_bits_) > (uint64_t{1} << 56)) {
+    co_return absl::ResourceExhaustedError(
+        "qcow2: image file would grow beyond the largest host offset");
+  }
+  co_return (free_cluster_index_ - count) << cluster_bits_;
+}
+
+io::Task<absl::StatusOr<uint64_t>> Refcounts::Allocate(uint64_t bytes) {
+  while (true) {
+    CO_ASSIGN_OR_RETURN(uint64_t offset,
+                        co_await FindFree(DivRoundUp(bytes, cluster_size())));
+    absl::Status st = co_await Update(offset, bytes, 1, false);
+    if (st.ok()) co_return offset;
+    if (!IsRetry(st)) co_return st;
+  }
+}
+
+io::Task<absl::StatusOr<uint64_t>> Refcounts::AllocateAt(uint64_t offset,
+                                                        uint64_t nb_clusters) {
+  if (nb_clusters == 0) co_return uint64_t{0};
+  while (true) {
+    const uint64_t first = offset >> cluster_bits_;
+    uint64_t i = 0;
+    for (; i < nb_clusters; ++i) {
+      CO_ASSIGN_OR_RETURN(uint64_t refcount, co_await Get(first + i));
+      if (refcount != 0) break;
+    }
+    absl::Status st = co_await Update(offset, i << cluster_bits_, 1, false);
+    if (st.ok()) co_return i;
+    if (!IsRetry(st)) co_return st;
+  }
+}
+
+io::Task<absl::Status> Refcounts::FlushBlocks() {
+  CO_RETURN_IF_ERROR(co_await cache_.WriteDirty());
+  co_return co_await io_.SyncFile();
+}
+
+io::Task<absl::StatusOr<TableCache::Ref>> Refcounts::EnsureBlock(
+    uint64_t cluster_index) {
+  const uint64_t table_index = cluster_index >> block_bits_;
+  if (table_index < table_.size() && table_[table_index] != 0) {
+    co_return co_await LoadBlock(table_index);
+  }
+  // Allocate the block itself: it must describe itself or be described by
+  // a block that exists, and the caller's search starts over afterwards.
+  CO_ASSIGN_OR_RETURN(const uint64_t new_block, co_await FindFree(1));
+  if (new_block == 0) {
+    co_return co_await io_.SignalCorruption(
+        "Preventing invalid allocation of refcount block at offset 0");
+  }
+  const uint64_t new_index = new_block >> cluster_bits_;
+  TableCache::Ref block;
+  if ((new_index >> block_bits_) == table_index) {
+    CO_ASSIGN_OR_RETURN(block, co_await cache_.GetEmpty(new_block));
+    format::SetRefcount(block.data(),
+                        new_index & ((uint64_t{1} << block_bits_) - 1),
+                        refcount_order_, 1);
+  } else {
+    CO_RETURN_IF_ERROR(co_await Update(new_block, cluster_size(), 1, false));
+    CO_RETURN_IF_ERROR(co_await FlushBlocks());
+    CO_ASSIGN_OR_RETURN(block, co_await cache_.GetEmpty(new_block));
+  }
+  // The new block goes to disk before anything points to it.
+  CO_RETURN_IF_ERROR(co_await FlushBlocks());
+
+  if (table_index < table_.size()) {
+    uint8_t entry[8];
+    StoreBE64(entry, new_block);
+    CO_RETURN_IF_ERROR(co_await io_.WriteMetadata(
+        table_offset_ + table_index * 8, entry, kOverlapRefcountTable));
+    CO_RETURN_IF_ERROR(co_await io_.SyncFile());
+    table_[table_index] = new_block;
+    blocks_.insert(new_block);
+    max_table_index_ = std::max(max_table_index_, table_index);
+    co_return Retry();
+  }
+  block.reset();
+
+  // The table is full: lay out a bigger one (and blocks covering it) past
+  // everything the blocks so far cover.
+  const uint64_t per_block = uint64_t{1} << block_bits_;
+  const uint64_t blocks_used = DivRoundUp(
+      std::max(cluster_index + 1, new_index + 1), per_block);
+  const uint64_t meta_offset = (blocks_used * per_block) << cluster_bits_;
+  CO_ASSIGN_OR_RETURN(uint64_t end, co_await RefcountArea(meta_offset, 0, false,
+                                                          table_index, new_block));
+  (void)end;
+  co_return Retry();
+}
+
+io::Task<absl::Status> Refcounts::Update(uint64_t offset, uint64_t length,
+                                         uint64_t addend, bool decrease) {
+  if (length == 0) co_return absl::OkStatus();
+  const uint64_t mask = cluster_size() - 1;
+  const uint64_t start = offset & ~mask;
+  const uint64_t last = (offset + length - 1) & ~mask;
+  const uint64_t max = format::MaxRefcount(refcount_order_);
+  TableCache::Ref block;
+  uint64_t loaded_index = ~uint64_t{0};
+  absl::Status result;
+  uint64_t cluster_offset = start;
+  for (; cluster_offset <= last; cluster_offset += cluster_size()) {
+    const uint64_t cluster_index = cluster_offset >> cluster_bits_;
+    const uint64_t table_index = cluster_index >> block_bits_;
+    if (table_index != loaded_index || !block) {
+      block.reset();
+      absl::StatusOr<TableCache::Ref> b = co_await EnsureBlock(cluster_index);
+      if (!b.ok()) {
+        if (IsRetry(b.status()) &&
+            free_cluster_index_ > (start >> cluster_bits_)) {
+          free_cluster_index_ = start >> cluster_bits_;
+        }
+        result = b.status();
+        break;
+      }
+      block = *std::move(b);
+      loaded_index = table_index;
+    }
+    const uint64_t index = cluster_index & ((uint64_t{1} << block_bits_) - 1);
+    uint64_t refcount = format::GetRefcount(block.data(), index, refcount_order_);
+    if (decrease ? refcount < addend : (max - refcount < addend)) {
+      result = co_await io_.SignalCorruption(absl::StrFormat(
+          "Refcount of cluster %#x would %s (refcount %u)", cluster_offset,
+          decrease ? "drop below zero" : "exceed its maximum", refcount));
+      break;
+    }
+    refcount = decrease ? refcount - addend : refcount + addend;
+    if (refcount == 0 && cluster_index < free_cluster_index_) {
+      free_cluster_index_ = cluster_index;
+    }
+    format::SetRefcount(block.data(), index, refcount_order_, refcount);
+    cache_.MarkDirty(block);
+    if (refcount == 0) {
+      if (block.offset() == cluster_offset) {
+        block.reset();
+        loaded_index = ~uint64_t{0};
+      }
+      cache_.Discard(cluster_offset);
+      io_.ClusterFreed(cluster_offset);
+    }
+  }
+  block.reset();
+  if (!result.ok() && cluster_offset > start) {
+    // Undo what was done; may fail, the error above is what counts.
+    absl::Status undo =
+        co_await Update(start, cluster_offset - start, addend, !decrease);
+    (void)undo;
+  }
+  co_return result;
+}
+
+io::Task<absl::StatusOr<uint64_t>> Refcounts::RefcountArea(
+    uint64_t start_offset, uint64_t additional_clusters, bool exact_size,
+    uint64_t new_refblock_index, uint64_t new_refblock_offset) {
+  const uint64_t cs = cluster_size();
+  const uint64_t per_block = uint64_t{1} << block_bits_;
+  const uint64_t total_blocks = RefcountBlocksNeeded(
+      (start_offset >> cluster_bits_) + additional_clusters, cs, per_block,
+      !exact_size);
+  const uint64_t area_index = (start_offset >> cluster_bits_) / per_block;
+  uint64_t table_size =
+      exact_size ? total_blocks : total_blocks + DivRoundUp(total_blocks, 2);
+  const uint64_t entries_per_cluster = cs / 8;
+  table_size = DivRoundUp(table_size, entries_per_cluster) * entries_per_cluster;
+  if (table_size * 8 > format::kMaxRefcountTableBytes) {
+    co_return absl::ResourceExhaustedError(
+        "qcow2: refcount table would exceed its maximum size");
+  }
+  const uint64_t table_clusters = table_size * 8 / cs;
+  std::vector<uint64_t> new_table(table_size, 0);
+  std::copy_n(table_.begin(),
+              std::min<uint64_t>(table_size, std::min<uint64_t>(
+                                                 table_.size(), max_table_index_ + 1)),
+              new_table.begin());
+  if (new_refblock_offset != 0) new_table[new_refblock_index] = new_refblock_offset;
+
+  uint64_t additional_blocks = 0;
+  for (uint64_t i = area_index; i < total_blocks; ++i) {
+    if (new_table[i] == 0) ++additional_blocks;
+  }
+  const uint64_t new_table_offset = start_offset + additional_blocks * cs;
+  const uint64_t end_offset = new_table_offset + table_clusters * cs;
+
+  uint64_t block_offset = start_offset;
+  for (uint64_t i = area_index; i < total_blocks; ++i) {
+    TableCache::Ref block;
+    if (new_table[i] != 0) {
+      CO_ASSIGN_OR_RETURN(block, co_await cache_.Get(new_table[i]));
+    } else {
+      CO_ASSIGN_OR_RETURN(block, co_await cache_.GetEmpty(block_offset));
+      new_table[i] = block_offset;
+      block_offset += cs;
+    }
+    const uint64_t first_covered = (i * per_block) << cluster_bits_;
+    if (first_covered < end_offset) {
+      uint64_t j = first_covered < start_offset
+                       ? (start_offset - first_covered) >> cluster_bits_
+                       : 0;
+      const uint64_t end_index =
+          std::min((end_offset - first_covered) >> cluster_bits_, per_block);
+      for (; j < end_index; ++j) {
+        if (format::GetRefcount(block.data(), j, refcount_order_) != 0) {
+          co_return co_await io_.SignalCorruption(absl::StrFormat(
+              "Refcount structures would be placed on cluster %#x, which is "
+              "in use",
+              first_covered + (j << cluster_bits_)));
+        }
+        format::SetRefcount(block.data(), j, refcount_order_, 1);
+      }
+      cache_.MarkDirty(block);
+    }
+  }
+  CO_RETURN_IF_ERROR(co_await FlushBlocks());
+
+  std::vector<uint8_t> bytes(table_size * 8, 0);
+  for (uint64_t i = 0; i < table_size; ++i) {
+    StoreBE64(bytes.data() + i * 8, new_table[i]);
+  }
+  CO_RETURN_IF_ERROR(
+      co_await io_.WriteMetadata(new_table_offset, bytes, kOverlapRefcountTable));
+  CO_RETURN_IF_ERROR(co_await io_.SyncFile());
+  CO_RETURN_IF_ERROR(co_await io_.SetRefcountTable(
+      new_table_offset, static_cast<uint32_t>(table_clusters)));
+
+  const uint64_t old_offset = table_offset_;
+  const uint64_t old_bytes = table_.size() * 8;
+  SetTable(std::move(new_table), new_table_offset);
+  CO_RETURN_IF_ERROR(co_await Free(old_offset, old_bytes));
+  co_return end_offset;
+}
+
+io::Task<absl::StatusOr<int64_t>> Refcounts::LastUsedCluster(
+    uint64_t file_size) {
+  for (int64_t i = static_cast<int64_t>(DivRoundUp(file_size, cluster_size())) - 1;
+       i >= 0; --i) {
+    CO_ASSIGN_OR_RETURN(uint64_t refcount, co_await Get(static_cast<uint64_t>(i)));
+    if (refcount > 0) co_return i;
+  }
+  co_return int64_t{-1};
+}
+
+}  // namespace imgtool::qcow2

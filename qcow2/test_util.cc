@@ -1,0 +1,176 @@
+#include "qcow2/test_util.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "posix_file/file_node.h"
+#include "posix_file/file_options.pb.h"
+
+namespace imgtool::qcow2::testing {
+
+std::string TempPath(absl::string_view name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
+}
+
+ShellResult Shell(const std::string& command) {
+  ShellResult r;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) {
+    r.exit_code = -1;
+    return r;
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::vector<uint8_t> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteFile(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+namespace {
+
+// Data extents [start, end) of an open file (holes read as zeroes).
+std::vector<std::pair<uint64_t, uint64_t>> DataExtents(int fd, uint64_t size) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  uint64_t pos = 0;
+  while (pos < size) {
+    off_t d = lseek(fd, static_cast<off_t>(pos), SEEK_DATA);
+    if (d < 0) break;
+    off_t h = lseek(fd, d, SEEK_HOLE);
+    if (h < 0) h = static_cast<off_t>(size);
+    out.emplace_back(d, h);
+    pos = h;
+  }
+  return out;
+}
+
+}  // namespace
+
+int64_t FirstDifference(const std::string& a, const std::string& b) {
+  int fa = open(a.c_str(), O_RDONLY);
+  int fb = open(b.c_str(), O_RDONLY);
+  struct stat sa, sb;
+  if (fa < 0 || fb < 0 || fstat(fa, &sa) != 0 || fstat(fb, &sb) != 0) {
+    if (fa >= 0) close(fa);
+    if (fb >= 0) close(fb);
+    return 0;
+  }
+  const uint64_t size = std::min<uint64_t>(sa.st_size, sb.st_size);
+  std::vector<std::pair<uint64_t, uint64_t>> ranges = DataExtents(fa, size);
+  for (auto r : DataExtents(fb, size)) ranges.push_back(r);
+  std::sort(ranges.begin(), ranges.end());
+  int64_t result = -1;
+  std::vector<uint8_t> ba(1 << 20), bb(1 << 20);
+  uint64_t done = 0;  // everything below was compared
+  for (auto [start, end] : ranges) {
+    start = std::max<uint64_t>(start, done);
+    end = std::min<uint64_t>(end, size);
+    for (uint64_t pos = start; pos < end && result < 0;) {
+      const uint64_t n = std::min<uint64_t>(ba.size(), end - pos);
+      ssize_t ra = pread(fa, ba.data(), n, pos);
+      ssize_t rb = pread(fb, bb.data(), n, pos);
+      if (ra != static_cast<ssize_t>(n) || rb != static_cast<ssize_t>(n)) {
+        result = pos;
+        break;
+      }
+      for (uint64_t i = 0; i < n; ++i) {
+        if (ba[i] != bb[i]) {
+          result = pos + i;
+          break;
+        }
+      }
+      pos += n;
+    }
+    if (result >= 0) break;
+    done = std::max<uint64_t>(done, end);
+  }
+  close(fa);
+  close(fb);
+  if (result < 0 && sa.st_size != sb.st_size) result = size;
+  return result;
+}
+
+std::vector<uint8_t> Pattern(uint64_t length, uint64_t seed) {
+  std::vector<uint8_t> v(length);
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (uint64_t i = 0; i < length; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v[i] = static_cast<uint8_t>(x | 1);
+  }
+  return v;
+}
+
+Env::Env() {
+  absl::StatusOr<std::unique_ptr<io::Engine>> engine =
+      io::CreateEngine(io::EngineKind::kAuto, 64, nullptr);
+  if (!engine.ok()) std::abort();
+  engine_ = *std::move(engine);
+}
+
+absl::StatusOr<std::unique_ptr<io::BlockNode>> Env::CreateEmpty(
+    const std::string& path) {
+  posix_file::FileCreateOptions create;
+  create.set_size(0);
+  RETURN_IF_ERROR(posix_file::CreateFile(path, create, nullptr));
+  return OpenFile(path, /*read_only=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<io::BlockNode>> Env::OpenFile(
+    const std::string& path, bool read_only) {
+  posix_file::FileOpenOptions options;
+  options.set_filename(path);
+  options.set_read_only(read_only);
+  options.set_force_share(read_only);
+  ASSIGN_OR_RETURN(std::unique_ptr<posix_file::FileNode> node,
+                   posix_file::FileNode::Open(*engine_, options, nullptr));
+  return std::unique_ptr<io::BlockNode>(std::move(node));
+}
+
+BackingOpener Env::Opener() {
+  return [this](std::string filename, std::string format)
+             -> io::Task<absl::StatusOr<std::unique_ptr<io::BlockNode>>> {
+    CO_ASSIGN_OR_RETURN(std::unique_ptr<io::BlockNode> file,
+                        OpenFile(filename, /*read_only=*/true));
+    uint8_t magic[4] = {};
+    CO_RETURN_IF_ERROR(co_await file->Read(0, io::IoVec(magic, 4)));
+    const bool is_qcow2 = format == "qcow2" ||
+                          (format.empty() && std::memcmp(magic, "QFI\xfb", 4) == 0);
+    if (!is_qcow2) co_return file;
+    CO_ASSIGN_OR_RETURN(std::unique_ptr<Qcow2Node> node,
+                        co_await Qcow2Node::Open(std::move(file),
+                                                 Qcow2OpenOptions(), Opener()));
+    co_return std::unique_ptr<io::BlockNode>(std::move(node));
+  };
+}
+
+absl::StatusOr<std::unique_ptr<Qcow2Node>> Env::OpenQcow2(
+    const std::string& path, bool read_only, Qcow2OpenOptions options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<io::BlockNode> file, OpenFile(path, read_only));
+  return Run(Qcow2Node::Open(std::move(file), options, Opener()));
+}
+
+}  // namespace imgtool::qcow2::testing

@@ -1,0 +1,74 @@
+// Test helpers for the qcow2 driver: temporary paths, running qemu-img and
+// qemu-io (the oracle), opening images through posix_file and Qcow2Node.
+#ifndef IMGTOOL_QCOW2_TEST_UTIL_H_
+#define IMGTOOL_QCOW2_TEST_UTIL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "io/block_node.h"
+#include "io/engine.h"
+#include "io/task.h"
+#include "qcow2/qcow2_node.h"
+#include "qcow2/qcow2_options.pb.h"
+
+namespace imgtool::qcow2::testing {
+
+// $TEST_TMPDIR/<name> (or /tmp/<name>).
+std::string TempPath(absl::string_view name);
+
+struct ShellResult {
+  int exit_code = 0;
+  std::string output;  // stdout and stderr
+};
+// Runs `command` with /bin/sh -c.
+ShellResult Shell(const std::string& command);
+
+std::vector<uint8_t> ReadFile(const std::string& path);
+void WriteFile(const std::string& path, const std::vector<uint8_t>& bytes);
+
+// Compares two files without reading their holes: the offset of the first
+// differing byte, or -1 if the files are identical (a length difference
+// counts as a difference at the shorter length).
+int64_t FirstDifference(const std::string& a, const std::string& b);
+
+// Deterministic test data.
+std::vector<uint8_t> Pattern(uint64_t length, uint64_t seed);
+
+// One engine per test, and helpers running tasks on it.
+class Env {
+ public:
+  Env();
+  io::Engine& engine() { return *engine_; }
+
+  template <typename T>
+  T Run(io::Task<T> task) {
+    return io::RunSync(*engine_, std::move(task));
+  }
+
+  // An empty file node (CreateFile with size 0, then opened read-write).
+  absl::StatusOr<std::unique_ptr<io::BlockNode>> CreateEmpty(
+      const std::string& path);
+  absl::StatusOr<std::unique_ptr<io::BlockNode>> OpenFile(
+      const std::string& path, bool read_only);
+
+  // Opens a qcow2 image with backing files opened read-only by probing
+  // (qcow2 magic -> qcow2, else raw).
+  absl::StatusOr<std::unique_ptr<Qcow2Node>> OpenQcow2(
+      const std::string& path, bool read_only,
+      Qcow2OpenOptions options = Qcow2OpenOptions());
+
+  BackingOpener Opener();
+
+ private:
+  std::unique_ptr<io::Engine> engine_;
+};
+
+}  // namespace imgtool::qcow2::testing
+
+#endif  // IMGTOOL_QCOW2_TEST_UTIL_H_
