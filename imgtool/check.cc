@@ -3,6 +3,8 @@
 // (qcow2/check.h), with its stdout report, its per-problem lines on stderr
 // and its exit codes: 0 clean, 1 check failed or could not complete,
 // 2 corruptions, 3 leaked clusters only, 63 format without checks (raw).
+#include "qcow2/check.h"
+
 #include <getopt.h>
 
 #include <algorithm>
@@ -25,7 +27,6 @@
 #include "io/engine.h"
 #include "posix_file/file_node.h"
 #include "posix_file/file_options.pb.h"
-#include "qcow2/check.h"
 
 namespace imgtool::cli {
 namespace {
@@ -76,8 +77,8 @@ absl::Status CouldNotOpen(const std::string& filename,
     message = absl::StrCat("Could not open '", filename,
                            "': ", std::strerror(error_number));
   }
-  return absl::Status(cause.code(), absl::StrCat("Could not open '", filename,
-                                                 "': ", message));
+  return absl::Status(
+      cause.code(), absl::StrCat("Could not open '", filename, "': ", message));
 }
 
 // The human report (qemu-img's dump_human_image_check).
@@ -104,14 +105,13 @@ std::string HumanReport(const qcow2::CheckResult& r) {
   }
   if (r.total_clusters != 0 && r.allocated_clusters != 0) {
     absl::StrAppend(
-        &text,
-        absl::StrFormat(
-            "%d/%d = %0.2f%% allocated, %0.2f%% fragmented, %0.2f%% "
-            "compressed clusters\n",
-            r.allocated_clusters, r.total_clusters,
-            r.allocated_clusters * 100.0 / r.total_clusters,
-            r.fragmented_clusters * 100.0 / r.allocated_clusters,
-            r.compressed_clusters * 100.0 / r.allocated_clusters));
+        &text, absl::StrFormat(
+                   "%d/%d = %0.2f%% allocated, %0.2f%% fragmented, %0.2f%% "
+                   "compressed clusters\n",
+                   r.allocated_clusters, r.total_clusters,
+                   r.allocated_clusters * 100.0 / r.total_clusters,
+                   r.fragmented_clusters * 100.0 / r.allocated_clusters,
+                   r.compressed_clusters * 100.0 / r.allocated_clusters));
   }
   if (r.image_end_offset != 0) {
     absl::StrAppend(&text, "Image end offset: ", r.image_end_offset, "\n");
@@ -119,10 +119,12 @@ std::string HumanReport(const qcow2::CheckResult& r) {
   return text;
 }
 
-ImageCheck JsonReport(const qcow2::CheckResult& r, const std::string& filename) {
+ImageCheck JsonReport(const qcow2::CheckResult& r,
+                      const std::string& filename) {
   ImageCheck check;
   if (r.image_end_offset) check.set_image_end_offset(r.image_end_offset);
-  if (r.compressed_clusters) check.set_compressed_clusters(r.compressed_clusters);
+  if (r.compressed_clusters)
+    check.set_compressed_clusters(r.compressed_clusters);
   if (r.total_clusters) check.set_total_clusters(r.total_clusters);
   if (r.corruptions) check.set_corruptions(r.corruptions);
   if (r.corruptions_fixed) check.set_corruptions_fixed(r.corruptions_fixed);
@@ -132,7 +134,8 @@ ImageCheck JsonReport(const qcow2::CheckResult& r, const std::string& filename) 
   if (r.allocated_clusters) check.set_allocated_clusters(r.allocated_clusters);
   check.set_filename(filename);
   check.set_format("qcow2");
-  if (r.fragmented_clusters) check.set_fragmented_clusters(r.fragmented_clusters);
+  if (r.fragmented_clusters)
+    check.set_fragmented_clusters(r.fragmented_clusters);
   return check;
 }
 
@@ -161,36 +164,50 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
   bool help = false;
   ASSIGN_OR_RETURN(
       std::vector<std::string> operands,
-      ParseOptions(
-          args, "hf:r:T:qU", kLongOptions, kUsage,
-          [&](int c, const std::string& arg) -> absl::Status {
-            switch (c) {
-              case 'h': help = true; break;
-              case 'f': format = arg; break;
-              case 'r':
-                if (arg == "leaks") {
-                  repair = qcow2::RepairMode::kLeaks;
-                } else if (arg == "all") {
-                  repair = qcow2::RepairMode::kAll;
-                } else {
-                  return UsageError(
-                      absl::StrCat("Unknown option value for -r (expecting "
+      ParseOptions(args, "hf:r:T:qU", kLongOptions, kUsage,
+                   [&](int c, const std::string& arg) -> absl::Status {
+                     switch (c) {
+                       case 'h':
+                         help = true;
+                         break;
+                       case 'f':
+                         format = arg;
+                         break;
+                       case 'r':
+                         if (arg == "leaks") {
+                           repair = qcow2::RepairMode::kLeaks;
+                         } else if (arg == "all") {
+                           repair = qcow2::RepairMode::kAll;
+                         } else {
+                           return UsageError(
+                               absl::StrCat(
+                                   "Unknown option value for -r (expecting "
                                    "'leaks' or 'all'): ",
                                    arg),
-                      "");
-                }
-                break;
-              case 'T': cache = arg; break;
-              case 'q': quiet = true; break;
-              case 'U': force_share = true; break;
-              case kOutput: output = arg; break;
-              case kObject:
-                return absl::UnimplementedError(
-                    "--object is not supported yet");
-              case kImageOpts: image_opts = true; break;
-            }
-            return absl::OkStatus();
-          }));
+                               "");
+                         }
+                         break;
+                       case 'T':
+                         cache = arg;
+                         break;
+                       case 'q':
+                         quiet = true;
+                         break;
+                       case 'U':
+                         force_share = true;
+                         break;
+                       case kOutput:
+                         output = arg;
+                         break;
+                       case kObject:
+                         return absl::UnimplementedError(
+                             "--object is not supported yet");
+                       case kImageOpts:
+                         image_opts = true;
+                         break;
+                     }
+                     return absl::OkStatus();
+                   }));
   if (help) {
     streams.out << kHelp;
     return absl::OkStatus();
@@ -266,8 +283,8 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
         63);
   }
 
-  absl::StatusOr<qcow2::CheckResult> result = io::RunSync(
-      *engine, qcow2::CheckQcow2(node, repair, streams.err));
+  absl::StatusOr<qcow2::CheckResult> result =
+      io::RunSync(*engine, qcow2::CheckQcow2(node, repair, streams.err));
   absl::Status closed = close();
   if (!result.ok()) return result.status();
   if (!closed.ok()) {

@@ -27,8 +27,8 @@
 namespace imgtool::cli {
 namespace {
 
-using ::testing::UnorderedElementsAreArray;
 using testing::CommandResult;
+using ::testing::UnorderedElementsAreArray;
 
 struct Shell {
   int rc = -1;
@@ -44,8 +44,8 @@ std::string ReadAll(const std::string& path) {
 Shell RunShell(const std::string& dir, const std::string& command) {
   const std::string out = dir + "/../sh_out";
   const std::string err = dir + "/../sh_err";
-  const std::string full = absl::StrCat("cd '", dir, "' && (", command,
-                                        ") >'", out, "' 2>'", err, "'");
+  const std::string full = absl::StrCat("cd '", dir, "' && (", command, ") >'",
+                                        out, "' 2>'", err, "'");
   const int status = std::system(full.c_str());
   Shell r;
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -57,7 +57,8 @@ Shell RunShell(const std::string& dir, const std::string& command) {
 void Patch(const std::string& path, uint64_t offset, const std::string& hex) {
   std::string bytes;
   for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+    bytes.push_back(
+        static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   }
   const int fd = open(path.c_str(), O_WRONLY);
   ASSERT_GE(fd, 0) << path;
@@ -124,10 +125,9 @@ class CheckCommandTest : public ::testing::Test {
     }
     std::vector<std::string> quoted;
     for (const std::string& a : args) quoted.push_back("'" + a + "'");
-    Shell q = RunShell(root_ + "/qemu",
-                       absl::StrCat("qemu-img check ",
-                                    absl::StrJoin(quoted, " "), " '", name,
-                                    "'"));
+    Shell q = RunShell(root_ + "/qemu", absl::StrCat("qemu-img check ",
+                                                     absl::StrJoin(quoted, " "),
+                                                     " '", name, "'"));
     EXPECT_EQ(chdir((root_ + "/ours").c_str()), 0);
     std::vector<std::string> full = args;
     full.push_back(name);
@@ -138,7 +138,8 @@ class CheckCommandTest : public ::testing::Test {
         absl::StrReplaceAll(q.err, {{"qemu-img", "imgtool"}});
     EXPECT_THAT(Lines(StderrText(r)),
                 UnorderedElementsAreArray(Lines(qemu_err)))
-        << what << "\nqemu-img said:\n" << q.err;
+        << what << "\nqemu-img said:\n"
+        << q.err;
     EXPECT_EQ(ExitCodeOf(r.status), q.rc) << what << ": " << r.status;
     return r;
   }
@@ -253,10 +254,10 @@ TEST_F(CheckCommandTest, CorruptionsAndRebuild) {
   r = Compare({"-r", "all"}, "x.qcow2");
   EXPECT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(QemuCheckOurs("x.qcow2"), 0);
-  EXPECT_EQ(RunShell(root_ + "/ours",
-                     "qemu-img compare ../work/before.qcow2 x.qcow2")
-                .rc,
-            0);
+  EXPECT_EQ(
+      RunShell(root_ + "/ours", "qemu-img compare ../work/before.qcow2 x.qcow2")
+          .rc,
+      0);
   Compare({"-r", "all", "--output=json"}, "x.qcow2");
 }
 

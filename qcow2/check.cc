@@ -27,7 +27,7 @@ using format::kZeroFlag;
 
 // QEMU's limits and constants used by the check (block/qcow2.h).
 constexpr uint64_t kInt64Max = uint64_t{INT64_MAX};
-constexpr uint64_t kSnapshotHeaderSize = 40;     // fixed part of an entry
+constexpr uint64_t kSnapshotHeaderSize = 40;  // fixed part of an entry
 constexpr uint64_t kMaxSnapshotExtraData = 1024;
 constexpr uint64_t kMaxSnapshotsSize = uint64_t{1024} * 65536;
 constexpr uint64_t kMaxBitmapTableEntries = 0x8000000;
@@ -69,9 +69,9 @@ enum Overlap : uint32_t {
 // inactive L2 tables.
 constexpr uint32_t kOlCached = 0x1ff & ~kOlInactiveL2;
 constexpr const char* kOverlapNames[] = {
-    "qcow2_header",       "active L1 table",  "active L2 table",
-    "refcount table",     "refcount block",   "snapshot table",
-    "inactive L1 table",  "inactive L2 table", "bitmap directory",
+    "qcow2_header",      "active L1 table",   "active L2 table",
+    "refcount table",    "refcount block",    "snapshot table",
+    "inactive L1 table", "inactive L2 table", "bitmap directory",
 };
 
 // A failed step with QEMU's -errno: the status message is strerror(errno),
@@ -129,8 +129,8 @@ class RefcountArray {
   void Resize(uint64_t clusters) {
     if (clusters <= clusters_) return;
     const uint64_t bits = clusters << refcount_order_;
-    const uint64_t bytes = DivRoundUp(DivRoundUp(bits, 8), cluster_size()) *
-                           cluster_size();
+    const uint64_t bytes =
+        DivRoundUp(DivRoundUp(bits, 8), cluster_size()) * cluster_size();
     if (bytes > bytes_.size()) bytes_.resize(bytes, 0);
     clusters_ = clusters;
   }
@@ -149,7 +149,13 @@ class RefcountArray {
   std::vector<uint8_t> bytes_;
 };
 
-enum class ClusterType { kUnallocated, kZeroPlain, kZeroAlloc, kNormal, kCompressed };
+enum class ClusterType {
+  kUnallocated,
+  kZeroPlain,
+  kZeroAlloc,
+  kNormal,
+  kCompressed
+};
 
 struct Snapshot {
   std::string id;
@@ -198,7 +204,7 @@ class Checker {
     co_return co_await file_.Read(offset, buf);
   }
   io::Task<absl::StatusOr<std::vector<uint64_t>>> ReadTable(uint64_t offset,
-                                                           uint64_t entries);
+                                                            uint64_t entries);
 
   // QEMU's qcow2_signal_corruption: prints the event once; a fatal one on a
   // writable image sets the corrupt bit on disk.
@@ -220,20 +226,19 @@ class Checker {
   // Writes back the cache, flushes, then discards freed clusters.
   io::Task<absl::Status> CommitRefcounts();
 
-  io::Task<absl::Status> ReadSnapshotTable(CheckResult& res, RepairMode mode);
+  // qcow2_check_read_snapshot_table, without its repairs (it reports what
+  // QEMU's -r all would fix in the snapshot table as errors).
+  io::Task<absl::Status> ReadSnapshotTable(CheckResult& res);
   io::Task<absl::Status> CheckRefcounts(CheckResult& res, RepairMode mode);
   io::Task<absl::Status> CalculateRefcounts(CheckResult& res, RepairMode mode,
-                                            bool& rebuild,
-                                            RefcountArray& refs);
+                                            bool& rebuild, RefcountArray& refs);
   void IncRefcounts(CheckResult& res, RefcountArray& refs, uint64_t offset,
                     uint64_t size);
-  io::Task<absl::Status> CheckRefcountsL1(CheckResult& res,
-                                          RefcountArray& refs,
+  io::Task<absl::Status> CheckRefcountsL1(CheckResult& res, RefcountArray& refs,
                                           uint64_t l1_offset, uint64_t l1_size,
                                           bool frag_info, RepairMode mode,
                                           bool active);
-  io::Task<absl::Status> CheckRefcountsL2(CheckResult& res,
-                                          RefcountArray& refs,
+  io::Task<absl::Status> CheckRefcountsL2(CheckResult& res, RefcountArray& refs,
                                           uint64_t l2_offset, bool frag_info,
                                           RepairMode mode, bool active);
   io::Task<absl::Status> FixL2EntryByZero(CheckResult& res, uint64_t l2_offset,
@@ -340,8 +345,9 @@ io::Task<absl::Status> Checker::Open() {
   std::vector<uint8_t> head(512);
   CO_RETURN_IF_ERROR(co_await ReadAt(0, absl::MakeSpan(head)));
   // cluster_bits (offset 20) decides how much DecodeHeader needs.
-  const uint32_t bits = (uint32_t{head[20]} << 24) | (uint32_t{head[21]} << 16) |
-                        (uint32_t{head[22]} << 8) | head[23];
+  const uint32_t bits = (uint32_t{head[20]} << 24) |
+                        (uint32_t{head[21]} << 16) | (uint32_t{head[22]} << 8) |
+                        head[23];
   if (bits >= format::kMinClusterBits && bits <= format::kMaxClusterBits) {
     head.resize(uint64_t{1} << bits);
     CO_RETURN_IF_ERROR(co_await ReadAt(0, absl::MakeSpan(head)));
@@ -377,7 +383,8 @@ io::Task<absl::Status> Checker::Open() {
   CO_ASSIGN_OR_RETURN(l1_table_, co_await ReadTable(l1_offset_, l1_size_));
 
   reftable_offset_ = header_.refcount_table_offset;
-  reftable_size_ = (uint64_t{header_.refcount_table_clusters} << cluster_bits_) / 8;
+  reftable_size_ =
+      (uint64_t{header_.refcount_table_clusters} << cluster_bits_) / 8;
   CO_ASSIGN_OR_RETURN(reftable_,
                       co_await ReadTable(reftable_offset_, reftable_size_));
   co_return absl::OkStatus();
@@ -440,7 +447,8 @@ uint32_t Checker::MetadataOverlap(uint32_t ignore, uint64_t offset,
   }
   if (chk & kOlInactiveL1) {
     for (const Snapshot& sn : snapshots_) {
-      if (sn.l1_size && overlaps(sn.l1_table_offset, uint64_t{sn.l1_size} * 8)) {
+      if (sn.l1_size &&
+          overlaps(sn.l1_table_offset, uint64_t{sn.l1_size} * 8)) {
         return kOlInactiveL1;
       }
     }
@@ -471,8 +479,9 @@ io::Task<absl::Status> Checker::OverlapCheck(uint32_t ignore, uint64_t offset,
   if (hit == 0) co_return absl::OkStatus();
   (co_await SignalCorruption(
        /*fatal=*/true,
-       absl::StrFormat("Preventing invalid write on metadata (overlaps with %s)",
-                       kOverlapNames[__builtin_ctz(hit)])))
+       absl::StrFormat(
+           "Preventing invalid write on metadata (overlaps with %s)",
+           kOverlapNames[__builtin_ctz(hit)])))
       .IgnoreError();  // the write is refused either way
   co_return ErrnoError(EIO);
 }
@@ -481,8 +490,8 @@ io::Task<absl::Status> Checker::OverlapCheck(uint32_t ignore, uint64_t offset,
 
 io::Task<absl::Status> Checker::WriteBackRefblock() {
   if (!refblock_.valid || !refblock_.dirty) co_return absl::OkStatus();
-  CO_RETURN_IF_ERROR(
-      co_await OverlapCheck(kOlRefcountBlock, refblock_.offset, cluster_size()));
+  CO_RETURN_IF_ERROR(co_await OverlapCheck(kOlRefcountBlock, refblock_.offset,
+                                           cluster_size()));
   CO_RETURN_IF_ERROR(co_await file_.Write(refblock_.offset, refblock_.data));
   refblock_.dirty = false;
   refcounts_written_ = true;
@@ -500,7 +509,8 @@ io::Task<absl::Status> Checker::LoadRefblock(uint64_t offset) {
   co_return absl::OkStatus();
 }
 
-io::Task<absl::StatusOr<uint64_t>> Checker::GetStoredRefcount(uint64_t cluster) {
+io::Task<absl::StatusOr<uint64_t>> Checker::GetStoredRefcount(
+    uint64_t cluster) {
   const uint64_t table_index = cluster >> refblock_bits_;
   if (table_index >= reftable_size_) co_return uint64_t{0};
   const uint64_t block_offset =
@@ -515,9 +525,9 @@ io::Task<absl::StatusOr<uint64_t>> Checker::GetStoredRefcount(uint64_t cluster) 
     co_return ErrnoError(EIO);
   }
   CO_RETURN_IF_ERROR(co_await LoadRefblock(block_offset));
-  co_return format::GetRefcount(
-      refblock_.data, cluster & ((uint64_t{1} << refblock_bits_) - 1),
-      refcount_order_);
+  co_return format::GetRefcount(refblock_.data,
+                                cluster & ((uint64_t{1} << refblock_bits_) - 1),
+                                refcount_order_);
 }
 
 io::Task<absl::Status> Checker::SetStoredRefcount(uint64_t cluster,
@@ -573,7 +583,7 @@ io::Task<absl::StatusOr<CheckResult>> Checker::Check(RepairMode mode) {
   CheckResult snapshot_res;
   CheckResult refcount_res;
 
-  absl::Status st = co_await ReadSnapshotTable(snapshot_res, mode);
+  absl::Status st = co_await ReadSnapshotTable(snapshot_res);
   if (!st.ok()) co_return st;
 
   st = co_await CheckRefcounts(refcount_res, mode);
@@ -605,8 +615,7 @@ io::Task<absl::Status> Checker::Close() {
   co_return absl::OkStatus();
 }
 
-io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res,
-                                                  RepairMode mode) {
+io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res) {
   snapshots_.clear();
   snapshots_offset_ = 0;
   snapshots_size_ = 0;
@@ -659,7 +668,9 @@ io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res,
       out_ << kReportPrefix
            << "ERROR failed to read the snapshot table: Too much extra "
               "metadata in snapshot table entry "
-           << i << "\n";
+           << i << "\n"
+           << "You can force-remove this extra metadata with qemu-img check "
+              "-r all\n";
       co_return ErrnoError(EFBIG);
     }
     pos += sn.extra_data_size;
@@ -695,7 +706,6 @@ io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res,
       }
     }
   }
-  (void)mode;
   co_return absl::OkStatus();
 }
 
@@ -741,8 +751,7 @@ io::Task<absl::Status> Checker::CheckRefcounts(CheckResult& res,
     ++res.check_errors;
     co_return ErrnoError(EFBIG);
   }
-  res.total_clusters =
-      DivRoundUp(header_.size / 512 * 512, cluster_size());
+  res.total_clusters = DivRoundUp(header_.size / 512 * 512, cluster_size());
 
   RefcountArray refs(cluster_bits_, refcount_order_);
   refs.Resize(nb_clusters);
@@ -862,17 +871,14 @@ io::Task<absl::Status> Checker::CalculateRefcounts(CheckResult& res,
   co_return co_await CheckRefblocks(res, mode, rebuild, refs);
 }
 
-io::Task<absl::Status> Checker::CheckRefcountsL1(CheckResult& res,
-                                                 RefcountArray& refs,
-                                                 uint64_t l1_offset,
-                                                 uint64_t l1_size,
-                                                 bool frag_info,
-                                                 RepairMode mode,
-                                                 bool active) {
+io::Task<absl::Status> Checker::CheckRefcountsL1(
+    CheckResult& res, RefcountArray& refs, uint64_t l1_offset, uint64_t l1_size,
+    bool frag_info, RepairMode mode, bool active) {
   if (l1_size == 0) co_return absl::OkStatus();
   IncRefcounts(res, refs, l1_offset, l1_size * 8);
 
-  absl::StatusOr<std::vector<uint64_t>> l1 = co_await ReadTable(l1_offset, l1_size);
+  absl::StatusOr<std::vector<uint64_t>> l1 =
+      co_await ReadTable(l1_offset, l1_size);
   if (!l1.ok()) {
     out_ << "ERROR: I/O error in check_refcounts_l1\n";
     ++res.check_errors;
@@ -904,8 +910,7 @@ io::Task<absl::Status> Checker::CheckRefcountsL2(CheckResult& res,
                                                  RefcountArray& refs,
                                                  uint64_t l2_offset,
                                                  bool frag_info,
-                                                 RepairMode mode,
-                                                 bool active) {
+                                                 RepairMode mode, bool active) {
   std::vector<uint8_t> table(cluster_size());
   if (absl::Status st = co_await ReadAt(l2_offset, absl::MakeSpan(table));
       !st.ok()) {
@@ -1102,8 +1107,10 @@ io::Task<absl::Status> Checker::CheckBitmapsRefcounts(CheckResult& res,
       const uint64_t name_size = be(18, 2);
       const uint64_t extra_size = be(20, 4);
       const uint64_t entry_size =
-          (kBitmapDirEntryHeaderSize + extra_size + name_size + 7) & ~uint64_t{7};
-      if (entry_size > dir.size() - pos || bm.table_size > kMaxBitmapTableEntries ||
+          (kBitmapDirEntryHeaderSize + extra_size + name_size + 7) &
+          ~uint64_t{7};
+      if (entry_size > dir.size() - pos ||
+          bm.table_size > kMaxBitmapTableEntries ||
           OffsetIntoCluster(bm.table_offset) != 0 || name_size == 0) {
         valid = false;
         break;
@@ -1129,8 +1136,8 @@ io::Task<absl::Status> Checker::CheckBitmapsRefcounts(CheckResult& res,
     for (uint64_t entry : *table) {
       const uint64_t offset = entry & kBitmapTableOffsetMask;
       if ((entry & kBitmapTableReservedMask) ||
-          (offset != 0 && ((entry & kBitmapTableAllOnes) ||
-                           OffsetIntoCluster(offset) != 0))) {
+          (offset != 0 &&
+           ((entry & kBitmapTableAllOnes) || OffsetIntoCluster(offset) != 0))) {
         ++res.corruptions;
         continue;
       }
@@ -1151,8 +1158,7 @@ io::Task<absl::Status> Checker::CheckRefblocks(CheckResult& res,
     const uint64_t cluster = offset >> cluster_bits_;
 
     if (entry & format::kRefcountTableReservedMask) {
-      out_ << "ERROR refcount table entry " << i
-           << " has reserved bits set\n";
+      out_ << "ERROR refcount table entry " << i << " has reserved bits set\n";
       ++res.corruptions;
       rebuild = true;
       continue;
@@ -1177,8 +1183,8 @@ io::Task<absl::Status> Checker::CheckRefblocks(CheckResult& res,
         error_number = EINVAL;
       } else if (offset + cluster_size() >
                  old_size + std::max(old_size, kMaxGrowSlack)) {
-        out_ << kReportPrefix << "Could not resize file: "
-             << std::strerror(EFBIG) << "\n";
+        out_ << kReportPrefix
+             << "Could not resize file: " << std::strerror(EFBIG) << "\n";
         error_number = EFBIG;
       } else {
         absl::Status st = co_await file_.Truncate(offset + cluster_size(),
@@ -1241,7 +1247,7 @@ io::Task<uint64_t> Checker::CompareRefcounts(CheckResult& res, RepairMode mode,
     } else if (refcount1 < refcount2 && mode == RepairMode::kAll) {
       num_fixed = &res.corruptions_fixed;
     }
-    out_ << (num_fixed != nullptr      ? "Repairing"
+    out_ << (num_fixed != nullptr    ? "Repairing"
              : refcount1 < refcount2 ? "ERROR"
                                      : "Leaked")
          << " cluster " << i << " refcount=" << refcount1
@@ -1310,7 +1316,8 @@ io::Task<absl::StatusOr<bool>> Checker::WriteRefblocks(
       if (block_cluster >= end_cluster) end_cluster = block_cluster + 1;
       if (reftable.size() <= block_index) {
         const uint64_t entries =
-            DivRoundUp((block_index + 1) * 8, cluster_size()) * cluster_size() / 8;
+            DivRoundUp((block_index + 1) * 8, cluster_size()) * cluster_size() /
+            8;
         reftable.resize(entries, 0);
         reftable_grown = true;
       }
@@ -1351,7 +1358,8 @@ io::Task<absl::Status> Checker::RebuildRefcountStructure(CheckResult& res,
   do {
     uint64_t first_free_cluster = 0;
     reftable_clusters = DivRoundUp(reftable.size() * 8, cluster_size());
-    reftable_offset = AllocClusters(reftable_clusters, refs, first_free_cluster);
+    reftable_offset =
+        AllocClusters(reftable_clusters, refs, first_free_cluster);
     const uint64_t start = reftable_offset >> cluster_bits_;
     grown = co_await WriteRefblocks(refs, start, start + reftable_clusters,
                                     reftable);
@@ -1377,7 +1385,8 @@ io::Task<absl::Status> Checker::RebuildRefcountStructure(CheckResult& res,
   for (int i = 0; i < 4; ++i) {
     h[8 + i] = static_cast<uint8_t>(reftable_clusters >> (24 - 8 * i));
   }
-  st = co_await file_.Write(kOffRefcountTableOffset, io::ConstIoVec(h, sizeof(h)));
+  st = co_await file_.Write(kOffRefcountTableOffset,
+                            io::ConstIoVec(h, sizeof(h)));
   if (st.ok()) st = co_await file_.Flush();
   if (!st.ok()) co_return fail("ERROR setting reftable", st);
 
@@ -1496,9 +1505,9 @@ io::Task<absl::StatusOr<CheckResult>> CheckQcow2(io::BlockNode& file,
                                                  std::ostream& messages) {
   Checker checker(file, messages);
   if (absl::Status st = co_await checker.Open(); !st.ok()) {
-    co_return absl::Status(st.code(),
-                           absl::StrCat("Could not open '", file.filename(),
-                                        "': ", st.message()));
+    co_return absl::Status(
+        st.code(),
+        absl::StrCat("Could not open '", file.filename(), "': ", st.message()));
   }
   absl::StatusOr<CheckResult> result = co_await checker.Check(mode);
   if (result.ok() && mode != RepairMode::kNone &&

@@ -57,8 +57,8 @@ std::string ReadAll(const std::string& path) {
 Shell RunShell(const std::string& dir, const std::string& command) {
   const std::string out = dir + "/.sh_out";
   const std::string err = dir + "/.sh_err";
-  const std::string full = absl::StrCat("cd '", dir, "' && (", command,
-                                        ") >'", out, "' 2>'", err, "'");
+  const std::string full = absl::StrCat("cd '", dir, "' && (", command, ") >'",
+                                        out, "' 2>'", err, "'");
   const int status = std::system(full.c_str());
   Shell r;
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -70,9 +70,9 @@ Shell RunShell(const std::string& dir, const std::string& command) {
 std::string MakeTestDir() {
   static std::atomic<int> counter{0};
   const char* base = std::getenv("TEST_TMPDIR");
-  const std::string dir = absl::StrCat(base != nullptr ? base : "/tmp",
-                                       "/qcow2_check_test_", getpid(), "_",
-                                       counter++);
+  const std::string dir =
+      absl::StrCat(base != nullptr ? base : "/tmp", "/qcow2_check_test_",
+                   getpid(), "_", counter++);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
@@ -82,7 +82,8 @@ std::string MakeTestDir() {
 void Patch(const std::string& path, uint64_t offset, const std::string& hex) {
   std::string bytes;
   for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+    bytes.push_back(
+        static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   }
   const int fd = open(path.c_str(), O_WRONLY);
   ASSERT_GE(fd, 0) << path;
@@ -148,9 +149,12 @@ Outcome CheckFile(const std::string& path, RepairMode mode) {
 
 const char* ModeFlag(RepairMode mode) {
   switch (mode) {
-    case RepairMode::kNone: return "";
-    case RepairMode::kLeaks: return "-r leaks ";
-    case RepairMode::kAll: return "-r all ";
+    case RepairMode::kNone:
+      return "";
+    case RepairMode::kLeaks:
+      return "-r leaks ";
+    case RepairMode::kAll:
+      return "-r all ";
   }
   return "";
 }
@@ -182,13 +186,15 @@ class CheckTest : public ::testing::Test {
   Outcome CompareWithQemu(const std::string& name, RepairMode mode) {
     const std::string ours = name + ".ours";
     const std::string theirs = name + ".qemu";
-    std::filesystem::copy_file(Path(name), Path(ours),
-                               std::filesystem::copy_options::overwrite_existing);
-    std::filesystem::copy_file(Path(name), Path(theirs),
-                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file(
+        Path(name), Path(ours),
+        std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file(
+        Path(name), Path(theirs),
+        std::filesystem::copy_options::overwrite_existing);
     Outcome o = CheckFile(Path(ours), mode);
     Shell q = RunShell(dir_, absl::StrCat("qemu-img check --output=json ",
-                                     ModeFlag(mode), theirs));
+                                          ModeFlag(mode), theirs));
     // qemu-img's own error lines carry its name; ours say imgtool.
     std::vector<std::string> qemu_lines;
     for (std::string& l : Lines(q.err)) {
@@ -197,7 +203,8 @@ class CheckTest : public ::testing::Test {
       qemu_lines.push_back(l);
     }
     EXPECT_THAT(o.messages, UnorderedElementsAreArray(qemu_lines))
-        << "mode " << ModeFlag(mode) << "; qemu-img said:\n" << q.err;
+        << "mode " << ModeFlag(mode) << "; qemu-img said:\n"
+        << q.err;
     if (q.rc == 1 && q.out.empty()) {
       // The check could not be done: no report.
       EXPECT_FALSE(o.status.ok()) << "qemu-img: " << q.err;
@@ -231,6 +238,13 @@ class CheckTest : public ::testing::Test {
       SCOPED_TRACE(ModeFlag(mode));
       CompareWithQemu(name, mode);
     }
+  }
+
+  // `n` bytes at `offset` of a file, in hex.
+  std::string HexAt(const std::string& name, uint64_t offset, int n) {
+    return RunShell(dir_, absl::StrCat("od -An -tx1 -j ", offset, " -N ", n,
+                                       " ", name, " | tr -d ' \\n'"))
+        .out;
   }
 
   // `qemu-img check` exit code of a file.
@@ -279,10 +293,10 @@ TEST_F(CheckTest, CleanImagesOfManyShapes) {
     const std::string name = absl::StrCat("shape", n++, ".qcow2");
     Sh(absl::StrCat("qemu-img create -q -f qcow2 -o ", s.options, " ", name,
                     " ", s.size));
-    Sh(absl::StrCat("qemu-io -c 'write -P 1 0 4k' -c 'write -P 2 100k 300k' "
-                    "-c 'write -z 1M 64k' -c 'write -c -P 3 2M ",
-                    s.cluster_size, "' -c 'write -P 4 3M 512' ", name,
-                    " >/dev/null"));
+    Sh(absl::StrCat(
+        "qemu-io -c 'write -P 1 0 4k' -c 'write -P 2 100k 300k' "
+        "-c 'write -z 1M 64k' -c 'write -c -P 3 2M ",
+        s.cluster_size, "' -c 'write -P 4 3M 512' ", name, " >/dev/null"));
     Outcome o = CompareWithQemu(name, RepairMode::kNone);
     EXPECT_THAT(o.messages, IsEmpty());
     EXPECT_EQ(o.result.corruptions + o.result.leaks, 0u);
@@ -318,7 +332,8 @@ TEST_F(CheckTest, LeakedCluster) {
   Sh("truncate -s 589824 leak.qcow2");
   Patch(Path("leak.qcow2"), 0x20000 + 2 * 8, "0001");
   Outcome o = CompareWithQemu("leak.qcow2", RepairMode::kNone);
-  EXPECT_THAT(o.messages, ElementsAre("Leaked cluster 8 refcount=1 reference=0"));
+  EXPECT_THAT(o.messages,
+              ElementsAre("Leaked cluster 8 refcount=1 reference=0"));
   EXPECT_EQ(o.result.leaks, 1u);
   EXPECT_EQ(o.result.corruptions, 0u);
   EXPECT_EQ(o.result.image_end_offset, 589824u);
@@ -364,7 +379,8 @@ TEST_F(CheckTest, ZeroRefcountOfUsedClusterRebuildsRefcounts) {
   // New refcount block at cluster 8, table at 9.
   EXPECT_EQ(o.result.image_end_offset, 655360u);
   EXPECT_EQ(QemuCheck("zero.qcow2.ours"), 0);
-  EXPECT_EQ(RunShell(dir_, "qemu-img compare before.qcow2 zero.qcow2.ours").rc, 0);
+  EXPECT_EQ(RunShell(dir_, "qemu-img compare before.qcow2 zero.qcow2.ours").rc,
+            0);
 }
 
 // Recipe: point guest cluster 1's L2 entry at guest cluster 0's host
@@ -373,10 +389,9 @@ TEST_F(CheckTest, TwoL2EntriesShareACluster) {
   MakeBaseImage("shared.qcow2");
   Patch(Path("shared.qcow2"), 0x40008, "8000000000050000");
   Outcome o = CompareWithQemu("shared.qcow2", RepairMode::kNone);
-  EXPECT_THAT(o.messages,
-              UnorderedElementsAreArray(
-                  {"ERROR cluster 5 refcount=1 reference=2",
-                   "Leaked cluster 6 refcount=1 reference=0"}));
+  EXPECT_THAT(o.messages, UnorderedElementsAreArray(
+                              {"ERROR cluster 5 refcount=1 reference=2",
+                               "Leaked cluster 6 refcount=1 reference=0"}));
   EXPECT_EQ(o.result.corruptions, 1u);
   EXPECT_EQ(o.result.leaks, 1u);
   CompareWithQemu("shared.qcow2", RepairMode::kLeaks);
@@ -451,7 +466,8 @@ TEST_F(CheckTest, RefcountBlockFarPastEndOfFileKeepsMemoryBounded) {
   struct rusage before;
   getrusage(RUSAGE_SELF, &before);
   Outcome o = CompareWithQemu("far.qcow2", RepairMode::kNone);
-  EXPECT_THAT(o.messages, ElementsAre("ERROR refcount block 1 is outside image"));
+  EXPECT_THAT(o.messages,
+              ElementsAre("ERROR refcount block 1 is outside image"));
   CompareWithQemu("far.qcow2", RepairMode::kLeaks);
   o = CompareWithQemu("far.qcow2", RepairMode::kAll);
   EXPECT_EQ(o.result.corruptions_fixed, 1u);
@@ -506,9 +522,9 @@ TEST_F(CheckTest, CopiedFlagsAreRepaired) {
 TEST_F(CheckTest, CompressedClusterWithCopiedFlag) {
   Sh("qemu-img create -q -f qcow2 c.qcow2 64M");
   Sh("qemu-io -c 'write -c -P 3 0 64k' c.qcow2 >/dev/null");
-  Shell entry = RunShell(dir_, "od -An -tx1 -j 262144 -N 8 c.qcow2 | tr -d ' \\n'");
-  ASSERT_EQ(entry.out.substr(0, 2), "40");
-  Patch(Path("c.qcow2"), 0x40000, "c0" + entry.out.substr(2));
+  const std::string entry = HexAt("c.qcow2", 0x40000, 8);
+  ASSERT_EQ(entry.substr(0, 2), "40");
+  Patch(Path("c.qcow2"), 0x40000, "c0" + entry.substr(2));
   Outcome o = CompareWithQemu("c.qcow2", RepairMode::kNone);
   EXPECT_EQ(o.result.corruptions, 1u);
   CompareAllModes("c.qcow2");
@@ -520,13 +536,12 @@ TEST_F(CheckTest, CompressedClusterWithCopiedFlag) {
 TEST_F(CheckTest, MisalignedPreallocatedZeroCluster) {
   MakeBaseImage("z.qcow2");
   Sh("qemu-io -c 'write -z 64k 64k' z.qcow2 >/dev/null");
-  Shell entry = RunShell(dir_, "od -An -tx1 -j 262152 -N 8 z.qcow2 | tr -d ' \\n'");
-  ASSERT_EQ(entry.out, "8000000000060001");
+  ASSERT_EQ(HexAt("z.qcow2", 0x40008, 8), "8000000000060001");
   Patch(Path("z.qcow2"), 0x40008, "8000000000060201");
   Outcome o = CompareWithQemu("z.qcow2", RepairMode::kNone);
   EXPECT_THAT(o.messages,
               ::testing::Contains("ERROR offset=60200: Preallocated cluster is "
-                                "not properly aligned; L2 entry corrupted."));
+                                  "not properly aligned; L2 entry corrupted."));
   CompareWithQemu("z.qcow2", RepairMode::kLeaks);
   o = CompareWithQemu("z.qcow2", RepairMode::kAll);
   EXPECT_EQ(QemuCheck("z.qcow2.ours"), 0);
@@ -537,7 +552,7 @@ TEST_F(CheckTest, MisalignedPreallocatedZeroCluster) {
   o = CompareWithQemu("d.qcow2", RepairMode::kNone);
   EXPECT_THAT(o.messages,
               ::testing::Contains("ERROR offset=60200: Data cluster is not "
-                                "properly aligned; L2 entry corrupted."));
+                                  "properly aligned; L2 entry corrupted."));
   CompareAllModes("d.qcow2");
 }
 
@@ -566,6 +581,46 @@ TEST_F(CheckTest, OverlappingMetadata) {
   MakeBaseImage("ov.qcow2");
   Patch(Path("ov.qcow2"), 40, "0000000000010000");  // l1_table_offset
   CompareAllModes("ov.qcow2");
+}
+
+// Recipes on an image with two snapshots (snapshot table at 0xd0000:
+// entry 0 "first" with its L1 table at 0x80000, entry 1 "second" at
+// 0xd0048): a misaligned snapshot L1 table offset, and an L1 size above
+// QEMU's limit. Their clusters then look leaked.
+TEST_F(CheckTest, SnapshotTableEntryErrors) {
+  MakeBaseImage("sn.qcow2");
+  Sh("qemu-img snapshot -c first sn.qcow2");
+  Sh("qemu-io -c 'write -P 5 0 64k' sn.qcow2 >/dev/null");
+  Sh("qemu-img snapshot -c second sn.qcow2");
+  ASSERT_EQ(HexAt("sn.qcow2", 64, 8), "00000000000d0000");
+  Sh("cp sn.qcow2 sn1.qcow2 && cp sn.qcow2 sn2.qcow2");
+  Patch(Path("sn1.qcow2"), 0xd0000, "0000000000080200");
+  Outcome o = CompareWithQemu("sn1.qcow2", RepairMode::kNone);
+  EXPECT_EQ(o.messages.front(),
+            "ERROR snapshot 1 (first) l1_offset=0x80200: L1 table is not "
+            "cluster aligned; snapshot table entry corrupted");
+  EXPECT_EQ(o.result.leaks, 5u);
+  CompareAllModes("sn1.qcow2");
+
+  Patch(Path("sn2.qcow2"), 0xd0048 + 8, "00800000");
+  o = CompareWithQemu("sn2.qcow2", RepairMode::kNone);
+  EXPECT_EQ(o.messages.front(),
+            "ERROR snapshot 2 (second) l1_size=0x800000: L1 table is too "
+            "large; snapshot table entry corrupted");
+  CompareAllModes("sn2.qcow2");
+}
+
+// Recipe: the active L2 table moved onto the refcount block's cluster (L1
+// entry 0 -> 0x20000): one cluster used as two tables.
+TEST_F(CheckTest, L2TableOnRefcountBlock) {
+  MakeBaseImage("ov2.qcow2");
+  Patch(Path("ov2.qcow2"), 0x30000, "8000000000020000");
+  Outcome o = CompareWithQemu("ov2.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              ::testing::Contains("ERROR refcount block 0 refcount=2"));
+  EXPECT_THAT(o.messages,
+              ::testing::Contains("ERROR cluster 2 refcount=1 reference=2"));
+  CompareAllModes("ov2.qcow2");
 }
 
 TEST_F(CheckTest, NotQcow2) {
@@ -598,8 +653,7 @@ TEST_F(CheckTest, RebuildRefcountsRepairsDirtyImage) {
   EXPECT_THAT(Lines(messages.str()),
               ::testing::Contains("Rebuilding refcount structure"));
   EXPECT_EQ(QemuCheck("dirty.qcow2"), 0);
-  Shell features = RunShell(dir_, "od -An -tx1 -j 72 -N 8 dirty.qcow2 | tr -d ' \\n'");
-  EXPECT_EQ(features.out, "0000000000000000");
+  EXPECT_EQ(HexAt("dirty.qcow2", 72, 8), "0000000000000000");
 }
 
 }  // namespace
