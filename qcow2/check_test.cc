@@ -27,10 +27,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/block_node.h"
 #include "io/engine.h"
 #include "posix_file/file_node.h"
 #include "posix_file/file_options.pb.h"
@@ -145,6 +147,67 @@ Outcome CheckFile(const std::string& path, RepairMode mode) {
   if (r.ok()) o.result = *r;
   o.messages = Lines(messages.str());
   return o;
+}
+
+// Forwards to a file node and records every write, flush and discard as
+// "W <offset>+<length>", "F", "D <offset>+<length>" (hex), to check the
+// order of the checker's writes.
+class RecordingNode : public io::BlockNode {
+ public:
+  explicit RecordingNode(io::BlockNode& inner)
+      : io::BlockNode(inner.filename(), inner.read_only()), inner_(inner) {}
+  uint64_t size() const override { return inner_.size(); }
+  io::Task<absl::Status> Close() override { co_return absl::OkStatus(); }
+  std::vector<std::string> trace;
+
+ protected:
+  io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override {
+    co_return co_await inner_.Read(offset, buf);
+  }
+  io::Task<absl::Status> DoWrite(uint64_t offset,
+                                 io::ConstIoVec data) override {
+    trace.push_back(absl::StrFormat("W %x+%x", offset, data.size()));
+    co_return co_await inner_.Write(offset, data);
+  }
+  io::Task<absl::Status> DoDiscard(uint64_t offset, uint64_t length) override {
+    trace.push_back(absl::StrFormat("D %x+%x", offset, length));
+    co_return co_await inner_.Discard(offset, length);
+  }
+  io::Task<absl::Status> DoFlush() override {
+    trace.push_back("F");
+    co_return co_await inner_.Flush();
+  }
+  io::Task<absl::Status> DoTruncate(uint64_t size,
+                                    io::PreallocMode prealloc) override {
+    trace.push_back(absl::StrFormat("T %x", size));
+    co_return co_await inner_.Truncate(size, prealloc);
+  }
+  io::Task<absl::StatusOr<io::BlockStatus>> DoGetBlockStatus(
+      uint64_t offset, uint64_t max_length) override {
+    co_return co_await inner_.GetBlockStatus(offset, max_length);
+  }
+
+ private:
+  io::BlockNode& inner_;
+};
+
+// Repairs `path` with -r `mode` through a RecordingNode; returns the trace.
+std::vector<std::string> RepairTrace(const std::string& path, RepairMode mode) {
+  std::unique_ptr<io::Engine> engine =
+      *io::CreateEngine(io::EngineKind::kAuto, 4, nullptr);
+  posix_file::FileOpenOptions options;
+  options.set_filename(path);
+  absl::StatusOr<std::unique_ptr<posix_file::FileNode>> file =
+      posix_file::FileNode::Open(*engine, options, nullptr);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return {};
+  RecordingNode recorder(**file);
+  std::ostringstream messages;
+  absl::StatusOr<CheckResult> r =
+      io::RunSync(*engine, CheckQcow2(recorder, mode, messages));
+  EXPECT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(io::RunSync(*engine, (*file)->Close()).ok());
+  return recorder.trace;
 }
 
 const char* ModeFlag(RepairMode mode) {
@@ -621,6 +684,34 @@ TEST_F(CheckTest, L2TableOnRefcountBlock) {
   EXPECT_THAT(o.messages,
               ::testing::Contains("ERROR cluster 2 refcount=1 reference=2"));
   CompareAllModes("ov2.qcow2");
+}
+
+// Crash-safe order of a rebuild (zero refcount of data cluster 5): the
+// new refcount block (cluster 8; written again once the table's cluster is
+// counted in it) and table (cluster 9) are durable before
+// the header points to them (12 bytes at 0x30); the old table and block
+// (clusters 1-2) are freed on disk, flushed, and only then discarded.
+TEST_F(CheckTest, RebuildWritesInCrashSafeOrder) {
+  MakeBaseImage("order.qcow2");
+  Patch(Path("order.qcow2"), 0x20000 + 2 * 5, "0000");
+  EXPECT_THAT(
+      RepairTrace(Path("order.qcow2"), RepairMode::kAll),
+      ElementsAre("W 80000+10000", "W 80000+10000", "W 90000+10000", "F",
+                  "W 30+c", "F", "W 80000+10000", "F", "D 10000+20000"));
+  EXPECT_EQ(QemuCheck("order.qcow2"), 0);
+}
+
+// Crash-safe order of refcount and COPIED repairs (two L2 entries sharing
+// cluster 5): the refcount block is written and flushed before the L2
+// table's COPIED flags change, and the freed cluster 6 is discarded only
+// after its refcount 0 is on disk.
+TEST_F(CheckTest, CopiedFlagsChangeAfterRefcountsAreDurable) {
+  MakeBaseImage("order.qcow2");
+  Patch(Path("order.qcow2"), 0x40008, "8000000000050000");
+  EXPECT_THAT(
+      RepairTrace(Path("order.qcow2"), RepairMode::kAll),
+      ElementsAre("W 20000+10000", "F", "D 60000+10000", "W 40000+10000"));
+  EXPECT_EQ(QemuCheck("order.qcow2"), 0);
 }
 
 TEST_F(CheckTest, NotQcow2) {
