@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "qcow2/check.h"
 #include "qcow2/bytes.h"
 #include "qcow2/format/refcount.h"
 
@@ -111,12 +112,15 @@ io::Task<absl::StatusOr<std::unique_ptr<Qcow2Node>>> Qcow2Node::Open(
           "qcow2: Image is corrupt; cannot be opened read/write");
     }
     if (!header.dirty()) break;
-    if (repair_refcounts == nullptr || attempt > 0) {
+    if (attempt > 0) {
       co_return absl::FailedPreconditionError(
-          "qcow2: the image is dirty (it was not closed cleanly with lazy "
-          "refcounts); repair its refcounts with 'check -r all' first");
+          "qcow2: the image is still dirty after repairing its refcounts");
     }
-    CO_RETURN_IF_ERROR(co_await repair_refcounts(*file));
+    if (repair_refcounts != nullptr) {
+      CO_RETURN_IF_ERROR(co_await repair_refcounts(*file));
+    } else {
+      CO_RETURN_IF_ERROR(co_await RebuildRefcounts(*file));
+    }
   }
 
   Config config;

@@ -75,8 +75,8 @@ using BackingOpener =
         std::string filename, std::string format)>;
 
 // Rebuilds the refcounts of the dirty image in `file` (lazy refcounts after
-// a crash) and clears its dirty bit, like `qemu-img check -r all`. Provided
-// by qcow2/check.h.
+// a crash) and clears its dirty bit, like `qemu-img check -r all`. The
+// default is qcow2/check.h's RebuildRefcounts.
 using RefcountRepairer =
     std::function<io::Task<absl::Status>(io::BlockNode& file)>;
 
@@ -87,8 +87,10 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // against the file size (qcow2-format.md §9 messages). Refuses unknown
   // incompatible features (naming them), and a read-write open of an image
   // with the corrupt bit ("qcow2: Image is corrupt; cannot be opened
-  // read/write", kDataLoss); a read-write open of a dirty image runs
-  // `repair_refcounts` first, or fails with kFailedPrecondition without one.
+  // read/write", kDataLoss). A read-write open of a dirty image (lazy
+  // refcounts, not closed cleanly) repairs it first with `repair_refcounts`
+  // (null: RebuildRefcounts), as QEMU does; kFailedPrecondition if the
+  // image is still dirty afterwards.
   // Opens the backing file through `open_backing` unless it is null (then
   // unallocated clusters read as zeroes, as with QEMU's backing=null);
   // its errors come back as "Could not open backing file: <cause>".

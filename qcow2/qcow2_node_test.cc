@@ -532,6 +532,34 @@ TEST_F(Qcow2NodeTest, LazyRefcountsSetDirtyBitWhileOpen) {
   ExpectClean(path);
 }
 
+TEST_F(Qcow2NodeTest, DirtyImageIsRepairedOnReadWriteOpen) {
+  Qcow2CreateOptions o;
+  o.set_lazy_refcounts(true);
+  const std::string path = Create("dirty.qcow2", 4 * kMiB, o);
+  {
+    auto node = Open(path);
+    Write(*node, 0, Pattern(200000, 4));
+    Close(node);
+  }
+  // As after a crash: dirty, and refcounts of the data clusters lost.
+  std::vector<uint8_t> bytes = ReadFile(path);
+  bytes[79] |= 1;
+  ASSERT_EQ(bytes[0x20000 + 11], 1);  // refcount of cluster 5 (first data)
+  bytes[0x20000 + 11] = 0;
+  WriteFile(path, bytes);
+  EXPECT_NE(Shell("qemu-img check " + path).exit_code, 0);
+  auto ro = Open(path, true);  // read-only: no repair, reads work
+  EXPECT_TRUE(ro->dirty());
+  EXPECT_EQ(Read(*ro, 0, 200000), Pattern(200000, 4));
+  Close(ro);
+  auto rw = Open(path);
+  ASSERT_NE(rw, nullptr);
+  EXPECT_FALSE(rw->dirty());
+  Write(*rw, 300000, Pattern(70000, 5));
+  Close(rw);
+  ExpectClean(path);
+}
+
 TEST_F(Qcow2NodeTest, UnknownAutoclearBitsAreClearedByTheFirstWrite) {
   const std::string path = Create("autoclear.qcow2", 1 * kMiB);
   std::vector<uint8_t> bytes = ReadFile(path);
