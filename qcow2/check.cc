@@ -1084,7 +1084,13 @@ io::Task<absl::Status> Checker::CheckBitmapsRefcounts(CheckResult& res,
   // The directory (at most format::kMaxBitmapDirectorySize bytes, checked
   // when the header was decoded).
   std::vector<Bitmap> bitmaps;
-  bool valid = ext.bitmap_directory_size <= format::kMaxBitmapDirectorySize;
+  // A directory reaching past the end of the file reads zeros there, which
+  // are no valid entries: do not allocate for it.
+  const uint64_t file_size = file_.size();
+  bool valid =
+      ext.bitmap_directory_size <= format::kMaxBitmapDirectorySize &&
+      ext.bitmap_directory_offset <= file_size &&
+      ext.bitmap_directory_size <= file_size - ext.bitmap_directory_offset;
   if (valid) {
     std::vector<uint8_t> dir(ext.bitmap_directory_size);
     CO_RETURN_IF_ERROR(
