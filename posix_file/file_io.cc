@@ -248,10 +248,14 @@ io::Task<absl::Status> FileIo::Read(uint64_t offset, io::IoVec buf) {
 }
 
 io::Task<absl::Status> FileIo::Write(uint64_t offset, io::ConstIoVec data) {
-  absl::Status st =
-      config_.direct
-          ? co_await WriteDirect(offset, data.data(), data.size())
-          : co_await WritePlain(offset, data.data(), data.size());
+  // Not `cond ? co_await a : co_await b`: GCC 12 destroys the result of
+  // such a conditional twice (a use-after-free of the Status).
+  absl::Status st;
+  if (config_.direct) {
+    st = co_await WriteDirect(offset, data.data(), data.size());
+  } else {
+    st = co_await WritePlain(offset, data.data(), data.size());
+  }
   if (st.ok()) size_ = std::max<uint64_t>(size_, offset + data.size());
   co_return st;
 }
