@@ -280,6 +280,112 @@ TEST_F(Qcow2NodeTest, ConcurrentWritesToSameAndDifferentClusters) {
   ExpectContents(path, ref);
 }
 
+// Batches of 64 concurrent writes, zero writes, discards and reads on
+// disjoint byte ranges that share clusters, over a backing file, with
+// caches small enough to evict all the time.
+TEST_F(Qcow2NodeTest, ConcurrentMixedWorkloadWithSmallCaches) {
+  for (uint64_t cs : {4096, 65536}) {
+    SCOPED_TRACE(cs);
+    const uint64_t size = 8 * kMiB;
+    const std::string base = TempPath(absl::StrCat("mixed_base", cs, ".raw"));
+    std::vector<uint8_t> ref = Pattern(size - 100000, 1234);
+    WriteFile(base, ref);
+    ref.resize(size, 0);
+    Qcow2CreateOptions o;
+    o.set_cluster_size(cs);
+    o.set_backing_file(base);
+    o.set_backing_fmt("raw");
+    o.set_refcount_bits(cs == 4096 ? 4 : 16);
+    const std::string path = Create(absl::StrCat("mixed", cs, ".qcow2"), size, o);
+    Qcow2OpenOptions small;
+    small.set_l2_cache_size(1);
+    small.set_refcount_cache_size(1);
+    auto node = Open(path, false, small);
+    std::mt19937_64 rng(cs);
+    const uint64_t slot = 3000;
+    const uint64_t slots = size / slot;
+    for (int batch = 0; batch < 30; ++batch) {
+      std::vector<uint64_t> picks;
+      while (picks.size() < 64) {
+        const uint64_t s = rng() % slots;
+        if (std::find(picks.begin(), picks.end(), s) == picks.end()) picks.push_back(s);
+      }
+      struct Op {
+        int kind;
+        uint64_t offset, length;
+        std::vector<uint8_t> data;
+        absl::Status status;
+        std::vector<uint8_t> expected;  // reads
+      };
+      std::vector<Op> ops(picks.size());
+      for (size_t i = 0; i < picks.size(); ++i) {
+        Op& op = ops[i];
+        op.kind = rng() % 5;
+        op.offset = picks[i] * slot + rng() % 100;
+        op.length = 1 + rng() % (slot - 100);
+        switch (op.kind) {
+          case 0:
+          case 1:
+            op.data = Pattern(op.length, batch * 100 + i);
+            std::copy(op.data.begin(), op.data.end(), ref.begin() + op.offset);
+            break;
+          case 2:
+          case 3:
+            std::fill(ref.begin() + op.offset, ref.begin() + op.offset + op.length, 0);
+            break;
+          case 4:
+            op.expected.assign(ref.begin() + op.offset, ref.begin() + op.offset + op.length);
+            op.data.assign(op.length, 0xee);
+            break;
+        }
+      }
+      int done = 0;
+      for (Op& op : ops) {
+        auto finish = [&done, &op](absl::Status st) {
+          op.status = st;
+          ++done;
+        };
+        switch (op.kind) {
+          case 0:
+          case 1:
+            io::Spawn(node->Write(op.offset, io::ConstIoVec(op.data)), finish);
+            break;
+          case 2:
+          case 3: {
+            io::WriteZeroesFlags f;
+            f.may_unmap = op.kind == 3;
+            io::Spawn(node->WriteZeroes(op.offset, op.length, f), finish);
+            break;
+          }
+          case 4:
+            io::Spawn(node->Read(op.offset, io::IoVec(op.data)), finish);
+            break;
+        }
+      }
+      if (batch % 7 == 3) {
+        io::Spawn(node->Flush(), [&](absl::Status st) { EXPECT_TRUE(st.ok()) << st; });
+      }
+      while (done < static_cast<int>(ops.size())) {
+        ASSERT_TRUE(env_.engine().Poll(true).ok());
+      }
+      for (const Op& op : ops) {
+        ASSERT_TRUE(op.status.ok()) << op.status;
+        if (op.kind == 4) EXPECT_EQ(op.data, op.expected) << "read at " << op.offset;
+      }
+    }
+    // Discards of whole clusters (they read as zeroes with a backing file).
+    for (int i = 0; i < 20; ++i) {
+      const uint64_t first = rng() % (size / cs - 4);
+      ASSERT_TRUE(env_.Run(node->Discard(first * cs, 3 * cs)).ok());
+      std::fill(ref.begin() + first * cs, ref.begin() + (first + 3) * cs, 0);
+    }
+    EXPECT_EQ(Read(*node, 0, size), ref);
+    Close(node);
+    ExpectClean(path);
+    ExpectContents(path, ref);
+  }
+}
+
 TEST_F(Qcow2NodeTest, ZeroesDiscardAndResize) {
   const uint64_t size = 8 * kMiB;
   const std::string path = Create("zeroes.qcow2", size);
@@ -488,10 +594,50 @@ TEST_F(Qcow2NodeTest, MisalignedL2EntryIsCorruption) {
   Close(ro);
   auto rw = Open(path);
   st = env_.Run(rw->Read(0, io::IoVec(buf)));
-  EXPECT_THAT(st.message(), HasSubstr("qcow2: Marking image as corrupt: Cluster "
+  EXPECT_THAT(std::string(st.message()), HasSubstr("qcow2: Marking image as corrupt: Cluster "
                                       "allocation offset 0x50200 unaligned"));
   Close(rw);
   EXPECT_THAT(Shell("qemu-img info " + path).output, HasSubstr("corrupt: true"));
+}
+
+TEST_F(Qcow2NodeTest, AllocationLandingOnMetadataMarksImageCorrupt) {
+  const std::string path = Create("landing.qcow2", 1 * kMiB);
+  std::vector<uint8_t> bytes = ReadFile(path);
+  ASSERT_EQ(bytes[0x20000 + 7], 1);  // refcount of cluster 3, the L1 table
+  bytes[0x20000 + 7] = 0;
+  WriteFile(path, bytes);
+  auto node = Open(path);
+  absl::Status st = env_.Run(node->Write(0, io::ConstIoVec(Pattern(512, 1))));
+  EXPECT_EQ(st.message(),
+            "qcow2: Marking image as corrupt: Preventing invalid write on "
+            "metadata (overlaps with active L1 table); further corruption "
+            "events will be suppressed");
+  Close(node);
+  bytes = ReadFile(path);
+  EXPECT_EQ(bytes[79], 2);  // corrupt bit, nothing else
+  EXPECT_EQ(std::vector<uint8_t>(bytes.begin() + 0x30000, bytes.begin() + 0x30008),
+            std::vector<uint8_t>(8, 0));  // the L1 table is intact
+}
+
+TEST_F(Qcow2NodeTest, L2EntryPastEndOfFileIsCorruption) {
+  const std::string path = Create("pasteof.qcow2", 1 * kMiB);
+  {
+    auto node = Open(path);
+    Write(*node, 0, Pattern(65536, 1));
+    Close(node);
+  }
+  std::vector<uint8_t> bytes = ReadFile(path);
+  bytes[0x40000 + 4] = 0x10;  // 0x10050000
+  WriteFile(path, bytes);
+  auto node = Open(path);
+  std::vector<uint8_t> buf(10);
+  absl::Status st = env_.Run(node->Read(0, io::IoVec(buf)));
+  EXPECT_TRUE(absl::IsDataLoss(st));
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("qcow2: Marking image as corrupt: Data cluster offset "
+                        "0x10050000 beyond the end of the image file (L2 "
+                        "offset: 0x40000, L2 index: 0)"));
+  Close(node);
 }
 
 TEST_F(Qcow2NodeTest, OpenErrors) {

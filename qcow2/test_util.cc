@@ -126,7 +126,10 @@ std::vector<uint8_t> Pattern(uint64_t length, uint64_t seed) {
 
 Env::Env() {
   absl::StatusOr<std::unique_ptr<io::Engine>> engine =
-      io::CreateEngine(io::EngineKind::kAuto, 64, nullptr);
+      io::CreateEngine(std::getenv("QCOW2_TEST_THREADS") != nullptr
+                           ? io::EngineKind::kThreads
+                           : io::EngineKind::kAuto,
+                       64, nullptr);
   if (!engine.ok()) std::abort();
   engine_ = *std::move(engine);
 }

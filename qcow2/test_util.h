@@ -40,7 +40,8 @@ int64_t FirstDifference(const std::string& a, const std::string& b);
 // Deterministic test data.
 std::vector<uint8_t> Pattern(uint64_t length, uint64_t seed);
 
-// One engine per test, and helpers running tasks on it.
+// One engine per test (io_uring if it works; the thread pool when
+// QCOW2_TEST_THREADS is set), and helpers running tasks on it.
 class Env {
  public:
   Env();
