@@ -522,6 +522,101 @@ io::Task<absl::Status> Qcow2Node::DoWrite(uint64_t offset, io::ConstIoVec data) 
   co_return absl::OkStatus();
 }
 
+io::Task<absl::Status> Qcow2Node::WriteCompressed(uint64_t offset,
+                                                  io::ConstIoVec data) {
+  if (read_only()) {
+    co_return absl::FailedPreconditionError(
+        absl::StrFormat("%s: image is read-only", filename()));
+  }
+  if (data.empty()) {
+    auto lock = co_await io::ScopedLock::Take(meta_lock_);
+    CO_RETURN_IF_ERROR(CheckUsable());
+    const uint64_t end = (FileSize() + 511) / 512 * 512;
+    if (end == FileSize()) co_return absl::OkStatus();
+    co_return co_await file_->Truncate(end, io::PreallocMode::kOff);
+  }
+  if ((offset & (cluster_size_ - 1)) != 0 || offset >= size() ||
+      !(data.size() == cluster_size_ ||
+        (data.size() < cluster_size_ && offset + data.size() == size()))) {
+    co_return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: compressed writes take one whole cluster (%u bytes at offset "
+        "%u)",
+        filename(), data.size(), offset));
+  }
+  if (header_.compression_type != format::kCompressionZlib) {
+    co_return absl::UnimplementedError(absl::StrFormat(
+        "%s: zstd compression is not supported", filename()));
+  }
+  std::vector<uint8_t> cluster(cluster_size_, 0);
+  std::memcpy(cluster.data(), data.data(), data.size());
+  std::vector<uint8_t> out(cluster_size_ - 1);
+  absl::StatusOr<uint64_t> compressed = DeflateCluster(cluster, absl::MakeSpan(out));
+  if (!compressed.ok()) {
+    if (absl::IsResourceExhausted(compressed.status())) {
+      co_return co_await DoWrite(offset, data);  // does not compress
+    }
+    co_return compressed.status();
+  }
+  const uint64_t cluster_index = offset >> cluster_bits_;
+  while (true) {
+    auto lock = co_await io::ScopedLock::Take(meta_lock_);
+    CO_RETURN_IF_ERROR(CheckUsable());
+    CO_RETURN_IF_ERROR(co_await PrepareFirstWrite());
+    if (std::shared_ptr<Inflight> other = FindInflight(cluster_index, 1)) {
+      lock.Release();
+      co_await other->done.Wait();
+      continue;
+    }
+    CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(l1_index(offset)));
+    const uint64_t index = l2_index(offset);
+    const L2Entry old = GetEntry(l2, index);
+    if (old.compressed() || old.host_offset() != 0) {
+      co_return absl::FailedPreconditionError(absl::StrFormat(
+          "%s: compressed write to the allocated cluster at offset %u",
+          filename(), offset));
+    }
+    CO_ASSIGN_OR_RETURN(const uint64_t host,
+                        co_await refcounts_->AllocateBytes(*compressed));
+    CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, *compressed, 0));
+    CO_ASSIGN_OR_RETURN(const uint64_t word,
+                        format::MakeCompressedL2Word(host, *compressed, cluster_bits_));
+    auto inflight = std::make_shared<Inflight>();
+    inflight->first = cluster_index;
+    inflight->count = 1;
+    inflight_[cluster_index] = inflight;
+    const uint64_t seq = BeginDataOp();
+    l2.reset();
+    lock.Release();
+    absl::Status st =
+        co_await file_->Write(host, io::ConstIoVec(out.data(), *compressed));
+    EndDataOp(seq);
+    auto relock = co_await io::ScopedLock::Take(meta_lock_);
+    if (st.ok()) {
+      ++write_gen_;
+      st = CheckUsable();
+    }
+    if (st.ok()) {
+      absl::StatusOr<TableCache::Ref> again =
+          co_await GetL2ForWrite(l1_index(offset));
+      if (again.ok()) {
+        L2Entry e;
+        e.word = word;
+        SetEntry(*again, index, e);
+      } else {
+        st = again.status();
+      }
+    }
+    if (!st.ok() && broken_.ok()) {
+      absl::Status undo = co_await refcounts_->Free(host, *compressed);
+      (void)undo;
+    }
+    inflight_.erase(cluster_index);
+    relock.Release();
+    inflight->done.Set();
+    co_return st;
+  }
+}
+
 // ---- Write zeroes and discard --------------------------------------------------
 
 io::Task<absl::Status> Qcow2Node::ForEachL2Range(

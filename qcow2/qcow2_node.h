@@ -109,6 +109,19 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // node set, then closes the backing node and the file.
   io::Task<absl::Status> Close() override;
 
+  // Writes the guest cluster at `offset` (cluster aligned) compressed with
+  // zlib, as `qemu-img convert -c` does: `data` is one cluster, or the
+  // rest of the image for its last cluster. Compressed data is packed
+  // byte-wise after the previous compressed cluster; data that does not
+  // compress is written normally. An empty `data` pads the image file to a
+  // multiple of 512 bytes, which `qemu-img convert -c` asks for at its end
+  // (QEMU: a compressed write of 0 bytes). Errors: kInvalidArgument for a
+  // misaligned
+  // or wrongly sized request, kFailedPrecondition if the cluster is
+  // allocated already (compression can't overwrite anything), kUnimplemented
+  // for zstd images, and those of Write().
+  io::Task<absl::Status> WriteCompressed(uint64_t offset, io::ConstIoVec data);
+
   // The header as it is now (dirty and corrupt bits included).
   const format::Header& header() const { return header_; }
   uint64_t cluster_size() const { return cluster_size_; }

@@ -211,6 +211,39 @@ TEST_F(Qcow2NodeTest, ReadsAndRewritesCompressedClusters) {
   ExpectContents(path, ref);
 }
 
+TEST_F(Qcow2NodeTest, CompressedWritesMatchQemuImgConvert) {
+  // Mostly compressible clusters, one incompressible, one all-zero, and a
+  // short last cluster.
+  const uint64_t size = 2 * kMiB + 10240;
+  std::vector<uint8_t> data(size, 0);
+  for (uint64_t c = 0; c < size; c += 65536) {
+    std::vector<uint8_t> p = Pattern(c == 3 * 65536 ? 65536 : 3000, c);
+    std::copy_n(p.begin(), std::min<uint64_t>(p.size(), size - c), data.begin() + c);
+  }
+  std::fill(data.begin() + 5 * 65536, data.begin() + 6 * 65536, 0);
+  const std::string raw = TempPath("cw.raw");
+  WriteFile(raw, data);
+  const std::string theirs = TempPath("cw.qemu.qcow2");
+  ASSERT_EQ(Shell("qemu-img convert -c -O qcow2 -f raw " + raw + " " + theirs).exit_code, 0);
+  const std::string ours = Create("cw.ours.qcow2", size);
+  auto node = Open(ours);
+  for (uint64_t c = 0; c < size; c += 65536) {
+    if (c == 5 * 65536) continue;  // convert skips zero clusters
+    const uint64_t n = std::min<uint64_t>(65536, size - c);
+    absl::Status st = env_.Run(node->WriteCompressed(
+        c, io::ConstIoVec(data.data() + c, n)));
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  ASSERT_TRUE(env_.Run(node->WriteCompressed(size, io::ConstIoVec())).ok());
+  absl::Status again = env_.Run(node->WriteCompressed(0, io::ConstIoVec(data.data(), 65536)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(again)) << again;
+  EXPECT_EQ(Read(*node, 0, size), data);
+  Close(node);
+  ExpectClean(ours);
+  ExpectContents(ours, data);
+  EXPECT_EQ(testing::FirstDifference(ours, theirs), -1);
+}
+
 TEST_F(Qcow2NodeTest, BackingChainRawQcow2Qcow2) {
   const uint64_t size = 4 * kMiB;
   const std::string base = TempPath("chain_base.raw");

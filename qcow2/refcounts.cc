@@ -154,6 +154,37 @@ io::Task<absl::StatusOr<uint64_t>> Refcounts::Allocate(uint64_t bytes) {
   }
 }
 
+io::Task<absl::StatusOr<uint64_t>> Refcounts::AllocateBytes(uint64_t size) {
+  const uint64_t cs = cluster_size();
+  uint64_t offset = free_byte_offset_;
+  if (offset != 0) {
+    CO_ASSIGN_OR_RETURN(uint64_t refcount, co_await Get(offset >> cluster_bits_));
+    if (refcount == format::MaxRefcount(refcount_order_)) offset = 0;
+  }
+  uint64_t free_in_cluster = cs - (offset & (cs - 1));
+  while (true) {
+    if (offset == 0 || free_in_cluster < size) {
+      CO_ASSIGN_OR_RETURN(const uint64_t cluster, co_await FindFree(1));
+      if (cluster == 0) {
+        co_return co_await io_.SignalCorruption(
+            "Preventing invalid allocation of compressed cluster at offset 0");
+      }
+      if (offset == 0 || ((offset + cs - 1) & ~(cs - 1)) != cluster) {
+        offset = cluster;
+        free_in_cluster = cs;
+      } else {
+        free_in_cluster += cs;
+      }
+    }
+    absl::Status st = co_await Update(offset, size, 1, false);
+    if (st.ok()) break;
+    offset = 0;
+    if (!IsRetry(st)) co_return st;
+  }
+  free_byte_offset_ = (offset + size) & (cs - 1) ? offset + size : 0;
+  co_return offset;
+}
+
 io::Task<absl::StatusOr<uint64_t>> Refcounts::AllocateAt(uint64_t offset,
                                                         uint64_t nb_clusters) {
   if (nb_clusters == 0) co_return uint64_t{0};

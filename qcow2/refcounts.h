@@ -52,6 +52,12 @@ class Refcounts {
   io::Task<absl::StatusOr<uint64_t>> AllocateAt(uint64_t offset,
                                                 uint64_t nb_clusters);
 
+  // Allocates `size` bytes (1..cluster_size) for compressed data, packed
+  // after the previous compressed allocation when it fits (each host
+  // cluster's refcount counts the allocations touching it;
+  // qcow2_alloc_bytes).
+  io::Task<absl::StatusOr<uint64_t>> AllocateBytes(uint64_t size);
+
   // Adds (or with `decrease` subtracts) `addend` to the refcount of every
   // cluster touched by [offset, offset + length). kDataLoss on overflow or
   // underflow.
@@ -123,6 +129,7 @@ class Refcounts {
   uint64_t max_table_index_ = 0;
   absl::flat_hash_set<uint64_t> blocks_;
   uint64_t free_cluster_index_ = 0;
+  uint64_t free_byte_offset_ = 0;  // where the next compressed data may go
   TableCache cache_;
 };
 
