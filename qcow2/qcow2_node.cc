@@ -84,7 +84,10 @@ io::Task<absl::StatusOr<std::unique_ptr<Qcow2Node>>> Qcow2Node::Open(
   format::Header header;
   for (int attempt = 0;; ++attempt) {
     const uint64_t file_size = file->size();
-    std::vector<uint8_t> head(std::min<uint64_t>(file_size, 4096));
+    // At least a whole v3 header: a short file reads as zeroes past its
+    // end, so it fails on the magic like in QEMU.
+    std::vector<uint8_t> head(std::max<uint64_t>(
+        std::min<uint64_t>(file_size, 4096), format::kV3HeaderLength));
     CO_RETURN_IF_ERROR(co_await file->Read(0, io::IoVec(head)));
     if (head.size() >= 24 && LoadBE32(head.data()) == format::kMagic) {
       const uint32_t bits = LoadBE32(head.data() + 20);

@@ -121,7 +121,9 @@ TEST_F(Qcow2NodeTest, RandomWritesPassCheckAndCompare) {
   for (const Variant& v : {Variant{"w64k", 65536, "1.1", 16},
                            Variant{"w512", 512, "1.1", 16},
                            Variant{"w4k_v2", 4096, "0.10", 16},
-                           Variant{"w4k_rc1", 4096, "1.1", 1}}) {
+                           Variant{"w4k_rc1", 4096, "1.1", 1},
+                           Variant{"w16k_rc64", 16384, "1.1", 64},
+                           Variant{"w2m", 2 << 20, "1.1", 8}}) {
     SCOPED_TRACE(v.name);
     Qcow2CreateOptions o;
     o.set_cluster_size(v.cluster_size);
@@ -132,7 +134,8 @@ TEST_F(Qcow2NodeTest, RandomWritesPassCheckAndCompare) {
     std::vector<uint8_t> ref(size, 0);
     auto node = Open(path);
     ASSERT_NE(node, nullptr);
-    RandomWrites(this, *node, ref, 300, 3 * v.cluster_size + 1000, 7,
+    RandomWrites(this, *node, ref, 300,
+                 std::min<uint64_t>(3 * v.cluster_size + 1000, 1 << 20), 7,
                  [&](uint64_t off, const std::vector<uint8_t>& d) { Write(*node, off, d); });
     EXPECT_EQ(Read(*node, 0, size), ref);
     Close(node);
@@ -689,6 +692,12 @@ TEST_F(Qcow2NodeTest, OpenErrors) {
   file = env_.OpenFile(path, true);
   node = env_.Run(Qcow2Node::Open(*std::move(file), Qcow2OpenOptions(), nullptr));
   EXPECT_EQ(node.status().message(), "Image is not in qcow2 format");
+  for (uint64_t length : {0, 10, 200}) {
+    WriteFile(path, std::vector<uint8_t>(length, 0));
+    file = env_.OpenFile(path, true);
+    node = env_.Run(Qcow2Node::Open(*std::move(file), Qcow2OpenOptions(), nullptr));
+    EXPECT_EQ(node.status().message(), "Image is not in qcow2 format") << length;
+  }
   // A missing backing file.
   const std::string top = TempPath("nobacking.qcow2");
   ASSERT_EQ(Shell("qemu-img create -q -f qcow2 -u -b missing.raw -F raw " + top + " 1M").exit_code, 0);
