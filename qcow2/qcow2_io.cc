@@ -17,7 +17,6 @@ namespace {
 using format::ClusterType;
 using format::L2Entry;
 
-constexpr uint64_t kInvalidOffset = ~uint64_t{0};
 
 // Zeroes for explicit zero writes (at most one 2 MiB cluster at a time).
 io::ConstIoVec Zeroes(uint64_t length) {

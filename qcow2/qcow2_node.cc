@@ -21,7 +21,6 @@ namespace {
 constexpr uint64_t kDefaultL2CacheSize = uint64_t{1} << 20;
 constexpr uint64_t kDefaultRefcountCacheSize = uint64_t{256} << 10;
 constexpr uint64_t kIncompatibleFeaturesOffset = 72;
-constexpr uint64_t kSizeOffset = 24;
 constexpr uint64_t kRefcountTableOffsetOffset = 48;
 
 // QEMU's path_combine() for backing file names.
