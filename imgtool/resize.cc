@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "base/size.h"
 #include "base/status_macros.h"
 #include "imgtool/command.h"
@@ -41,6 +42,19 @@ const struct option kLongOptions[] = {
     {"shrink", no_argument, nullptr, kShrink},
     {nullptr, 0, nullptr, 0},
 };
+
+// qemu-img resize prints the driver's truncate errors without the file
+// name ("Cannot resize device files"); posix_file names it.
+absl::Status WithoutFileName(const std::string& filename,
+                             const absl::Status& st) {
+  absl::string_view message = st.message();
+  if (!absl::ConsumePrefix(&message, absl::StrCat(filename, ": "))) return st;
+  absl::Status bare(st.code(), message);
+  st.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+    bare.SetPayload(url, payload);
+  });
+  return bare;
+}
 
 }  // namespace
 
@@ -139,7 +153,7 @@ absl::Status RunResize(const std::vector<std::string>& args, Streams streams) {
   absl::Status st =
       io::RunSync(*image.engine, image.node->Truncate(new_size, prealloc));
   absl::Status close = CloseImage(image);
-  RETURN_IF_ERROR(st);
+  RETURN_IF_ERROR(WithoutFileName(spec.filename, st));
   RETURN_IF_ERROR(close);
   if (!quiet) streams.out << "Image resized.\n";
   return absl::OkStatus();

@@ -471,6 +471,13 @@ io::Task<void> FileIo::WriteFirstBlock(uint64_t new_size) {
   (void)co_await Write(0, io::ConstIoVec(zeroes.data(), n));
 }
 
+absl::Status FileIo::Reword(const absl::Status& st,
+                            absl::string_view operation) const {
+  const int error_number = StatusErrno(st);
+  if (error_number == 0) return st;
+  return ErrnoStatus(config_.path, operation, error_number);
+}
+
 io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode) {
   struct stat st;
   if (fstat(config_.fd, &st) != 0) {
@@ -517,6 +524,7 @@ io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode
         int64_t r = co_await Fallocate(0, old_size, new_size - old_size);
         if (r == -EOPNOTSUPP) {
           result = co_await WriteZeroBuffers(old_size, new_size);
+          result = Reword(result, "Could not preallocate new data");
         } else if (r < 0) {
           result = ErrnoStatus(config_.path, "Could not preallocate new data",
                                static_cast<int>(-r));
@@ -528,7 +536,11 @@ io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode
         result = ErrnoStatus(config_.path, "Could not resize file", errno);
       } else {
         result = co_await WriteZeroBuffers(old_size, new_size);
-        if (result.ok()) result = co_await Sync(/*data_only=*/false);
+        result = Reword(result, "Could not write zeros for preallocation");
+        if (result.ok()) {
+          result = co_await Sync(/*data_only=*/false);
+          result = Reword(result, "Could not flush file to disk");
+        }
       }
       break;
     case io::PreallocMode::kMetadata:

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "io/block_node.h"
 #include "io/engine.h"
 #include "io/task.h"
@@ -144,6 +145,10 @@ class FileIo {
   void EndWrite(std::list<InflightWrite>::iterator it);
   absl::Status ExtendTo(uint64_t end);
   absl::Status TrimPadding(uint64_t written_end);
+  // A syscall failure `st` as "<path>: <operation>: <strerror>" (QEMU's
+  // wording for preallocation steps); other statuses unchanged.
+  absl::Status Reword(const absl::Status& st,
+                      absl::string_view operation) const;
 
   io::Engine& engine_;
   Config config_;
