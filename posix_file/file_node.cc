@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -73,13 +74,30 @@ int SetExtentSizeHint(int fd, uint64_t hint) {
 }
 
 // Closes `fd` and, if `created`, removes `path` (a failed create leaves no
-// new file behind).
+// new file behind). Only for a file whose locks we hold: `path` is removed
+// only while it still names the file `fd` is open on.
 void AbandonCreate(int fd, const std::string& path, bool created) {
+  struct stat ours, now;
+  if (created && fstat(fd, &ours) == 0 && stat(path.c_str(), &now) == 0 &&
+      ours.st_dev == now.st_dev && ours.st_ino == now.st_ino) {
+    unlink(path.c_str());
+  }
   close(fd);
-  if (created) unlink(path.c_str());
+}
+
+std::function<void(const std::string&)>& BeforeCreateLockHook() {
+  static auto* hook = new std::function<void(const std::string&)>();
+  return *hook;
 }
 
 }  // namespace
+
+namespace internal {
+void SetBeforeCreateLockHookForTesting(
+    std::function<void(const std::string& path)> hook) {
+  BeforeCreateLockHook() = std::move(hook);
+}
+}  // namespace internal
 
 absl::Status CreateFile(const std::string& path,
                         const FileCreateOptions& options,
@@ -108,12 +126,15 @@ absl::Status CreateFile(const std::string& path,
   }
   if (fd < 0) return ErrnoStatus(path, "Could not create", errno);
 
-  // Locks before touching the content: an image in use stays intact.
+  if (BeforeCreateLockHook()) BeforeCreateLockHook()(path);
+  // Locks before touching the content: an image in use stays intact. A file
+  // whose locks we cannot take is never removed, even one we created just
+  // now: another process has opened it since and owns it.
   absl::StatusOr<bool> locked =
       internal::LockImage(fd, path, internal::kCreatePerms,
                           internal::LockingMode::kAuto, warnings);
   if (!locked.ok()) {
-    AbandonCreate(fd, path, created);
+    close(fd);
     return locked.status();
   }
   if (ftruncate(fd, 0) != 0) {
@@ -138,11 +159,8 @@ absl::Status CreateFile(const std::string& path,
     AbandonCreate(fd, path, created);
     return st;
   }
-  if (close(fd) != 0) {
-    st = ErrnoStatus(path, "close", errno);
-    if (created) unlink(path.c_str());
-    return st;
-  }
+  // A failed close released the locks already: the file is left as it is.
+  if (close(fd) != 0) return ErrnoStatus(path, "close", errno);
   return absl::OkStatus();
 }
 

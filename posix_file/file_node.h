@@ -9,6 +9,7 @@
 #define IMGTOOL_POSIX_FILE_FILE_NODE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -29,8 +30,11 @@ namespace imgtool::posix_file {
 // <strerror>" (only for an explicit non-zero hint) go to `warnings`.
 // Errors name the path: kInvalidArgument for bad options, kFailedPrecondition
 // if another process holds the image's locks, errno-derived codes for
-// syscalls. On failure a file that did not exist before is removed and an
-// existing one is left at length 0 rather than looking like a valid image.
+// syscalls. On failure after the locks were taken, a file that did not
+// exist before is removed and an existing one is left at length 0 rather
+// than looking like a valid image. A file whose locks cannot be taken is
+// never removed or changed, even one this call created: another process
+// opened it in between and owns it.
 absl::Status CreateFile(const std::string& path,
                         const FileCreateOptions& options,
                         std::ostream* warnings);
@@ -84,6 +88,14 @@ class FileNode : public io::BlockNode {
   FileNode(std::string filename, bool read_only, std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
+
+namespace internal {
+// Test hook: CreateFile calls `hook(path)` after opening (and maybe
+// creating) the file and before taking its locks, so that a test can play
+// the process that wins the race. Empty = none. Not thread-safe.
+void SetBeforeCreateLockHookForTesting(
+    std::function<void(const std::string& path)> hook);
+}  // namespace internal
 
 }  // namespace imgtool::posix_file
 

@@ -555,6 +555,47 @@ TEST_F(FileNodeTest, OfdLocksMatchQemu) {
               HasSubstr("Failed to get \"write\" lock"));
 }
 
+// A create that cannot take the locks never removes the file: another
+// process opened it (here: a node in this process, which has its own open
+// file description) and owns it now.
+TEST_F(FileNodeTest, LostCreateRaceLeavesTheFileAlone) {
+  const std::string old_path = Path("old.raw");
+  ASSERT_TRUE(Create(old_path, 1 << 20).ok());
+  auto holder = Open(old_path);
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  absl::Status st = Create(old_path, 4096);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(FileLength(old_path), 1u << 20);
+  ASSERT_TRUE(Run((*holder)->Close()).ok());
+
+  // The file did not exist: CreateFile made it, but the other process
+  // opened it and took the locks before CreateFile could.
+  const std::string new_path = Path("new.raw");
+  std::unique_ptr<FileNode> winner;
+  internal::SetBeforeCreateLockHookForTesting([&](const std::string& path) {
+    auto node = Open(path);
+    ASSERT_TRUE(node.ok()) << node.status();
+    const std::vector<uint8_t> data(512, 0x5a);
+    ASSERT_TRUE(NodeWrite(**node, 0, data).ok());
+    winner = std::move(*node);
+  });
+  st = Create(new_path, 1 << 20);
+  internal::SetBeforeCreateLockHookForTesting(nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(st.message(),
+            "Failed to get \"write\" lock\nIs another process using the "
+            "image [" + new_path + "]?");
+  ASSERT_NE(winner, nullptr);
+  EXPECT_EQ(access(new_path.c_str(), F_OK), 0);
+  EXPECT_EQ(ReadWithPread(new_path, 0, 512), std::vector<uint8_t>(512, 0x5a));
+  ASSERT_TRUE(Run(winner->Close()).ok());
+
+  // Once the locks are held, a failing create still removes its new file.
+  const std::string huge = Path("huge.raw");
+  EXPECT_FALSE(Create(huge, uint64_t{1} << 62).ok());
+  EXPECT_EQ(access(huge.c_str(), F_OK), -1);
+}
+
 TEST_F(FileNodeTest, TruncateGrowsWithPreallocationAndShrinks) {
   const std::string path = Path("trunc.raw");
   ASSERT_TRUE(Create(path, 1 << 20).ok());
