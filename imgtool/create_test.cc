@@ -192,11 +192,112 @@ TEST_F(CreateTest, BadOptionValuesFailAfterTheFormattingLine) {
 TEST_F(CreateTest, Formats) {
   EXPECT_EQ(Create({"-f", "qcow3", "x.raw", "1M"}).stderr_text(),
             "imgtool: x.raw: Unknown file format 'qcow3'\n");
-  CommandResult r = Create({"-f", "qcow2", "x.raw", "1M"});
+  CommandResult r = Create({"-f", "vmdk", "x.raw", "1M"});
   EXPECT_EQ(r.status.code(), absl::StatusCode::kUnimplemented);
   EXPECT_EQ(r.stderr_text(),
-            "imgtool: x.raw: Format 'qcow2' is not supported yet\n");
+            "imgtool: x.raw: Format 'vmdk' is not supported yet\n");
   EXPECT_FALSE(Exists("x.raw"));
+}
+
+TEST_F(CreateTest, Qcow2FormattingLineListsDefaultsInQemuOrder) {
+  CommandResult r = Create({"-f", "qcow2", "q.qcow2", "64M"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.out,
+            "Formatting 'q.qcow2', fmt=qcow2 cluster_size=65536 "
+            "extended_l2=off compression_type=zlib size=67108864 "
+            "lazy_refcounts=off refcount_bits=16\n");
+  // qemu-img's layout: header, refcount table, refcount block, L1 table
+  // (one entry of 8 bytes) ending inside the fourth cluster.
+  EXPECT_EQ(FileSize("q.qcow2"), 3 * 65536u + 8);
+  const std::string head = ReadFile("q.qcow2").substr(0, 4);
+  EXPECT_EQ(head, "QFI\xfb");
+
+  r = Create({"-f", "qcow2", "-o", "preallocation=metadata,cluster_size=4k",
+              "-o", "compat=0.10,refcount_bits=0x10", "p.qcow2", "1000b"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.out,
+            "Formatting 'p.qcow2', fmt=qcow2 cluster_size=4096 "
+            "extended_l2=off preallocation=metadata compression_type=zlib "
+            "size=1000 compat=0.10 lazy_refcounts=off refcount_bits=16\n");
+}
+
+TEST_F(CreateTest, Qcow2BackingFile) {
+  ASSERT_TRUE(Create({"-q", "base.raw", "3M"}).status.ok());
+  // The size comes from the backing file.
+  CommandResult r =
+      Create({"-f", "qcow2", "-b", "base.raw", "-F", "raw", "ov.qcow2"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.out,
+            "Formatting 'ov.qcow2', fmt=qcow2 cluster_size=65536 "
+            "extended_l2=off compression_type=zlib size=3145728 "
+            "backing_file=base.raw backing_fmt=raw lazy_refcounts=off "
+            "refcount_bits=16\n");
+  r = Create({"-f", "qcow2", "-b", "base.raw", "x.qcow2", "1M"});
+  EXPECT_EQ(r.stderr_text(),
+            "imgtool: x.qcow2: Backing file specified without backing "
+            "format\nDetected format of raw.\n");
+  r = Create({"-f", "qcow2", "-u", "-b", "base.raw", "x.qcow2", "1M"});
+  EXPECT_EQ(r.stderr_text(),
+            "imgtool: x.qcow2: Backing file specified without backing "
+            "format\n");
+  r = Create({"-f", "qcow2", "-b", "gone.raw", "-F", "raw", "x.qcow2"});
+  EXPECT_EQ(r.stderr_text(),
+            "imgtool: x.qcow2: Could not open 'gone.raw': No such file or "
+            "directory\nCould not open backing image.\n");
+  r = Create({"-f", "qcow2", "-u", "-b", "gone.raw", "-F", "raw", "x.qcow2"});
+  EXPECT_EQ(r.stderr_text(),
+            "imgtool: x.qcow2: Image creation needs a size parameter\n");
+  EXPECT_FALSE(Exists("x.qcow2"));
+  // -u: the backing file is not opened.
+  EXPECT_TRUE(Create({"-q", "-f", "qcow2", "-u", "-b", "gone.raw", "-F", "raw",
+                      "x.qcow2", "1M"})
+                  .status.ok());
+}
+
+TEST_F(CreateTest, FailedQcow2CreateLeavesNoFile) {
+  WriteBytes("x.qcow2", 0, 4096, 'x');
+  CommandResult r =
+      Create({"-f", "qcow2", "-o", "cluster_size=1000", "x.qcow2", "1M"});
+  EXPECT_EQ(r.out,
+            "Formatting 'x.qcow2', fmt=qcow2 cluster_size=1000 "
+            "extended_l2=off compression_type=zlib size=1048576 "
+            "lazy_refcounts=off refcount_bits=16\n");
+  EXPECT_EQ(r.stderr_text(),
+            "imgtool: x.qcow2: Cluster size must be a power of two between "
+            "512 and 2048k\n");
+  EXPECT_FALSE(Exists("x.qcow2"));
+  r = Create({"-f", "qcow2", "-o", "compat=0.9", "x.qcow2", "1M"});
+  EXPECT_EQ(r.stderr_text(),
+            "imgtool: x.qcow2: Parameter 'version' does not accept value "
+            "'0.9'\n");
+  EXPECT_FALSE(Exists("x.qcow2"));
+  // Errors in the option values themselves come before anything happens.
+  WriteBytes("x.qcow2", 0, 4096, 'x');
+  r = Create({"-f", "qcow2", "-o", "lazy_refcounts=maybe", "x.qcow2", "1M"});
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.stderr_text(),
+            "imgtool: x.qcow2: Parameter 'lazy_refcounts' expects 'on' or "
+            "'off'\n");
+  EXPECT_EQ(FileSize("x.qcow2"), 4096u);
+}
+
+TEST_F(CreateTest, Qcow2OptionHelp) {
+  CommandResult r = Create({"-f", "qcow2", "-o", "help"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_THAT(r.out, ::testing::StartsWith(
+                         "Supported qcow2 options:\n"
+                         "  backing_file=<str>     - File name of a base "
+                         "image\n"));
+  EXPECT_THAT(r.out, ::testing::EndsWith(
+                         "  size=<size>            - Virtual disk size\n\n"
+                         "The protocol level may support further options.\n"
+                         "Specify the target filename to include those "
+                         "options.\n"));
+  r = Create({"-f", "qcow2", "-o", "?", "x.qcow2"});
+  EXPECT_THAT(r.out, ::testing::HasSubstr(
+                         "  nocow=<bool (on/off)>  - Turn off copy-on-write "
+                         "(valid only on btrfs)\n"));
+  EXPECT_FALSE(Exists("x.qcow2"));
 }
 
 TEST_F(CreateTest, BackingFilesAreNotSupportedByRaw) {
@@ -211,7 +312,8 @@ TEST_F(CreateTest, BackingFilesAreNotSupportedByRaw) {
 
 TEST_F(CreateTest, UsageErrors) {
   const std::string tail =
-      "Usage: imgtool create [-q] [-f FMT] [-o OPTIONS] FILE [SIZE]\n"
+      "Usage: imgtool create [-q] [-f FMT] [-b BACKING [-F BACKING_FMT]] "
+      "[-u] [-o OPTIONS] FILE [SIZE]\n"
       "Try 'imgtool --help' for more information\n";
   EXPECT_EQ(Create({}).stderr_text(),
             "imgtool: Expecting image file name\n" + tail);

@@ -1,7 +1,27 @@
-// Opening images for imgtool commands: the engine, the protocol node and
-// (later) the format node stacked on it. Raw images are the `file` node
-// itself. Format probing: a file without -f is probed (raw for now) and
-// qemu-img's three-line raw probing warning goes to `err`.
+// Opening images for imgtool commands: the engine, the protocol node and the
+// format node stacked on it. Raw images are the `file` node itself; qcow2
+// images are a qcow2::Qcow2Node over it, with their backing chain opened
+// read-only below them.
+//
+// Format probing (no -f): a file starting with the qcow2 magic (version 2 or
+// 3) is qcow2, one with the qcow (version 1) magic is refused as not
+// supported, anything else is raw; qemu-img's three-line raw probing warning
+// goes to `err` when a probed raw image is opened for writing (never for
+// backing files, which are read-only).
+//
+// Backing files (qcow2): the name stored in the image is resolved against
+// the directory of the image naming it (absolute names and protocol
+// prefixes unchanged), opened read-only with the backing format stored in
+// the image, or probed without one; chains of any depth. The nodes of one
+// command share one engine (OpenImage's `engine` argument), so that images
+// opened one after the other (convert, compare) are driven by one
+// io::RunSync.
+//
+// Corrupt qcow2 images (corrupt bit) open read-only; a read-write open fails
+// with QEMU's "qcow2: Image is corrupt; cannot be opened read/write". A
+// read-write open of a dirty image (lazy refcounts) repairs its refcounts
+// first, printing the repair lines on `err` as QEMU does.
+// Thread model: everything runs on the calling thread.
 #ifndef IMGTOOL_IMGTOOL_IMAGE_H_
 #define IMGTOOL_IMGTOOL_IMAGE_H_
 
@@ -14,6 +34,7 @@
 #include "io/block_node.h"
 #include "io/engine.h"
 #include "posix_file/file_node.h"
+#include "qcow2/qcow2_node.h"
 
 namespace imgtool::cli {
 
@@ -25,38 +46,62 @@ struct ImageSpec {
   bool read_only = true;
   bool force_share = false;      // -U
   // A read-only open that keeps writers out (QEMU's BDRV_O_NO_SHARE, used
-  // for convert's sources unless -U); other read-only opens share write.
+  // for convert's sources unless -U); other read-only opens of raw images
+  // share write. qcow2 images always keep writers out unless -U.
   bool unshare_write = false;
+  // Do not open the backing file (qemu-img info's BDRV_O_NO_BACKING):
+  // clusters the image does not allocate then read as zeroes.
+  bool no_backing = false;
   io::EngineKind aio = io::EngineKind::kAuto;
   int queue_depth = 64;          // requests the command keeps in flight
 };
 
 struct OpenedImage {
-  std::unique_ptr<io::Engine> engine;
+  // Shared by all images of a command; declared first so that the node is
+  // destroyed before it.
+  std::shared_ptr<io::Engine> engine;
   std::unique_ptr<io::BlockNode> node;   // the top node (owns its children)
-  std::string format;                    // "raw", later "qcow2"
-  posix_file::FileNode* file = nullptr;  // the protocol node, not owned
+  std::string format;                    // "raw", "file" or "qcow2"
+  posix_file::FileNode* file = nullptr;  // the top protocol node, not owned
+  qcow2::Qcow2Node* qcow2 = nullptr;     // `node` if format is "qcow2"
 };
 
 // Opens the image. Errors name the file: "Could not open '<file>': <cause>"
-// as qemu-img words it.
-absl::StatusOr<OpenedImage> OpenImage(const ImageSpec& spec, std::ostream& err);
+// as qemu-img words it (a backing file's error reads "Could not open
+// '<top>': Could not open backing file: <cause>"). `engine`: the engine of
+// images already open for the same command, or null to create one for
+// spec.aio and spec.queue_depth (its fallback notice goes to `err`).
+absl::StatusOr<OpenedImage> OpenImage(
+    const ImageSpec& spec, std::ostream& err,
+    std::shared_ptr<io::Engine> engine = nullptr);
 
-// Closes the node (flushing it) and returns the first error.
+// Closes the node (flushing it, then its backing chain) and returns the
+// first error. The engine stays (others may share it).
 absl::Status CloseImage(OpenedImage& image);
 
 // The size of the image in bytes as qemu-img reports it (`virtual size`,
-// the end of `map`, the base of relative resizes): the top node's length
-// rounded up to 512 bytes, since QEMU counts whole sectors (a 1000-byte raw
-// file is 1024 bytes). The bytes past the end of the file read as zeroes.
+// the end of `map`, the base of relative resizes), in whole 512-byte
+// sectors as QEMU counts them: a raw file's length rounded up (a 1000-byte
+// raw file is 1024 bytes, the bytes past its end read as zeroes), a qcow2
+// header's size rounded down.
 uint64_t VirtualSize(const OpenedImage& image);
 
 // Checks a -f value for a command that creates or opens an image:
-// "raw" and "file" are supported; other formats QEMU knows (qcow2, vmdk...)
-// are kUnimplemented "Format '<fmt>' is not supported yet"; anything else is
-// kInvalidArgument "Unknown file format '<fmt>'" (create) or
-// "Unknown driver '<fmt>'" (open), as qemu-img words them.
+// "raw", "file" and "qcow2" are supported; other formats QEMU knows (qcow,
+// vmdk...) are kUnimplemented "Format '<fmt>' is not supported yet";
+// anything else is kInvalidArgument "Unknown file format '<fmt>'" (create)
+// or "Unknown driver '<fmt>'" (open), as qemu-img words them.
 absl::Status CheckFormat(const std::string& format, bool for_create);
+
+// The format of `filename` from its first bytes ("qcow2", "qcow" or "raw"),
+// as qemu-img probes it; errors of open(2)/pread(2) name the file.
+absl::StatusOr<std::string> ProbeFormat(const std::string& filename);
+
+// QEMU's path_combine() for backing file names: `backing` resolved against
+// the directory of `image` ("sub/ov.qcow2" + "base.raw" -> "sub/base.raw");
+// absolute names and names with a protocol prefix ("json:...") unchanged.
+std::string ResolveBackingFilename(const std::string& image,
+                                   const std::string& backing);
 
 }  // namespace imgtool::cli
 

@@ -1,8 +1,11 @@
-// imgtool info [-f FMT] [--output=human|json] [-U] FILE: qemu-img 7.2's
-// image information for raw images (human lines or JSON from info.proto).
+// imgtool info [-f FMT] [--output=human|json] [--backing-chain] [-U] FILE:
+// qemu-img 7.2's image information for raw and qcow2 images (human lines or
+// JSON from info.proto). As qemu-img, the image is opened without its
+// backing file; --backing-chain opens each file of the chain in turn.
 #include <getopt.h>
 
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,20 +17,25 @@
 #include "imgtool/command.h"
 #include "imgtool/image.h"
 #include "imgtool/info.pb.h"
+#include "qcow2/qcow2_node.h"
 
 namespace imgtool::cli {
 namespace {
 
 constexpr char kUsage[] =
-    "Usage: imgtool info [-f FMT] [--output=human|json] [-U] FILE";
+    "Usage: imgtool info [-f FMT] [--output=human|json] [--backing-chain] "
+    "[-U] FILE";
 
 constexpr char kHelp[] =
-    "Usage: imgtool info [-f FMT] [--output=human|json] [-U] FILE\n"
-    "Shows the format, virtual size and disk size of an image.\n"
-    "  -f FMT                image format (raw, file); probed if absent\n"
+    "Usage: imgtool info [-f FMT] [--output=human|json] [--backing-chain] "
+    "[-U] FILE\n"
+    "Shows the format, virtual size, disk size and format details of an "
+    "image.\n"
+    "  -f FMT                image format (raw, file, qcow2); probed if "
+    "absent\n"
     "  --output=human|json   output format (default human)\n"
     "  -U, --force-share     open read-only without taking the image locks\n"
-    "  --backing-chain       show the whole chain (raw: just the image)\n";
+    "  --backing-chain       show every image of the backing chain\n";
 
 enum LongOption { kOutput = 256, kBackingChain, kObject, kImageOpts };
 
@@ -50,6 +58,46 @@ std::string HumanInfo(const ImageInfo& info) {
       info.has_actual_size() ? FormatHumanSize(info.actual_size())
                              : std::string("unavailable"),
       "\n");
+  if (info.has_cluster_size()) {
+    absl::StrAppend(&text, "cluster_size: ", info.cluster_size(), "\n");
+  }
+  if (info.dirty_flag()) absl::StrAppend(&text, "cleanly shut down: no\n");
+  if (info.has_backing_filename()) {
+    absl::StrAppend(&text, "backing file: ", info.backing_filename());
+    if (info.full_backing_filename() != info.backing_filename()) {
+      absl::StrAppend(&text, " (actual path: ", info.full_backing_filename(),
+                      ")");
+    }
+    absl::StrAppend(&text, "\n");
+  }
+  if (info.has_backing_filename_format()) {
+    absl::StrAppend(&text, "backing file format: ",
+                    info.backing_filename_format(), "\n");
+  }
+  if (info.has_format_specific()) {
+    // QEMU dumps the data dictionary with '-' in keys shown as ' '.
+    const Qcow2SpecificInfo& q = info.format_specific().data();
+    absl::StrAppend(&text, "Format specific information:\n");
+    auto flag = [](bool b) { return b ? "true" : "false"; };
+    if (q.has_compat()) absl::StrAppend(&text, "    compat: ", q.compat(), "\n");
+    if (q.has_compression_type()) {
+      absl::StrAppend(&text, "    compression type: ", q.compression_type(),
+                      "\n");
+    }
+    if (q.has_lazy_refcounts()) {
+      absl::StrAppend(&text, "    lazy refcounts: ", flag(q.lazy_refcounts()),
+                      "\n");
+    }
+    if (q.has_refcount_bits()) {
+      absl::StrAppend(&text, "    refcount bits: ", q.refcount_bits(), "\n");
+    }
+    if (q.has_corrupt()) {
+      absl::StrAppend(&text, "    corrupt: ", flag(q.corrupt()), "\n");
+    }
+    if (q.has_extended_l2()) {
+      absl::StrAppend(&text, "    extended l2: ", flag(q.extended_l2()), "\n");
+    }
+  }
   if (info.has_extent_size_hint()) {
     // The file child section of QEMU >= 8.0.
     absl::StrAppend(
@@ -65,12 +113,55 @@ std::string HumanInfo(const ImageInfo& info) {
   return text;
 }
 
+// The information of one opened image (qemu-img's bdrv_query_image_info).
+ImageInfo Describe(const OpenedImage& image, const std::string& filename) {
+  ImageInfo info;
+  info.set_virtual_size(VirtualSize(image));
+  info.set_filename(filename);
+  info.set_format(image.format);
+  if (absl::StatusOr<uint64_t> allocated = image.node->AllocatedSize();
+      allocated.ok()) {
+    info.set_actual_size(*allocated);
+  }
+  info.set_dirty_flag(false);
+  if (const qcow2::Qcow2Node* q = image.qcow2; q != nullptr) {
+    info.set_cluster_size(q->cluster_size());
+    info.set_dirty_flag(q->dirty());
+    if (!q->backing_filename().empty()) {
+      info.set_backing_filename(q->backing_filename());
+      info.set_full_backing_filename(q->full_backing_filename());
+    }
+    if (!q->backing_format().empty()) {
+      info.set_backing_filename_format(q->backing_format());
+    }
+    FormatSpecificInfo* specific = info.mutable_format_specific();
+    specific->set_type("qcow2");
+    Qcow2SpecificInfo* data = specific->mutable_data();
+    data->set_compat(q->compat());
+    data->set_compression_type(q->header().compression_type == 0 ? "zlib"
+                                                                  : "zstd");
+    if (q->header().version >= 3) data->set_lazy_refcounts(q->lazy_refcounts());
+    data->set_refcount_bits(q->refcount_bits());
+    if (q->header().version >= 3) {
+      data->set_corrupt(q->corrupt());
+      data->set_extended_l2(q->extended_l2());
+    }
+  } else if (image.format != "qcow2") {
+    if (std::optional<uint64_t> hint = image.file->ExtentSizeHint();
+        hint.has_value() && *hint != 0) {
+      info.set_extent_size_hint(*hint);
+    }
+  }
+  return info;
+}
+
 }  // namespace
 
 absl::Status RunInfo(const std::vector<std::string>& args, Streams streams) {
   ImageSpec spec;
   std::string output = "human";
   bool help = false;
+  bool backing_chain = false;
   ASSIGN_OR_RETURN(
       std::vector<std::string> operands,
       ParseOptions(args, "f:hU", kLongOptions, kUsage,
@@ -80,7 +171,7 @@ absl::Status RunInfo(const std::vector<std::string>& args, Streams streams) {
                        case 'h': help = true; break;
                        case 'U': spec.force_share = true; break;
                        case kOutput: output = arg; break;
-                       case kBackingChain: break;  // raw has no backing file
+                       case kBackingChain: backing_chain = true; break;
                        case kObject:
                          return absl::UnimplementedError(
                              "--object is not supported yet");
@@ -100,30 +191,47 @@ absl::Status RunInfo(const std::vector<std::string>& args, Streams streams) {
         "--image-opts and --format are mutually exclusive");
   }
   ASSIGN_OR_RETURN(const bool json, ParseOutputFormat(output));
-  spec.filename = operands[0];
   spec.read_only = true;
+  spec.no_backing = true;
   spec.queue_depth = 1;
 
-  ASSIGN_OR_RETURN(OpenedImage image, OpenImage(spec, streams.err));
-  ImageInfo info;
-  info.set_virtual_size(VirtualSize(image));
-  info.set_filename(spec.filename);
-  info.set_format(image.format);
-  if (absl::StatusOr<uint64_t> allocated = image.node->AllocatedSize();
-      allocated.ok()) {
-    info.set_actual_size(*allocated);
+  // One image, or the chain: each file opened on its own (without its
+  // backing file) by its resolved name, with the backing format it names.
+  std::vector<ImageInfo> infos;
+  std::set<std::string> seen;
+  std::optional<std::string> next = operands[0];
+  std::shared_ptr<io::Engine> engine;
+  while (next.has_value()) {
+    if (!seen.insert(*next).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Backing file '", *next, "' creates an infinite loop."));
+    }
+    spec.filename = *next;
+    ASSIGN_OR_RETURN(OpenedImage image, OpenImage(spec, streams.err, engine));
+    engine = image.engine;
+    infos.push_back(Describe(image, spec.filename));
+    RETURN_IF_ERROR(CloseImage(image));
+    const ImageInfo& info = infos.back();
+    next.reset();
+    if (backing_chain && info.has_full_backing_filename()) {
+      next = info.full_backing_filename();
+      spec.format = info.backing_filename_format();
+    }
   }
-  info.set_dirty_flag(false);
-  if (std::optional<uint64_t> hint = image.file->ExtentSizeHint();
-      hint.has_value() && *hint != 0) {
-    info.set_extent_size_hint(*hint);
-  }
-  RETURN_IF_ERROR(CloseImage(image));
 
-  if (json) {
-    streams.out << PrintJson(info) << "\n";
+  if (json && backing_chain) {
+    streams.out << "[";
+    for (size_t i = 0; i < infos.size(); ++i) {
+      streams.out << (i == 0 ? "\n    " : ",\n    ") << PrintJson(infos[i], 1);
+    }
+    streams.out << "\n]\n";
+  } else if (json) {
+    streams.out << PrintJson(infos[0]) << "\n";
   } else {
-    streams.out << HumanInfo(info);
+    for (size_t i = 0; i < infos.size(); ++i) {
+      if (i > 0) streams.out << "\n";
+      streams.out << HumanInfo(infos[i]);
+    }
   }
   return absl::OkStatus();
 }

@@ -18,6 +18,7 @@
 #include "base/status_macros.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
+#include "qcow2/qcow2_node.h"
 
 namespace imgtool::cli {
 namespace {
@@ -82,36 +83,64 @@ bool Mergeable(const MapEntry& curr, const MapEntry& next) {
   return true;
 }
 
-// The state of [offset, offset + bytes) from its start. Past the end of the
-// file (up to the 512-byte rounded virtual size) the image reads as zeroes.
+// The length of a node in whole sectors as QEMU sees it: a raw file rounded
+// up to 512 bytes (the rest reads as zeroes), a qcow2 image rounded down.
+uint64_t SectorLength(const io::BlockNode& node) {
+  if (dynamic_cast<const qcow2::Qcow2Node*>(&node) != nullptr) {
+    return node.size() / 512 * 512;
+  }
+  return (node.size() + 511) / 512 * 512;
+}
+
+// The state of [offset, offset + bytes) from its start, through the backing
+// chain as qemu-img map walks it: the first node that has the range
+// allocated (data or zero) answers at its depth; a node without a backing
+// file, or whose backing file ends before `offset`, answers "zero, not
+// present" at its own depth; a raw file always answers (present).
 absl::StatusOr<MapEntry> GetEntry(OpenedImage& image, uint64_t offset,
                                   uint64_t bytes) {
   MapEntry e;
   e.start = offset;
-  e.present = true;
-  const uint64_t file_size = image.node->size();
-  if (offset >= file_size) {
-    e.length = bytes;
-    e.zero = true;
-    e.has_offset = true;
-    e.offset = offset;
-    e.file = image.file;
-    return e;
+  io::BlockNode* node = image.node.get();
+  for (int depth = 0;; ++depth) {
+    e.depth = depth;
+    const uint64_t node_size = node->size();
+    if (offset >= node_size) {
+      // A raw file's tail up to the 512-byte rounded length: zeroes.
+      e.length = bytes;
+      e.present = true;
+      e.zero = true;
+      e.has_offset = true;
+      e.offset = offset;
+      e.file = node;
+      return e;
+    }
+    ASSIGN_OR_RETURN(
+        io::BlockStatus status,
+        io::RunSync(*image.engine,
+                    node->GetBlockStatus(
+                        offset, std::min(bytes, node_size - offset))));
+    bytes = status.length;
+    e.length = status.length;
+    const bool is_format = dynamic_cast<qcow2::Qcow2Node*>(node) != nullptr;
+    if (status.data || status.zero || !is_format) {
+      e.data = status.data;
+      e.zero = status.zero;
+      e.present = true;
+      e.has_offset = status.offset_valid;
+      e.offset = status.host_offset;
+      e.file = status.file != nullptr ? status.file : node;
+      if (!e.has_offset) e.file = nullptr;
+      return e;
+    }
+    io::BlockNode* backing = node->backing();
+    if (backing == nullptr || offset >= SectorLength(*backing)) {
+      e.zero = true;
+      e.present = false;
+      return e;
+    }
+    node = backing;
   }
-  ASSIGN_OR_RETURN(
-      io::BlockStatus status,
-      io::RunSync(*image.engine,
-                  image.node->GetBlockStatus(
-                      offset, std::min(bytes, file_size - offset))));
-  e.length = status.length;
-  e.data = status.data;
-  e.zero = status.zero;
-  e.present = status.data || status.zero;
-  e.has_offset = status.offset_valid;
-  e.offset = status.host_offset;
-  e.file = status.file;
-  if (e.file == nullptr && e.has_offset) e.file = image.file;
-  return e;
 }
 
 std::string Hex(uint64_t v) {
