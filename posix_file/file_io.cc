@@ -478,24 +478,30 @@ absl::Status FileIo::Reword(const absl::Status& st,
   return ErrnoStatus(config_.path, operation, error_number);
 }
 
-io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode) {
+io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode,
+                                        bool exact) {
   struct stat st;
   if (fstat(config_.fd, &st) != 0) {
     co_return ErrnoStatus(config_.path, "fstat", errno);
   }
   if (!S_ISREG(st.st_mode)) {
+    // QEMU's order: preallocation, then device length, then other types.
     if (mode != io::PreallocMode::kOff) {
-      co_return absl::InvalidArgumentError(absl::StrFormat(
+      co_return absl::UnimplementedError(absl::StrFormat(
           "%s: Preallocation mode '%s' unsupported for this non-regular file",
           config_.path, io::PreallocModeName(mode)));
+    }
+    if (!S_ISBLK(st.st_mode) && !S_ISCHR(st.st_mode)) {
+      co_return absl::UnimplementedError(
+          absl::StrCat(config_.path, ": Resizing this file is not supported"));
+    }
+    if (exact && new_size != size_) {
+      co_return absl::UnimplementedError(
+          absl::StrCat(config_.path, ": Cannot resize device files"));
     }
     if (new_size > size_) {
       co_return absl::InvalidArgumentError(
           absl::StrCat(config_.path, ": Cannot grow device files"));
-    }
-    if (new_size < size_) {
-      co_return absl::UnimplementedError(
-          absl::StrCat(config_.path, ": Cannot resize device files"));
     }
     co_return absl::OkStatus();
   }

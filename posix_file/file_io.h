@@ -120,8 +120,13 @@ class FileIo {
   // empty file; falloc = fallocate from the old length (no ftruncate first),
   // falling back to zero writes of <= 1 MiB each (one write per filesystem
   // block at most, no reads); full = ftruncate, zero writes, fsync. On
-  // failure the old length is restored. Devices: only kOff at the same size.
-  io::Task<absl::Status> Truncate(uint64_t new_size, io::PreallocMode mode);
+  // failure the old length is restored. Block and character devices keep
+  // their length and take only kOff: `exact` (resize) accepts only the
+  // current length (else kUnimplemented "Cannot resize device files"),
+  // !exact (create) any length up to it (else kInvalidArgument "Cannot grow
+  // device files"). Errors name the path.
+  io::Task<absl::Status> Truncate(uint64_t new_size, io::PreallocMode mode,
+                                  bool exact);
 
  private:
   struct InflightWrite {

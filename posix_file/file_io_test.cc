@@ -90,12 +90,12 @@ TEST_F(FileIoTest, TruncateRestoresTheOldLengthOnFailure) {
   FileIo file(*engine_, FileIo::Config{.fd = fd, .path = path_, .size = 8192});
   // Far beyond any filesystem's limit.
   absl::Status st = io::RunSync(
-      *engine_, file.Truncate(uint64_t{1} << 62, io::PreallocMode::kFalloc));
+      *engine_, file.Truncate(uint64_t{1} << 62, io::PreallocMode::kFalloc, true));
   EXPECT_FALSE(st.ok());
   EXPECT_EQ(file.size(), 8192u);
   EXPECT_EQ(lseek(fd, 0, SEEK_END), 8192);
   st = io::RunSync(*engine_,
-                   file.Truncate(uint64_t{1} << 62, io::PreallocMode::kFull));
+                   file.Truncate(uint64_t{1} << 62, io::PreallocMode::kFull, true));
   EXPECT_FALSE(st.ok());
   EXPECT_EQ(lseek(fd, 0, SEEK_END), 8192);
   close(fd);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -85,6 +86,40 @@ void AbandonCreate(int fd, const std::string& path, bool created) {
   close(fd);
 }
 
+// Create on a block or character device (QEMU's host_device create): the
+// length stays, `size` may not exceed it ("Cannot grow device files"), and
+// the first sector is zeroed so no old image header is found there again.
+absl::Status CreateOnDevice(int fd, const std::string& path, uint64_t size) {
+  const off_t end = lseek(fd, 0, SEEK_END);
+  if (end < 0) return ErrnoStatus(path, "lseek", errno);
+  internal::FileIo::Config config{.fd = fd,
+                                  .path = path,
+                                  .regular_file = false,
+                                  .size = static_cast<uint64_t>(end)};
+  int sector = 0;
+  if (ioctl(fd, BLKSSZGET, &sector) == 0 && sector > 0) {
+    config.logical_block_size = static_cast<uint64_t>(sector);
+  }
+  std::unique_ptr<io::Engine> engine = internal::NewInlineEngine();
+  internal::FileIo file_io(*engine, std::move(config));
+  RETURN_IF_ERROR(io::RunSync(
+      *engine, file_io.Truncate(size, io::PreallocMode::kOff, /*exact=*/false)));
+  const uint64_t clear = std::min<uint64_t>(static_cast<uint64_t>(end), 512);
+  if (clear == 0) return absl::OkStatus();
+  absl::Status st =
+      io::RunSync(*engine, file_io.WriteZeroes(0, clear, /*may_unmap=*/true));
+  if (absl::IsUnimplemented(st)) {
+    const std::vector<uint8_t> zeroes(clear, 0);
+    st = io::RunSync(*engine,
+                     file_io.Write(0, io::ConstIoVec(zeroes.data(), clear)));
+  }
+  if (const int error_number = StatusErrno(st); error_number != 0) {
+    return ErrnoStatus(path, "Failed to clear the new image's first sector",
+                       error_number);
+  }
+  return st;
+}
+
 std::function<void(const std::string&)>& BeforeCreateLockHook() {
   static auto* hook = new std::function<void(const std::string&)>();
   return *hook;
@@ -125,6 +160,19 @@ absl::Status CreateFile(const std::string& path,
     fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   }
   if (fd < 0) return ErrnoStatus(path, "Could not create", errno);
+  struct stat file_stat;
+  if (fstat(fd, &file_stat) != 0) {
+    absl::Status st = ErrnoStatus(path, "fstat", errno);
+    AbandonCreate(fd, path, created);
+    return st;
+  }
+  const bool regular_file = S_ISREG(file_stat.st_mode);
+  if (!regular_file && prealloc != io::PreallocMode::kOff) {
+    close(fd);
+    return absl::UnimplementedError(
+        absl::StrFormat("%s: Unsupported preallocation mode '%s'", path,
+                        io::PreallocModeName(prealloc)));
+  }
 
   if (BeforeCreateLockHook()) BeforeCreateLockHook()(path);
   // Locks before touching the content: an image in use stays intact. A file
@@ -136,6 +184,11 @@ absl::Status CreateFile(const std::string& path,
   if (!locked.ok()) {
     close(fd);
     return locked.status();
+  }
+  if (!regular_file) {
+    absl::Status st = CreateOnDevice(fd, path, size);
+    if (close(fd) != 0 && st.ok()) st = ErrnoStatus(path, "close", errno);
+    return st;
   }
   if (ftruncate(fd, 0) != 0) {
     absl::Status st = ErrnoStatus(path, "Could not resize file", errno);
@@ -154,7 +207,8 @@ absl::Status CreateFile(const std::string& path,
   std::unique_ptr<io::Engine> engine = internal::NewInlineEngine();
   internal::FileIo file_io(*engine, internal::FileIo::Config{
                                         .fd = fd, .path = path, .size = 0});
-  absl::Status st = io::RunSync(*engine, file_io.Truncate(size, prealloc));
+  absl::Status st = io::RunSync(
+      *engine, file_io.Truncate(size, prealloc, /*exact=*/false));
   if (!st.ok()) {
     AbandonCreate(fd, path, created);
     return st;
@@ -357,7 +411,7 @@ io::Task<absl::Status> FileNode::DoTruncate(uint64_t size,
                                             io::PreallocMode prealloc) {
   ++state_->write_gen;
   state_->extent_valid = false;
-  co_return co_await state_->io.Truncate(size, prealloc);
+  co_return co_await state_->io.Truncate(size, prealloc, /*exact=*/true);
 }
 
 io::Task<absl::StatusOr<io::BlockStatus>> FileNode::DoGetBlockStatus(

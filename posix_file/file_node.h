@@ -28,6 +28,11 @@ namespace imgtool::posix_file {
 // hint, then grow with the preallocation mode, never truncating to the final
 // size before falloc). Warnings such as "Failed to set extent size hint:
 // <strerror>" (only for an explicit non-zero hint) go to `warnings`.
+// On a block or character device (QEMU's host_device create) the length is
+// kept: `size` up to the device length is fine, more is kInvalidArgument
+// "<path>: Cannot grow device files", preallocation is kUnimplemented
+// "<path>: Unsupported preallocation mode '<mode>'", and the first 512 bytes
+// are zeroed; hint and nocow do not apply.
 // Errors name the path: kInvalidArgument for bad options, kFailedPrecondition
 // if another process holds the image's locks, errno-derived codes for
 // syscalls. On failure after the locks were taken, a file that did not

@@ -394,7 +394,8 @@ TEST_F(FileNodeFsTest, DirectIoOnA4096ByteSectorFilesystem) {
 // A loop device with 4096-byte sectors, attached (not mounted) for the test.
 class LoopDevice {
  public:
-  static std::unique_ptr<LoopDevice> Attach(uint64_t size) {
+  static std::unique_ptr<LoopDevice> Attach(uint64_t size,
+                                            int sector_size = 4096) {
     const char* tmp = getenv("TEST_TMPDIR");
     std::string backing = absl::StrCat(tmp ? tmp : "/tmp", "/loop4k.XXXXXX");
     int fd = mkstemp(backing.data());
@@ -402,7 +403,8 @@ class LoopDevice {
     bool ok = ftruncate(fd, size) == 0;
     close(fd);
     std::string dev(absl::StripTrailingAsciiWhitespace(RunCommand(
-        "losetup --find --show --sector-size 4096 " + backing + " 2>/dev/null")));
+        absl::StrCat("losetup --find --show --sector-size ", sector_size,
+                     " ", backing, " 2>/dev/null"))));
     if (!ok || !absl::StartsWith(dev, "/dev/loop")) {
       unlink(backing.c_str());
       return nullptr;
@@ -414,6 +416,7 @@ class LoopDevice {
     unlink(backing_.c_str());
   }
   const std::string& device() const { return device_; }
+  const std::string& backing() const { return backing_; }
 
  private:
   LoopDevice(std::string backing, std::string device)
@@ -450,6 +453,66 @@ TEST_F(FileNodeFsTest, DirectIoOnA4096ByteSectorLoopDevice) {
   EXPECT_FALSE(Run(node->Truncate(32 << 20, io::PreallocMode::kOff)).ok());
   ASSERT_TRUE(Run(node->Flush()).ok());
   ASSERT_TRUE(Run(node->Close()).ok());
+}
+
+// Create and resize on block and character devices, as qemu-img 7.2 does
+// them: the length never changes, create may ask for less (and zeroes the
+// first sector), resize only for the same length.
+TEST_F(FileNodeFsTest, DevicesKeepTheirLength) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root";
+  auto loop = LoopDevice::Attach(8 << 20, 512);
+  if (loop == nullptr) GTEST_SKIP() << "losetup failed";
+  const std::string dev = loop->device();
+  auto fill = [&] {
+    const std::vector<uint8_t> data(8192, 0xab);
+    int fd = open(dev.c_str(), O_WRONLY);
+    ASSERT_EQ(pwrite(fd, data.data(), data.size(), 0), 8192);
+    close(fd);
+  };
+  std::vector<uint8_t> expected(8192, 0xab);
+  std::fill(expected.begin(), expected.begin() + 512, 0);
+  for (uint64_t size : {uint64_t{8} << 20, uint64_t{4} << 20, uint64_t{0}}) {
+    SCOPED_TRACE(size);
+    fill();
+    absl::Status created = Create(dev, size);
+    ASSERT_TRUE(created.ok()) << created;
+    EXPECT_EQ(ReadWithPread(dev, 0, 8192), expected);
+  }
+  fill();
+  absl::Status st = Create(dev, 16 << 20);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(), dev + ": Cannot grow device files");
+  EXPECT_EQ(ReadWithPread(dev, 0, 8192), std::vector<uint8_t>(8192, 0xab));
+  for (const char* mode : {"falloc", "full"}) {
+    st = Create(dev, 8 << 20, mode);
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
+    EXPECT_EQ(st.message(),
+              absl::StrCat(dev, ": Unsupported preallocation mode '", mode,
+                           "'"));
+  }
+  EXPECT_EQ(ReadWithPread(dev, 0, 8192), std::vector<uint8_t>(8192, 0xab));
+  struct stat backing;
+  ASSERT_EQ(stat(loop->backing().c_str(), &backing), 0);
+  EXPECT_EQ(backing.st_size, 8 << 20);
+
+  auto node = Open(dev);
+  ASSERT_NE(node, nullptr);
+  EXPECT_TRUE(Run(node->Truncate(8 << 20, io::PreallocMode::kOff)).ok());
+  for (uint64_t size : {uint64_t{16} << 20, uint64_t{4} << 20}) {
+    st = Run(node->Truncate(size, io::PreallocMode::kOff));
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
+    EXPECT_EQ(st.message(), dev + ": Cannot resize device files");
+  }
+  st = Run(node->Truncate(16 << 20, io::PreallocMode::kFalloc));
+  EXPECT_EQ(st.message(), dev + ": Preallocation mode 'falloc' unsupported "
+                                "for this non-regular file");
+  EXPECT_EQ(node->size(), 8u << 20);
+  ASSERT_TRUE(Run(node->Close()).ok());
+
+  // /dev/null is a character device of length 0.
+  EXPECT_TRUE(Create("/dev/null", 0).ok());
+  st = Create("/dev/null", 1 << 20);
+  EXPECT_EQ(st.message(), "/dev/null: Cannot grow device files");
 }
 
 }  // namespace

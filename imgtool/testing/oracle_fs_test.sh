@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Oracle test of the raw foundation on real storage (loop mounts and loop
 # devices; needs root, so the target is tagged "local"): a full filesystem,
-# compared with qemu-img 7.2.
+# create and resize on block and character devices, compared with qemu-img
+# 7.2.
 # Usage: oracle_fs_test.sh PATH_TO_IMGTOOL
 set -u
 IMGTOOL=$(realpath "$1")
@@ -17,8 +18,10 @@ fi
 
 BASE=$(mktemp -d "${TEST_TMPDIR:-/tmp}/oracle_fs.XXXXXX")
 MOUNTS=()
+LOOP=""
 cleanup() {
   local m
+  [[ -z "$LOOP" ]] || losetup -d "$LOOP"
   for m in "${MOUNTS[@]}"; do
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
   done
@@ -60,5 +63,46 @@ if mount_fs mkfs.ext4 40M "$BASE/ext4"; then
 else
   fail "cannot mount ext4"
 fi
+
+echo "== block device (8 MiB loop device)"
+truncate -s 8M "$BASE/dev.img"
+LOOP=$(losetup --find --show "$BASE/dev.img")
+if [[ "$LOOP" == /dev/loop* ]]; then
+  fill() { yes $'\xab' | tr -d '\n' | head -c 8192 | dd of="$LOOP" conv=notrunc status=none; }
+  head16k() { head -c 16384 "$LOOP" | md5sum; }
+  for args in "create -f raw $LOOP 8M" "create -f raw $LOOP 4M" \
+    "create -f raw $LOOP 0" "create -f raw $LOOP 16M" \
+    "create -f raw -o preallocation=full $LOOP 8M" \
+    "create -f raw -o preallocation=falloc $LOOP 4M"; do
+    # Same output and the same first bytes left on the device.
+    fill
+    eval run "$IMGTOOL" "$WORK" "$args"
+    a_out=$OUT a_err=$ERR a_rc=$RC a_head=$(head16k)
+    fill
+    eval run qemu-img "$WORK" "$args"
+    checks=$((checks + 1))
+    diff_text "$args" stdout "$a_out" "$OUT" &&
+      diff_text "$args" stderr "$a_err" "$ERR" &&
+      diff_text "$args" "exit status" "$a_rc" "$RC" &&
+      diff_text "$args" "first 16 KiB" "$a_head" "$(head16k)"
+  done
+  for args in "8M" "16M" "4M" "--shrink 4M" "+1M" "--shrink -- -1M" "+0" \
+    "--preallocation=falloc 16M" "--preallocation=full 8M"; do
+    eval same_output "$WORK" "resize -f raw $LOOP $args"
+  done
+  eval same_output "$WORK" "resize $LOOP 16M"
+  [[ $(blockdev --getsize64 "$LOOP") -eq 8388608 ]] || fail "$LOOP changed size"
+else
+  fail "losetup failed"
+  LOOP=""
+fi
+
+echo "== character device (/dev/null)"
+for args in "create -f raw /dev/null 0" "create -f raw /dev/null 1M" \
+  "create -f raw -o preallocation=full /dev/null 0" \
+  "resize -f raw /dev/null 1M" "resize -f raw --shrink /dev/null 0" \
+  "info -f raw /dev/null"; do
+  eval same_output "$WORK" "$args"
+done
 
 finish
