@@ -22,6 +22,15 @@ int LockByte(int fd, int byte) {
   return fcntl(fd, F_OFD_SETLK, &fl) == 0 ? 0 : -errno;
 }
 
+void UnlockByte(int fd, int byte) {
+  struct flock fl = {};
+  fl.l_type = F_UNLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = byte;
+  fl.l_len = 1;
+  (void)fcntl(fd, F_OFD_SETLK, &fl);
+}
+
 // 1 if another open file description holds a lock on `byte` that conflicts
 // with an exclusive lock, 0 if free, -errno on failure.
 int ByteIsLocked(int fd, int byte) {
@@ -124,6 +133,15 @@ absl::StatusOr<bool> LockImage(int fd, const std::string& path,
     if (r > 0) return ConflictError(path, /*shared=*/true, bit);
   }
   return true;
+}
+
+void UnlockImage(int fd, LockPerms perms) {
+  for (int bit = 0; bit < kNumPerms; ++bit) {
+    if ((perms.held & (1 << bit)) != 0) UnlockByte(fd, kLockPermBase + bit);
+    if ((perms.unshared & (1 << bit)) != 0) {
+      UnlockByte(fd, kLockSharedBase + bit);
+    }
+  }
 }
 
 }  // namespace imgtool::posix_file::internal

@@ -42,6 +42,10 @@ inline constexpr LockPerms kReadWritePerms = {
 inline constexpr LockPerms kReadOnlyPerms = {kPermConsistentRead,
                                              kPermWrite | kPermResize};
 inline constexpr LockPerms kForceSharePerms = {kPermConsistentRead, 0};
+// QEMU's raw format over `file` shares everything (qemu-io -f raw holds
+// 100 and 101 only; resize is taken on the first truncate).
+inline constexpr LockPerms kShareAllReadWritePerms = {
+    kPermConsistentRead | kPermWrite, 0};
 
 enum class LockingMode { kAuto, kOn, kOff };
 
@@ -60,6 +64,10 @@ absl::StatusOr<LockingMode> ParseLockingMode(const std::string& value);
 absl::StatusOr<bool> LockImage(int fd, const std::string& path,
                                LockPerms perms, LockingMode mode,
                                std::ostream* warnings);
+
+// Drops the locks of `perms` on `fd` (both byte sets). Unlock failures are
+// ignored (QEMU only warns about them).
+void UnlockImage(int fd, LockPerms perms);
 
 // Name of a single permission bit as QEMU prints it ("consistent read",
 // "write", "write unchanged", "resize").

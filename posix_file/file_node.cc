@@ -230,6 +230,9 @@ struct FileNode::State {
   internal::FileIo io;
   bool direct = false;
   bool no_flush = false;
+  bool locked = false;  // image locks are held on fd
+  internal::LockingMode locking = internal::LockingMode::kAuto;
+  uint8_t held = 0;  // internal::Perm bits locked on bytes 100 + bit
   int flush_errno = 0;       // sticky fdatasync failure (without O_DIRECT)
   uint64_t write_gen = 0;    // bumped by every change
   uint64_t flushed_gen = 0;  // write_gen covered by the last good flush
@@ -290,10 +293,14 @@ absl::StatusOr<std::unique_ptr<FileNode>> FileNode::Open(
     }
   }
 
-  const internal::LockPerms perms =
-      read_only ? (options.force_share() ? internal::kForceSharePerms
-                                         : internal::kReadOnlyPerms)
-                : internal::kReadWritePerms;
+  const bool share_all = options.force_share() || options.share_all_with_others();
+  internal::LockPerms perms;
+  if (read_only) {
+    perms = share_all ? internal::kForceSharePerms : internal::kReadOnlyPerms;
+  } else {
+    perms = share_all ? internal::kShareAllReadWritePerms
+                      : internal::kReadWritePerms;
+  }
   absl::StatusOr<bool> locked =
       internal::LockImage(fd, path, perms, locking, warnings);
   if (!locked.ok()) return fail(locked.status());
@@ -309,6 +316,9 @@ absl::StatusOr<std::unique_ptr<FileNode>> FileNode::Open(
   auto state = std::make_unique<State>(engine, std::move(config));
   state->direct = (cache.open_flags & O_DIRECT) != 0;
   state->no_flush = cache.no_flush;
+  state->locked = *locked;
+  state->locking = locking;
+  state->held = perms.held;
   return std::unique_ptr<FileNode>(
       new FileNode(path, read_only, std::move(state)));
 }
@@ -409,6 +419,18 @@ io::Task<absl::Status> FileNode::DoFlush() {
 
 io::Task<absl::Status> FileNode::DoTruncate(uint64_t size,
                                             io::PreallocMode prealloc) {
+  // A node that shares everything takes the resize permission only now,
+  // as QEMU does when a raw image is first truncated.
+  if (state_->locked && (state_->held & internal::kPermResize) == 0) {
+    const internal::LockPerms resize = {internal::kPermResize, 0};
+    absl::StatusOr<bool> locked = internal::LockImage(
+        state_->fd, filename(), resize, state_->locking, nullptr);
+    if (!locked.ok()) {
+      internal::UnlockImage(state_->fd, resize);
+      co_return locked.status();
+    }
+    state_->held |= internal::kPermResize;
+  }
   ++state_->write_gen;
   state_->extent_valid = false;
   co_return co_await state_->io.Truncate(size, prealloc, /*exact=*/true);

@@ -50,8 +50,11 @@ class FileNode : public io::BlockNode {
   // outlive the node). Takes the OFD locks of file-posix.md §7; a conflict
   // is kFailedPrecondition: `Failed to get "write" lock` + `Is another
   // process using the image [<file>]?` (one line, joined by "\n" only if
-  // qemu-img prints two). Probes O_DIRECT alignment for cache=none and
-  // directsync.
+  // qemu-img prints two). Which bytes are locked follows read_only,
+  // force_share and share_all_with_others (file_options.proto); a node that
+  // shares everything locks byte 103 (resize) on its first Truncate, which
+  // fails with `Failed to get "resize" lock` if another opener denies it.
+  // Probes O_DIRECT alignment for cache=none and directsync.
   static absl::StatusOr<std::unique_ptr<FileNode>> Open(
       io::Engine& engine, const FileOpenOptions& options,
       std::ostream* warnings);

@@ -148,6 +148,16 @@ class FileNodeTest : public ::testing::Test {
     return FileNode::Open(engine_, options, &warnings_);
   }
 
+  // An open with share_all_with_others (QEMU's raw format).
+  absl::StatusOr<std::unique_ptr<FileNode>> OpenSharingAll(
+      const std::string& path, bool read_only = false) {
+    FileOpenOptions options;
+    options.set_filename(path);
+    options.set_read_only(read_only);
+    options.set_share_all_with_others(true);
+    return FileNode::Open(engine_, options, &warnings_);
+  }
+
   template <typename T>
   T Run(io::Task<T> task) {
     return io::RunSync(engine_, std::move(task));
@@ -594,6 +604,87 @@ TEST_F(FileNodeTest, LostCreateRaceLeavesTheFileAlone) {
   const std::string huge = Path("huge.raw");
   EXPECT_FALSE(Create(huge, uint64_t{1} << 62).ok());
   EXPECT_EQ(access(huge.c_str(), F_OK), -1);
+}
+
+// share_all_with_others gives the locks of qemu-io -f raw: 100 and 101
+// read-write (103 once it truncates), 100 read-only, nothing denied.
+TEST_F(FileNodeTest, SharingAllLocksLikeQemuRaw) {
+  const std::string path = Path("raw.raw");
+  ASSERT_TRUE(Create(path, 1 << 20).ok());
+  {
+    auto rw = OpenSharingAll(path);
+    ASSERT_TRUE(rw.ok()) << rw.status();
+    EXPECT_EQ(LockedBytes(path), (std::multiset<uint64_t>{100, 101}));
+    // Other writers and resizers are welcome, qemu's and ours.
+    EXPECT_EQ(RunCommand(absl::StrCat("qemu-io -f raw -c 'write -P 0x33 0 512' ",
+                                      path, " 2>&1 | head -1")),
+              "wrote 512/512 bytes at offset 0\n");
+    EXPECT_EQ(RunCommand(absl::StrCat("qemu-img resize -f raw ", path,
+                                      " 2M 2>&1")),
+              "Image resized.\n");
+    auto rw2 = OpenSharingAll(path);
+    ASSERT_TRUE(rw2.ok()) << rw2.status();
+    auto ro = OpenSharingAll(path, /*read_only=*/true);
+    ASSERT_TRUE(ro.ok()) << ro.status();
+    EXPECT_EQ(LockedBytes(path),
+              (std::multiset<uint64_t>{100, 100, 100, 101, 101}));
+    // A format driver's open denies write, so it cannot join.
+    auto strict = Open(path);
+    EXPECT_EQ(strict.status().message(),
+              "Failed to get shared \"write\" lock\nIs another process using "
+              "the image [" + path + "]?");
+    auto strict_ro = Open(path, "", /*read_only=*/true);
+    EXPECT_EQ(strict_ro.status().message(), strict.status().message());
+    ASSERT_TRUE(Run((*rw2)->Close()).ok());
+    ASSERT_TRUE(Run((*ro)->Close()).ok());
+
+    ASSERT_TRUE(Run((*rw)->Truncate(3 << 20, io::PreallocMode::kOff)).ok());
+    EXPECT_EQ(LockedBytes(path), (std::multiset<uint64_t>{100, 101, 103}));
+    EXPECT_EQ(FileLength(path), 3u << 20);
+    ASSERT_TRUE(Run((*rw)->Close()).ok());
+  }
+  EXPECT_TRUE(LockedBytes(path).empty());
+  // Read-only: consistent read only, like qemu-io -r -f raw.
+  {
+    auto ro = OpenSharingAll(path, /*read_only=*/true);
+    ASSERT_TRUE(ro.ok()) << ro.status();
+    EXPECT_EQ(LockedBytes(path), (std::multiset<uint64_t>{100}));
+    auto rw = Open(path);
+    ASSERT_TRUE(rw.ok()) << rw.status();
+    ASSERT_TRUE(Run((*rw)->Close()).ok());
+  }
+  // A writer that denies write keeps a sharing node out; one that denies
+  // only resize lets it open but not truncate.
+  {
+    auto strict = Open(path);
+    ASSERT_TRUE(strict.ok());
+    auto rw = OpenSharingAll(path);
+    EXPECT_EQ(rw.status().message(),
+              "Failed to get \"write\" lock\nIs another process using the "
+              "image [" + path + "]?");
+  }
+  {
+    int fd = open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    struct flock fl = {};
+    fl.l_type = F_RDLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 203;  // resize not shared, as qemu-img create does
+    fl.l_len = 1;
+    ASSERT_EQ(fcntl(fd, F_OFD_SETLK, &fl), 0);
+    auto rw = OpenSharingAll(path);
+    ASSERT_TRUE(rw.ok()) << rw.status();
+    absl::Status st = Run((*rw)->Truncate(4 << 20, io::PreallocMode::kOff));
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(st.message(),
+              "Failed to get \"resize\" lock\nIs another process using the "
+              "image [" + path + "]?");
+    EXPECT_EQ(FileLength(path), 3u << 20);
+    EXPECT_EQ(LockedBytes(path), (std::multiset<uint64_t>{100, 101, 203}));
+    close(fd);
+    ASSERT_TRUE(Run((*rw)->Truncate(4 << 20, io::PreallocMode::kOff)).ok());
+    ASSERT_TRUE(Run((*rw)->Close()).ok());
+  }
 }
 
 TEST_F(FileNodeTest, TruncateGrowsWithPreallocationAndShrinks) {
