@@ -145,9 +145,6 @@ absl::StatusOr<CheckedCreateOptions> CheckCreateOptions(
         "extended_l2 is on");
   }
   RETURN_IF_ERROR(format::ComputeNewImageLayout(o).status());
-  if (o.extended_l2) {
-    return absl::UnimplementedError("extended_l2 is not yet supported");
-  }
   return out;
 }
 

@@ -24,8 +24,8 @@ namespace imgtool::qcow2 {
 // "Parameter 'preallocation' does not accept value 'foo'", "Cluster size
 // must be a power of two between 512 and 2048k", "Backing file and
 // preallocation can only be used at the same time if extended_l2 is on",
-// ...); kUnimplemented "extended_l2 is not yet supported" for a valid
-// extended_l2=on.
+// "Extended L2 entries are only supported with cluster sizes of at least
+// 16384 bytes", ...).
 struct CheckedCreateOptions {
   format::NewImageOptions image;
   io::PreallocMode preallocation = io::PreallocMode::kOff;

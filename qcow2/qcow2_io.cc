@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/numeric/bits.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "io/chain_status.h"
@@ -106,9 +107,11 @@ io::Task<absl::StatusOr<TableCache::Ref>> Qcow2Node::GetL2ForWrite(
 namespace {
 
 // The cluster type by the entry's bits alone (QEMU's qcow2_get_cluster_type).
-ClusterType RawType(const L2Entry& e) {
+// With extended L2 entries the zero flag is ignored: a cluster is normal
+// (host cluster reserved) or unallocated, its subclusters say the rest.
+ClusterType RawType(const L2Entry& e, bool extended) {
   if (e.compressed()) return ClusterType::kCompressed;
-  const bool zero = (e.word & format::kZeroFlag) != 0;
+  const bool zero = !extended && (e.word & format::kZeroFlag) != 0;
   if (zero) {
     return e.host_offset() != 0 ? ClusterType::kZeroAlloc
                                 : ClusterType::kZeroPlain;
@@ -120,7 +123,13 @@ ClusterType RawType(const L2Entry& e) {
 
 io::Task<absl::StatusOr<format::ClusterType>> Qcow2Node::Classify(
     const format::L2Entry& e, uint64_t l2_offset, uint64_t index) {
-  const ClusterType type = RawType(e);
+  const ClusterType type = RawType(e, l2_format_.extended_l2);
+  if (l2_format_.extended_l2 && type != ClusterType::kCompressed &&
+      !format::CheckSubclusterBitmap(e, l2_format_).ok()) {
+    co_return co_await SignalCorruption(absl::StrFormat(
+        "Invalid cluster entry found  (L2 offset: %#x, L2 index: %#x)",
+        l2_offset, index));
+  }
   if (type == ClusterType::kCompressed) {
     const format::CompressedDescriptor d =
         format::DecodeCompressedDescriptor(e.word, cluster_bits_);
@@ -146,7 +155,11 @@ io::Task<absl::StatusOr<format::ClusterType>> Qcow2Node::Classify(
         "%#x)",
         host, l2_offset, index));
   }
-  if (type == ClusterType::kNormal && host >= FileSize()) {
+  // A reserved host cluster of an extended entry may lie past the end of
+  // the file until one of its subclusters is written.
+  if (type == ClusterType::kNormal && host >= FileSize() &&
+      (!l2_format_.extended_l2 ||
+       (e.bitmap & format::kSubclusterAllocMask) != 0)) {
     co_return co_await SignalCorruption(absl::StrFormat(
         "Data cluster offset %#x beyond the end of the image file (L2 offset: "
         "%#x, L2 index: %#x)",
@@ -176,15 +189,66 @@ io::Task<absl::StatusOr<Qcow2Node::Mapping>> Qcow2Node::GetMapping(
     m.length = std::min(available, cluster_size_ - in_cluster);
     co_return m;
   }
+  if (l2_format_.extended_l2) {
+    // Runs of subclusters of one type, continued into the next clusters
+    // while they start with the same type (and contiguous host offsets).
+    const uint32_t sc_bits = subcluster_bits();
+    const uint32_t sc = static_cast<uint32_t>(in_cluster >> sc_bits);
+    const format::SubclusterType st =
+        format::GetSubclusterType(e0, sc, l2_format_);
+    const bool has_host = st == format::SubclusterType::kNormal ||
+                          st == format::SubclusterType::kZeroAlloc ||
+                          st == format::SubclusterType::kUnallocatedAlloc;
+    switch (st) {
+      case format::SubclusterType::kNormal:
+        m.type = ClusterType::kNormal;
+        break;
+      case format::SubclusterType::kZeroPlain:
+        m.type = ClusterType::kZeroPlain;
+        break;
+      case format::SubclusterType::kZeroAlloc:
+        m.type = ClusterType::kZeroAlloc;
+        break;
+      default:
+        m.type = ClusterType::kUnallocated;
+        break;
+    }
+    uint32_t run_end = sc + format::CountSubclustersOfSameType(e0, sc, l2_format_);
+    uint64_t run = (uint64_t{run_end} << sc_bits) - in_cluster;
+    const uint64_t max_clusters =
+        (in_cluster + available + mask) >> cluster_bits_;
+    const uint64_t file_size = FileSize();
+    for (uint64_t n = 1; run_end == format::kSubclustersPerCluster &&
+                         n < max_clusters && run < available;
+         ++n) {
+      const L2Entry e = GetEntry(l2, first + n);
+      if (e.compressed()) break;
+      if (format::GetSubclusterType(e, 0, l2_format_) != st) break;
+      if (has_host) {
+        const uint64_t expected = e0.host_offset() + (n << cluster_bits_);
+        if (e.host_offset() != expected) break;
+        if (st == format::SubclusterType::kNormal && expected >= file_size) {
+          break;
+        }
+      }
+      run_end = format::CountSubclustersOfSameType(e, 0, l2_format_);
+      run += uint64_t{run_end} << sc_bits;
+    }
+    m.length = std::min(available, run);
+    if (has_host) m.host_offset = e0.host_offset() + in_cluster;
+    co_return m;
+  }
   const uint64_t max_clusters = (in_cluster + available + mask) >> cluster_bits_;
   const uint64_t file_size = FileSize();
   uint64_t n = 1;
   for (; n < max_clusters; ++n) {
     const L2Entry e = GetEntry(l2, first + n);
-    if (RawType(e) != m.type) break;
-    if (m.type == ClusterType::kNormal) {
+    if (RawType(e, l2_format_.extended_l2) != m.type) break;
+    // Host offsets must continue (preallocated zero clusters report theirs).
+    if (m.type == ClusterType::kNormal || m.type == ClusterType::kZeroAlloc) {
       const uint64_t expected = e0.host_offset() + (n << cluster_bits_);
-      if (e.host_offset() != expected || expected >= file_size) break;
+      if (e.host_offset() != expected) break;
+      if (m.type == ClusterType::kNormal && expected >= file_size) break;
     }
   }
   m.length = std::min(available, (n << cluster_bits_) - in_cluster);
@@ -225,7 +289,7 @@ void Qcow2Node::EndDataOp(uint64_t seq) {
 }
 
 void Qcow2Node::FreeEntryLater(const format::L2Entry& e, bool discard) {
-  const ClusterType type = RawType(e);
+  const ClusterType type = RawType(e, l2_format_.extended_l2);
   PendingFree f;
   f.seq = next_seq_;
   f.discard = discard;
@@ -324,7 +388,39 @@ io::Task<absl::Status> Qcow2Node::ReadOldContents(const format::L2Entry& old,
                                                   uint64_t offset,
                                                   io::IoVec buf) {
   const uint64_t in_cluster = offset & (cluster_size_ - 1);
-  switch (RawType(old)) {
+  if (l2_format_.extended_l2 && !old.compressed()) {
+    // Subcluster by subcluster (runs of one type).
+    uint64_t pos = in_cluster;
+    while (!buf.empty()) {
+      const uint32_t sc = static_cast<uint32_t>(pos >> subcluster_bits());
+      const uint32_t count = format::CountSubclustersOfSameType(old, sc, l2_format_);
+      const uint64_t n = std::min<uint64_t>(
+          buf.size(), (uint64_t{sc + count} << subcluster_bits()) - pos);
+      io::IoVec piece = buf.first(n);
+      switch (format::GetSubclusterType(old, sc, l2_format_)) {
+        case format::SubclusterType::kNormal:
+          CO_RETURN_IF_ERROR(co_await file_->Read(old.host_offset() + pos, piece));
+          break;
+        case format::SubclusterType::kZeroPlain:
+        case format::SubclusterType::kZeroAlloc:
+          std::fill(piece.begin(), piece.end(), 0);
+          break;
+        case format::SubclusterType::kUnallocatedPlain:
+        case format::SubclusterType::kUnallocatedAlloc:
+          CO_RETURN_IF_ERROR(
+              co_await ReadBacking(offset + (pos - in_cluster), piece));
+          break;
+        default:
+          co_return absl::DataLossError(absl::StrFormat(
+              "%s: invalid subcluster bitmap at guest offset %#x", filename(),
+              offset));
+      }
+      pos += n;
+      buf.remove_prefix(n);
+    }
+    co_return absl::OkStatus();
+  }
+  switch (RawType(old, l2_format_.extended_l2)) {
     case ClusterType::kUnallocated:
       co_return co_await ReadBacking(offset, buf);
     case ClusterType::kZeroPlain:
@@ -342,7 +438,7 @@ io::Task<absl::Status> Qcow2Node::ReadOldContents(const format::L2Entry& old,
 bool Qcow2Node::OldContentsAreZero(const format::L2Entry& old, uint64_t offset,
                                    uint64_t length) const {
   if (length == 0) return true;
-  switch (RawType(old)) {
+  switch (RawType(old, l2_format_.extended_l2)) {
     case ClusterType::kZeroPlain:
     case ClusterType::kZeroAlloc:
       return true;
@@ -514,11 +610,167 @@ io::Task<absl::Status> Qcow2Node::DoWrite(uint64_t offset, io::ConstIoVec data) 
         filename(), data.size(), offset, size()));
   }
   while (!data.empty()) {
-    CO_ASSIGN_OR_RETURN(const uint64_t n, co_await WriteStep(offset, data));
+    uint64_t n = 0;
+    if (l2_format_.extended_l2) {
+      CO_ASSIGN_OR_RETURN(n, co_await WriteStepExtended(offset, data));
+    } else {
+      CO_ASSIGN_OR_RETURN(n, co_await WriteStep(offset, data));
+    }
     offset += n;
     data.remove_prefix(n);
   }
   co_return absl::OkStatus();
+}
+
+io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
+    uint64_t offset, io::ConstIoVec data) {
+  auto lock = co_await io::ScopedLock::Take(meta_lock_);
+  CO_RETURN_IF_ERROR(CheckUsable());
+  CO_RETURN_IF_ERROR(co_await PrepareFirstWrite());
+  const uint64_t cluster = offset >> cluster_bits_;
+  // Allocations and bitmap updates of one cluster are serialised.
+  if (std::shared_ptr<Inflight> other = FindInflight(cluster, 1)) {
+    lock.Release();
+    co_await other->done.Wait();
+    co_return uint64_t{0};
+  }
+  const uint64_t li = l1_index(offset);
+  const uint64_t index = l2_index(offset);
+  CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(li));
+  const L2Entry old = GetEntry(l2, index);
+  CO_ASSIGN_OR_RETURN(const ClusterType type,
+                      co_await Classify(old, l2.offset(), index));
+  const uint64_t start = cluster << cluster_bits_;
+  const uint64_t in_cluster = offset - start;
+  const uint64_t bytes =
+      std::min<uint64_t>(data.size(), cluster_size_ - in_cluster);
+  io::ConstIoVec part = data.first(bytes);
+  const uint32_t sc_bits = subcluster_bits();
+  const uint64_t sc_mask = (uint64_t{1} << sc_bits) - 1;
+  const uint32_t s0 = static_cast<uint32_t>(in_cluster >> sc_bits);
+  const uint32_t s1 =
+      static_cast<uint32_t>((in_cluster + bytes + sc_mask) >> sc_bits);
+  const uint64_t touched = format::SubclusterAllocRange(s0, s1 - s0);
+  const bool in_place = type == ClusterType::kNormal && old.copied();
+
+  if (in_place && (old.bitmap & touched) == touched) {
+    // Every touched subcluster holds data: no COW, no L2 update.
+    const uint64_t host = old.host_offset() + in_cluster;
+    CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, bytes, 0));
+    const uint64_t seq = BeginDataOp();
+    l2.reset();
+    lock.Release();
+    absl::Status st = co_await file_->Write(host, part);
+    EndDataOp(seq);
+    CO_RETURN_IF_ERROR(st);
+    ++write_gen_;
+    co_return bytes;
+  }
+
+  // The range written: the data padded to the boundaries of the touched
+  // subclusters that do not hold data yet (in place), or of the touched
+  // subclusters plus what a new cluster must carry over.
+  uint64_t cow_start = in_cluster;
+  uint64_t cow_end = in_cluster + bytes;
+  uint64_t host = 0;
+  if (in_place) {
+    host = old.host_offset();
+    if ((old.bitmap & format::SubclusterAllocBit(s0)) == 0) {
+      cow_start = uint64_t{s0} << sc_bits;
+    }
+    if ((old.bitmap & format::SubclusterAllocBit(s1 - 1)) == 0) {
+      cow_end = uint64_t{s1} << sc_bits;
+    }
+  } else {
+    uint32_t first_sc = s0;
+    uint32_t end_sc = s1;
+    if (type == ClusterType::kCompressed) {
+      first_sc = 0;
+      end_sc = format::kSubclustersPerCluster;
+    } else if (old.host_offset() != 0) {
+      // A shared cluster: its allocated subclusters move to the copy.
+      const uint32_t alloc =
+          static_cast<uint32_t>(old.bitmap & format::kSubclusterAllocMask);
+      if (alloc != 0) {
+        first_sc = std::min<uint32_t>(first_sc, absl::countr_zero(alloc));
+        end_sc = std::max<uint32_t>(end_sc, 32 - absl::countl_zero(alloc));
+      }
+    }
+    cow_start = uint64_t{first_sc} << sc_bits;
+    cow_end = std::min(uint64_t{end_sc} << sc_bits, cluster_size_);
+    CO_ASSIGN_OR_RETURN(host, co_await refcounts_->Allocate(cluster_size_));
+  }
+  CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(
+      in_place ? host + cow_start : host,
+      in_place ? cow_end - cow_start : cluster_size_, 0));
+  auto inflight = std::make_shared<Inflight>();
+  inflight->first = cluster;
+  inflight->count = 1;
+  inflight_[cluster] = inflight;
+  const uint64_t seq = BeginDataOp();
+  l2.reset();
+  lock.Release();
+
+  absl::Status st;
+  if (cow_start == in_cluster && cow_end == in_cluster + bytes) {
+    st = co_await file_->Write(host + in_cluster, part);
+  } else {
+    // Copy-on-write of the untouched parts of the touched subclusters:
+    // backing data, zeroes (also without a backing file), or old data.
+    std::vector<uint8_t> buf(cow_end - cow_start);
+    const uint64_t head = in_cluster - cow_start;
+    st = co_await ReadOldContents(old, start + cow_start,
+                                  io::IoVec(buf.data(), head));
+    if (st.ok()) {
+      std::memcpy(buf.data() + head, part.data(), bytes);
+      st = co_await ReadOldContents(
+          old, offset + bytes,
+          io::IoVec(buf.data() + head + bytes, cow_end - (in_cluster + bytes)));
+    }
+    if (st.ok()) st = co_await file_->Write(host + cow_start, io::ConstIoVec(buf));
+  }
+  EndDataOp(seq);
+  auto relock = co_await io::ScopedLock::Take(meta_lock_);
+  if (st.ok()) {
+    ++write_gen_;
+    st = CheckUsable();
+  }
+  if (st.ok()) {
+    // The data is written; now the bitmap may say so (the L2 table is
+    // written back only after the data is synced).
+    absl::StatusOr<TableCache::Ref> again = co_await GetL2ForWrite(li);
+    if (again.ok()) {
+      const L2Entry cur = GetEntry(*again, index);
+      const uint32_t a = static_cast<uint32_t>(cow_start >> sc_bits);
+      const uint32_t b = static_cast<uint32_t>((cow_end + sc_mask) >> sc_bits);
+      const uint64_t written = format::SubclusterAllocRange(a, b - a);
+      L2Entry e;
+      e.word = format::MakeStandardL2Word(host, /*copied=*/true, /*zero=*/false);
+      if (in_place) {
+        e.bitmap = (cur.bitmap | written) & ~(written << 32);
+      } else if (type == ClusterType::kCompressed) {
+        e.bitmap = format::kSubclusterAllocMask;
+      } else {
+        e.bitmap = ((old.bitmap & format::kSubclusterZeroMask) &
+                    ~(written << 32)) |
+                   written;
+      }
+      SetEntry(*again, index, e);
+      if (!in_place) FreeEntryLater(old, /*discard=*/false);
+    } else {
+      st = again.status();
+    }
+  }
+  if (!st.ok() && !in_place && broken_.ok()) {
+    // Never referenced: give the cluster back now.
+    absl::Status undo = co_await refcounts_->Free(host, cluster_size_);
+    (void)undo;
+  }
+  inflight_.erase(cluster);
+  relock.Release();
+  inflight->done.Set();
+  CO_RETURN_IF_ERROR(st);
+  co_return bytes;
 }
 
 io::Task<absl::Status> Qcow2Node::WriteCompressed(uint64_t offset,
@@ -655,7 +907,11 @@ io::Task<absl::Status> Qcow2Node::ZeroClusters(uint64_t first, uint64_t count,
                        (may_unmap && (type == ClusterType::kNormal ||
                                       type == ClusterType::kZeroAlloc));
     L2Entry e = unmap ? L2Entry{} : old;
-    e.word |= format::kZeroFlag;
+    if (l2_format_.extended_l2) {
+      e.bitmap = format::kSubclusterZeroMask;  // every subcluster reads zero
+    } else {
+      e.word |= format::kZeroFlag;
+    }
     if (e == old) continue;
     SetEntry(l2, index + i, e);
     if (unmap) FreeEntryLater(old, /*discard=*/true);
@@ -681,13 +937,63 @@ io::Task<absl::Status> Qcow2Node::DiscardClusters(uint64_t first,
       e = L2Entry{};
     } else if (has_backing || IsAllocated(type)) {
       e = L2Entry{};
-      if (header_.version >= 3) e.word = format::kZeroFlag;
+      if (l2_format_.extended_l2) {
+        e.bitmap = format::kSubclusterZeroMask;
+      } else if (header_.version >= 3) {
+        e.word = format::kZeroFlag;
+      }
     }
     if (e == old) continue;
     SetEntry(l2, index + i, e);
     FreeEntryLater(old, /*discard=*/true);
   }
   co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::ChangeSubclusters(uint64_t offset,
+                                                    uint64_t end, bool discard,
+                                                    bool* fallback) {
+  const uint64_t cluster = offset >> cluster_bits_;
+  const uint64_t in_cluster = offset & (cluster_size_ - 1);
+  const uint32_t sc_bits = subcluster_bits();
+  const uint32_t a = static_cast<uint32_t>(in_cluster >> sc_bits);
+  const uint32_t b = static_cast<uint32_t>(std::min<uint64_t>(
+      format::kSubclustersPerCluster,
+      (in_cluster + (end - offset) + (uint64_t{1} << sc_bits) - 1) >> sc_bits));
+  if (a >= b) co_return absl::OkStatus();
+  const uint64_t range = format::SubclusterAllocRange(a, b - a);
+  const bool has_backing =
+      backing_ != nullptr || header_.backing_file.has_value();
+  co_return co_await ForEachL2Range(
+      cluster, 1, [&](uint64_t, uint64_t) -> io::Task<absl::Status> {
+        const uint64_t li = l1_index(offset);
+        if (discard && !has_backing &&
+            (li >= l1_.size() || (l1_[li] & format::kL1OffsetMask) == 0)) {
+          co_return absl::OkStatus();  // reads as zeroes already
+        }
+        CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(li));
+        const uint64_t index = l2_index(offset);
+        const L2Entry old = GetEntry(l2, index);
+        CO_ASSIGN_OR_RETURN(const ClusterType type,
+                            co_await Classify(old, l2.offset(), index));
+        if (type == ClusterType::kCompressed) {
+          // Never subdivided: zeroes are written as data, discards dropped.
+          if (!discard) *fallback = true;
+          co_return absl::OkStatus();
+        }
+        if (discard && !has_backing && old.host_offset() == 0) {
+          co_return absl::OkStatus();  // reads as zeroes already
+        }
+        L2Entry e = old;
+        e.bitmap = (old.bitmap & ~range) | (range << 32);
+        const bool free_host = discard && old.host_offset() != 0 &&
+                               (e.bitmap & format::kSubclusterAllocMask) == 0;
+        if (free_host) e.word = 0;  // no data left: the host cluster goes
+        if (e == old) co_return absl::OkStatus();
+        SetEntry(l2, index, e);
+        if (free_host) FreeEntryLater(old, /*discard=*/true);
+        co_return absl::OkStatus();
+      });
 }
 
 io::Task<absl::Status> Qcow2Node::WriteZeroesPartial(uint64_t offset,
@@ -741,6 +1047,29 @@ io::Task<absl::Status> Qcow2Node::DoWriteZeroes(uint64_t offset,
     const uint64_t seg_end = std::min(end, cluster_end);
     const bool whole = (pos & mask) == 0 &&
                        (seg_end == cluster_end || seg_end == size());
+    if (!whole && l2_format_.extended_l2) {
+      // Whole subclusters get zero bits; unaligned pieces are written as
+      // data (QEMU's fallback).
+      const uint64_t sc_mask = (uint64_t{1} << subcluster_bits()) - 1;
+      const uint64_t a = std::min((pos + sc_mask) & ~sc_mask, seg_end);
+      const uint64_t b = std::max(
+          a, seg_end == size() ? seg_end : seg_end & ~sc_mask);
+      bool fallback = false;
+      if (a < b) {
+        CO_RETURN_IF_ERROR(co_await ChangeSubclusters(a, b, /*discard=*/false,
+                                                      &fallback));
+      }
+      if (fallback) {
+        CO_RETURN_IF_ERROR(co_await DoWrite(pos, Zeroes(seg_end - pos)));
+      } else {
+        if (pos < a) CO_RETURN_IF_ERROR(co_await DoWrite(pos, Zeroes(a - pos)));
+        if (b < seg_end) {
+          CO_RETURN_IF_ERROR(co_await DoWrite(b, Zeroes(seg_end - b)));
+        }
+      }
+      pos = seg_end;
+      continue;
+    }
     if (!whole) {
       CO_RETURN_IF_ERROR(co_await WriteZeroesPartial(pos, seg_end - pos));
       pos = seg_end;
@@ -768,6 +1097,39 @@ io::Task<absl::Status> Qcow2Node::DoDiscard(uint64_t offset, uint64_t length) {
         filename(), length, offset, size()));
   }
   const uint64_t mask = cluster_size_ - 1;
+  if (l2_format_.extended_l2) {
+    // Whole subclusters inside a cluster read as zeroes afterwards (QEMU
+    // drops such discards); partial subclusters are dropped.
+    const uint64_t sc_mask = (uint64_t{1} << subcluster_bits()) - 1;
+    const uint64_t end = offset + length;
+    uint64_t pos = offset;
+    while (pos < end) {
+      const uint64_t cluster_end = (pos & ~mask) + cluster_size_;
+      const uint64_t seg_end = std::min(end, cluster_end);
+      const bool whole = (pos & mask) == 0 &&
+                         (seg_end == cluster_end || seg_end == size());
+      if (whole) {
+        const uint64_t run_end =
+            end == size() ? (end + mask) & ~mask : end & ~mask;
+        CO_RETURN_IF_ERROR(co_await ForEachL2Range(
+            pos >> cluster_bits_, (run_end - pos) >> cluster_bits_,
+            [this](uint64_t f, uint64_t n) {
+              return DiscardClusters(f, n, /*full_discard=*/false);
+            }));
+        pos = std::min(run_end, end);
+        continue;
+      }
+      const uint64_t a = (pos + sc_mask) & ~sc_mask;
+      const uint64_t b = seg_end == size() ? seg_end : seg_end & ~sc_mask;
+      if (a < b) {
+        bool fallback = false;
+        CO_RETURN_IF_ERROR(
+            co_await ChangeSubclusters(a, b, /*discard=*/true, &fallback));
+      }
+      pos = seg_end;
+    }
+    co_return absl::OkStatus();
+  }
   const uint64_t start = (offset + mask) & ~mask;
   uint64_t end = offset + length;
   end = end == size() ? (end + mask) & ~mask : end & ~mask;
@@ -813,6 +1175,12 @@ io::Task<absl::StatusOr<io::BlockStatus>> Qcow2Node::DoGetBlockStatus(
   s.length = m.length;
   switch (m.type) {
     case ClusterType::kUnallocated:
+      if (m.host_offset != 0) {
+        // Extended L2: reserved host cluster, subcluster not written.
+        s.offset_valid = true;
+        s.host_offset = m.host_offset;
+        s.file = file_.get();
+      }
       break;
     case ClusterType::kZeroPlain:
       s.zero = true;

@@ -105,9 +105,6 @@ io::Task<absl::StatusOr<std::unique_ptr<Qcow2Node>>> Qcow2Node::Open(
       co_return absl::UnimplementedError(
           "encrypted qcow2 images are not supported");
     }
-    if (header.extended_l2()) {
-      co_return absl::UnimplementedError("extended_l2 is not yet supported");
-    }
     if (file->read_only()) break;
     if (header.corrupt()) {
       co_return absl::DataLossError(

@@ -31,9 +31,18 @@
 // image as corrupt: ..." and makes every later request fail the same way;
 // metadata is never overwritten.
 //
+// Extended L2 entries (incompatible bit 4): each cluster has 32
+// subclusters that are allocated, zero or unallocated on their own
+// (subclusters.md): reads resolve each subcluster, writes reserve the host
+// cluster once and copy only the untouched parts of the subclusters they
+// touch, write zeroes and discard work per subcluster (discards of whole
+// subclusters inside a cluster make them read as zeroes instead of being
+// dropped), block status reports per subcluster. An invalid subcluster
+// bitmap is a corruption event ("Invalid cluster entry found").
+//
 // Errors: kDataLoss for corrupt images, kUnimplemented for valid images
 // using features not implemented (external data files, encryption,
-// extended L2 entries, zstd-compressed clusters), kOutOfRange for requests
+// zstd-compressed clusters), kOutOfRange for requests
 // past the end, I/O errors of the file. Open errors carry QEMU's text
 // without the file name (callers prefix "Could not open '<file>': ").
 // Thread model: like every node, used from its engine's thread only.
@@ -292,6 +301,21 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
       uint64_t first, uint64_t count,
       std::function<io::Task<absl::Status>(uint64_t, uint64_t)> fn);
   io::Task<absl::Status> WriteZeroesPartial(uint64_t offset, uint64_t length);
+
+  // Extended L2 entries (subclusters; subclusters.md).
+  uint32_t subcluster_bits() const { return cluster_bits_ - 5; }
+  // One write step within one guest cluster: writes in place into allocated
+  // subclusters, otherwise allocates the host cluster once (or reuses the
+  // reserved one) and writes the data padded to subcluster boundaries with
+  // the old contents of the touched subclusters, then sets their alloc bits.
+  io::Task<absl::StatusOr<uint64_t>> WriteStepExtended(uint64_t offset,
+                                                       io::ConstIoVec data);
+  // Write zeroes (`discard` false) or discard of the whole subclusters
+  // [offset, end) of one guest cluster (subcluster aligned; `end` may be the
+  // image end). Sets `*fallback` when zeroes have to be written as data
+  // (compressed cluster). Takes the metadata lock.
+  io::Task<absl::Status> ChangeSubclusters(uint64_t offset, uint64_t end,
+                                           bool discard, bool* fallback);
 
   // Flush (metadata lock held): L2 tables, refcount blocks, sync, frees.
   io::Task<absl::Status> FlushAll();

@@ -1,0 +1,495 @@
+// Extended L2 entries (subclusters) in Qcow2Node, with qemu-img/qemu-io as
+// the oracle: creation byte for byte, random writes / zero writes / discards
+// at subcluster and cluster granularity checked with `qemu-img check`,
+// `qemu-img compare` and `qemu-img map`, images QEMU wrote, the amount of
+// copy-on-write from the backing file, and concurrent subcluster writes.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "base/status_macros.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/block_node.h"
+#include "io/chain_status.h"
+#include "io/task.h"
+#include "qcow2/create.h"
+#include "qcow2/qcow2_node.h"
+#include "qcow2/test_util.h"
+
+namespace imgtool::qcow2 {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Env;
+using testing::Pattern;
+using testing::ReadFile;
+using testing::Shell;
+using testing::ShellResult;
+using testing::TempPath;
+using testing::WriteFile;
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kMiB = 1024 * 1024;
+
+// Counts the bytes read through it; forwards everything to `target`.
+class CountingNode final : public io::BlockNode {
+ public:
+  explicit CountingNode(std::unique_ptr<io::BlockNode> target)
+      : io::BlockNode(target->filename(), target->read_only()),
+        target_(std::move(target)) {}
+  uint64_t size() const override { return target_->size(); }
+  absl::StatusOr<uint64_t> AllocatedSize() const override {
+    return target_->AllocatedSize();
+  }
+  io::Task<absl::Status> Close() override { return target_->Close(); }
+  uint64_t bytes_read = 0;
+
+ protected:
+  io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override {
+    bytes_read += buf.size();
+    return target_->Read(offset, buf);
+  }
+  io::Task<absl::Status> DoWrite(uint64_t offset, io::ConstIoVec data) override {
+    return target_->Write(offset, data);
+  }
+  io::Task<absl::Status> DoWriteZeroes(uint64_t offset, uint64_t length,
+                                       io::WriteZeroesFlags flags) override {
+    return target_->WriteZeroes(offset, length, flags);
+  }
+  io::Task<absl::Status> DoDiscard(uint64_t offset, uint64_t length) override {
+    return target_->Discard(offset, length);
+  }
+  io::Task<absl::Status> DoFlush() override { return target_->Flush(); }
+  io::Task<absl::Status> DoTruncate(uint64_t size,
+                                    io::PreallocMode prealloc) override {
+    return target_->Truncate(size, prealloc);
+  }
+  io::Task<absl::StatusOr<io::BlockStatus>> DoGetBlockStatus(
+      uint64_t offset, uint64_t max_length) override {
+    return target_->GetBlockStatus(offset, max_length);
+  }
+
+ private:
+  std::unique_ptr<io::BlockNode> target_;
+};
+
+// One line of `qemu-img map --output=json`.
+struct MapEntry {
+  uint64_t start = 0;
+  uint64_t length = 0;
+  int depth = 0;
+  bool present = false;
+  bool zero = false;
+  bool data = false;
+  bool has_offset = false;
+  uint64_t offset = 0;
+  bool operator==(const MapEntry&) const = default;
+};
+
+std::string ToString(const std::vector<MapEntry>& map) {
+  std::string out;
+  for (const MapEntry& e : map) {
+    absl::StrAppendFormat(&out, "%u+%u d%d p%d z%d D%d", e.start, e.length,
+                          e.depth, e.present, e.zero, e.data);
+    if (e.has_offset) absl::StrAppendFormat(&out, " @%u", e.offset);
+    out += "\n";
+  }
+  return out;
+}
+
+std::string Field(const std::string& line, const std::string& key) {
+  const std::string k = "\"" + key + "\": ";
+  const size_t at = line.find(k);
+  if (at == std::string::npos) return "";
+  const size_t from = at + k.size();
+  const size_t to = line.find_first_of(",}", from);
+  return line.substr(from, to - from);
+}
+
+std::vector<MapEntry> ParseQemuMap(const std::string& json) {
+  std::vector<MapEntry> out;
+  for (absl::string_view sv : absl::StrSplit(json, '\n')) {
+    const std::string line(sv);
+    if (line.find("\"start\"") == std::string::npos) continue;
+    MapEntry e;
+    EXPECT_TRUE(absl::SimpleAtoi(Field(line, "start"), &e.start)) << line;
+    EXPECT_TRUE(absl::SimpleAtoi(Field(line, "length"), &e.length)) << line;
+    EXPECT_TRUE(absl::SimpleAtoi(Field(line, "depth"), &e.depth)) << line;
+    e.present = Field(line, "present") == "true";
+    e.zero = Field(line, "zero") == "true";
+    e.data = Field(line, "data") == "true";
+    const std::string off = Field(line, "offset");
+    e.has_offset = !off.empty();
+    if (e.has_offset) {
+      EXPECT_TRUE(absl::SimpleAtoi(off, &e.offset)) << line;
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+class SubclusterTest : public ::testing::Test {
+ protected:
+  std::string Create(const std::string& name, uint64_t size,
+                     Qcow2CreateOptions options) {
+    const std::string path = TempPath(name);
+    options.set_size(size);
+    auto file = env_.CreateEmpty(path);
+    EXPECT_TRUE(file.ok()) << file.status();
+    absl::Status st = env_.Run(CreateQcow2(**file, options));
+    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_TRUE(env_.Run((*file)->Close()).ok());
+    return path;
+  }
+
+  std::unique_ptr<Qcow2Node> Open(const std::string& path, bool read_only = false) {
+    auto node = env_.OpenQcow2(path, read_only);
+    EXPECT_TRUE(node.ok()) << node.status();
+    return node.ok() ? *std::move(node) : nullptr;
+  }
+
+  void Close(std::unique_ptr<Qcow2Node>& node) {
+    absl::Status st = env_.Run(node->Close());
+    EXPECT_TRUE(st.ok()) << st;
+    node.reset();
+  }
+
+  std::vector<uint8_t> Read(io::BlockNode& node, uint64_t offset, uint64_t length) {
+    std::vector<uint8_t> buf(length, 0xee);
+    absl::Status st = env_.Run(node.Read(offset, io::IoVec(buf)));
+    EXPECT_TRUE(st.ok()) << st;
+    return buf;
+  }
+
+  void ExpectClean(const std::string& path) {
+    ShellResult r = Shell("qemu-img check " + path);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("No errors were found on the image."));
+  }
+
+  void ExpectContents(const std::string& path, const std::vector<uint8_t>& expected) {
+    const std::string raw = path + ".expected.raw";
+    WriteFile(raw, expected);
+    ShellResult r = Shell("qemu-img compare -f qcow2 -F raw " + path + " " + raw);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  }
+
+  std::vector<uint8_t> QemuRead(const std::string& path) {
+    const std::string raw = path + ".qemu.raw";
+    ShellResult r = Shell("qemu-img convert -O raw " + path + " " + raw);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return ReadFile(raw);
+  }
+
+  // Our block status through the chain, merged like qemu-img map merges.
+  std::vector<MapEntry> OurMap(io::BlockNode& top) {
+    std::vector<MapEntry> out;
+    for (uint64_t pos = 0; pos < top.size();) {
+      auto st = env_.Run(io::GetChainStatus(top, pos, top.size() - pos));
+      EXPECT_TRUE(st.ok()) << st.status();
+      if (!st.ok()) break;
+      MapEntry e;
+      e.start = pos;
+      e.length = st->status.length;
+      e.depth = st->depth;
+      e.present = st->present;
+      e.zero = st->status.zero;
+      e.data = st->status.data;
+      e.has_offset = st->status.offset_valid;
+      e.offset = st->status.host_offset;
+      if (!out.empty()) {
+        MapEntry& l = out.back();
+        if (l.depth == e.depth && l.present == e.present && l.zero == e.zero &&
+            l.data == e.data && l.has_offset == e.has_offset &&
+            (!e.has_offset || l.offset + l.length == e.offset)) {
+          l.length += e.length;
+          pos += e.length;
+          continue;
+        }
+      }
+      out.push_back(e);
+      pos += e.length;
+    }
+    return out;
+  }
+
+  void ExpectMapsAgree(const std::string& path) {
+    ShellResult r = Shell("qemu-img map --output=json " + path + " 2>&1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto node = Open(path, /*read_only=*/true);
+    ASSERT_NE(node, nullptr);
+    EXPECT_EQ(ToString(OurMap(*node)), ToString(ParseQemuMap(r.output)));
+    Close(node);
+  }
+
+  Env env_;
+};
+
+Qcow2CreateOptions Extended(uint64_t cluster_size) {
+  Qcow2CreateOptions o;
+  o.set_extended_l2(true);
+  o.set_cluster_size(cluster_size);
+  return o;
+}
+
+TEST_F(SubclusterTest, CreateIsByteIdentical) {
+  const std::string backing = TempPath("create_backing.raw");
+  WriteFile(backing, std::vector<uint8_t>(kMiB, 1));
+  for (uint64_t cs : {32 * kKiB, 64 * kKiB, 128 * kKiB, 2 * kMiB}) {
+    for (bool with_backing : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(cs, with_backing ? " backing" : ""));
+      const std::string name = absl::StrCat("create_", cs, with_backing, ".qcow2");
+      Qcow2CreateOptions o = Extended(cs);
+      std::string qemu_opts = absl::StrCat("extended_l2=on,cluster_size=", cs);
+      if (with_backing) {
+        o.set_backing_file(backing);
+        o.set_backing_fmt("raw");
+        qemu_opts += " -b " + backing + " -F raw";
+      }
+      const std::string ours = Create(name, 3 * kMiB / 2 * 1024, o);
+      const std::string theirs = TempPath("qemu_" + name);
+      ShellResult r = Shell("qemu-img create -q -f qcow2 -o " + qemu_opts + " " +
+                            theirs + " " + std::to_string(3 * kMiB / 2 * 1024));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_EQ(ReadFile(ours), ReadFile(theirs));
+      ExpectClean(ours);
+    }
+  }
+  Qcow2CreateOptions o = Extended(8 * kKiB);
+  o.set_size(kMiB);
+  EXPECT_EQ(CheckCreateOptions(o).status().message(),
+            "Extended L2 entries are only supported with cluster sizes of at "
+            "least 16384 bytes");
+}
+
+// Random writes, zero writes and discards at subcluster and cluster
+// granularity, mirrored into a raw reference.
+TEST_F(SubclusterTest, RandomMixMatchesQemu) {
+  for (uint64_t cs : {32 * kKiB, 64 * kKiB, 2 * kMiB}) {
+    for (bool with_backing : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(cs, with_backing ? " backing" : ""));
+      const uint64_t size = std::max<uint64_t>(8 * kMiB, 4 * cs);
+      const uint64_t sc = cs / 32;
+      std::vector<uint8_t> ref(size, 0);
+      Qcow2CreateOptions o = Extended(cs);
+      if (with_backing) {
+        const std::string backing = TempPath(absl::StrCat("mix_base_", cs, ".raw"));
+        ref = Pattern(size, 99);
+        WriteFile(backing, ref);
+        o.set_backing_file(backing);
+        o.set_backing_fmt("raw");
+      }
+      const std::string path =
+          Create(absl::StrCat("mix_", cs, with_backing, ".qcow2"), size, o);
+      auto node = Open(path);
+      ASSERT_NE(node, nullptr);
+      std::mt19937_64 rng(cs + with_backing);
+      for (int i = 0; i < 400; ++i) {
+        const int op = rng() % 10;
+        const int unit = rng() % 3;  // bytes, subclusters, clusters
+        uint64_t offset, length;
+        if (unit == 0) {
+          length = 1 + rng() % (2 * sc + 100);
+          offset = rng() % (size - length);
+        } else {
+          const uint64_t g = unit == 1 ? sc : cs;
+          const uint64_t units = size / g;
+          const uint64_t n = 1 + rng() % std::min<uint64_t>(units, unit == 1 ? 40 : 3);
+          offset = (rng() % (units - n + 1)) * g;
+          length = n * g;
+        }
+        if (op < 6) {
+          std::vector<uint8_t> data = Pattern(length, 1000 + i);
+          absl::Status st = env_.Run(node->Write(offset, io::ConstIoVec(data)));
+          ASSERT_TRUE(st.ok()) << st;
+          std::copy(data.begin(), data.end(), ref.begin() + offset);
+        } else if (op < 8) {
+          io::WriteZeroesFlags f;
+          f.may_unmap = rng() % 2;
+          absl::Status st = env_.Run(node->WriteZeroes(offset, length, f));
+          ASSERT_TRUE(st.ok()) << st;
+          std::fill(ref.begin() + offset, ref.begin() + offset + length, 0);
+        } else {
+          if (unit == 0) continue;  // partial subclusters may be dropped
+          absl::Status st = env_.Run(node->Discard(offset, length));
+          ASSERT_TRUE(st.ok()) << st;
+          std::fill(ref.begin() + offset, ref.begin() + offset + length, 0);
+        }
+        if (i % 100 == 99) {
+          ASSERT_EQ(Read(*node, 0, size), ref) << "after op " << i;
+        }
+      }
+      EXPECT_EQ(Read(*node, 0, size), ref);
+      Close(node);
+      ExpectClean(path);
+      ExpectContents(path, ref);
+      ExpectMapsAgree(path);
+      node = Open(path, /*read_only=*/true);
+      EXPECT_EQ(Read(*node, 0, size), ref);
+      Close(node);
+    }
+  }
+}
+
+TEST_F(SubclusterTest, ReadsWhatQemuIoWrote) {
+  for (bool with_backing : {false, true}) {
+    SCOPED_TRACE(with_backing ? "backing" : "no backing");
+    const std::string base = TempPath("qemuio_base.raw");
+    WriteFile(base, Pattern(4 * kMiB, 5));
+    const std::string path = TempPath(absl::StrCat("qemuio_", with_backing, ".qcow2"));
+    std::string create = "qemu-img create -q -f qcow2 -o extended_l2=on ";
+    if (with_backing) create += "-b " + base + " -F raw ";
+    ShellResult r = Shell(create + path + " 4M && qemu-io -f qcow2 -c 'write -P 1 4k 4k' "
+                          "-c 'write -z 64k 8k' -c 'write -P 2 130000 5000' "
+                          "-c 'write -z 1M 64k' -c 'discard 2M 64k' " + path);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<uint8_t> expected = QemuRead(path);
+    auto node = Open(path, /*read_only=*/true);
+    ASSERT_NE(node, nullptr);
+    EXPECT_EQ(Read(*node, 0, 4 * kMiB), expected);
+    Close(node);
+    ExpectMapsAgree(path);
+  }
+}
+
+TEST_F(SubclusterTest, SmallWriteCopiesAtMostOneSubclusterFromBacking) {
+  const std::string base = TempPath("cow_base.raw");
+  std::vector<uint8_t> ref = Pattern(8 * kMiB, 3);
+  WriteFile(base, ref);
+  Qcow2CreateOptions o = Extended(2 * kMiB);
+  o.set_backing_file(base);
+  o.set_backing_fmt("raw");
+  const std::string path = Create("cow.qcow2", 8 * kMiB, o);
+  auto file = env_.OpenFile(path, /*read_only=*/false);
+  ASSERT_TRUE(file.ok());
+  CountingNode* counter = nullptr;
+  BackingOpener opener = [&](std::string filename, std::string)
+      -> io::Task<absl::StatusOr<std::unique_ptr<io::BlockNode>>> {
+    CO_ASSIGN_OR_RETURN(std::unique_ptr<io::BlockNode> f,
+                        env_.OpenFile(filename, /*read_only=*/true));
+    auto c = std::make_unique<CountingNode>(std::move(f));
+    counter = c.get();
+    co_return std::unique_ptr<io::BlockNode>(std::move(c));
+  };
+  auto node = env_.Run(Qcow2Node::Open(*std::move(file), Qcow2OpenOptions(), opener));
+  ASSERT_TRUE(node.ok()) << node.status();
+  ASSERT_NE(counter, nullptr);
+  const std::vector<uint8_t> data = Pattern(4096, 77);
+  const uint64_t offset = 2 * kMiB + 70000;  // inside subcluster 1
+  ASSERT_TRUE(env_.Run((*node)->Write(offset, io::ConstIoVec(data))).ok());
+  EXPECT_GT(counter->bytes_read, 0u);
+  EXPECT_LE(counter->bytes_read, 64 * kKiB);
+  // A write of whole subclusters copies nothing.
+  counter->bytes_read = 0;
+  const std::vector<uint8_t> whole = Pattern(128 * kKiB, 78);
+  ASSERT_TRUE(env_.Run((*node)->Write(4 * kMiB + 256 * kKiB, io::ConstIoVec(whole))).ok());
+  EXPECT_EQ(counter->bytes_read, 0u);
+  std::copy(data.begin(), data.end(), ref.begin() + offset);
+  std::copy(whole.begin(), whole.end(), ref.begin() + 4 * kMiB + 256 * kKiB);
+  EXPECT_EQ(Read(**node, 0, 8 * kMiB), ref);
+  EXPECT_TRUE(env_.Run((*node)->Close()).ok());
+  node->reset();
+  // The host file ends inside the reserved clusters.
+  const uint64_t file_size = ReadFile(path).size();
+  EXPECT_NE(file_size % (2 * kMiB), 0u);
+  ExpectClean(path);
+  ExpectContents(path, ref);
+}
+
+TEST_F(SubclusterTest, ConcurrentWritesToSubclustersOfOneCluster) {
+  for (bool with_backing : {false, true}) {
+    SCOPED_TRACE(with_backing ? "backing" : "no backing");
+    const uint64_t size = 8 * kMiB;
+    std::vector<uint8_t> ref(size, 0);
+    Qcow2CreateOptions o = Extended(2 * kMiB);
+    if (with_backing) {
+      const std::string base = TempPath("conc_base.raw");
+      ref = Pattern(size, 11);
+      WriteFile(base, ref);
+      o.set_backing_file(base);
+      o.set_backing_fmt("raw");
+    }
+    const std::string path = Create(absl::StrCat("conc_", with_backing, ".qcow2"), size, o);
+    auto node = Open(path);
+    ASSERT_NE(node, nullptr);
+    std::vector<uint64_t> offsets;
+    std::vector<std::vector<uint8_t>> buffers;
+    // 32 writes, one per subcluster of cluster 1, some unaligned; and 16
+    // into every other subcluster of cluster 2.
+    for (int i = 0; i < 32; ++i) {
+      offsets.push_back(2 * kMiB + i * 64 * kKiB + (i % 3) * 1000);
+      buffers.push_back(Pattern(i % 2 ? 64 * kKiB - (i % 3) * 1000 : 5000, 300 + i));
+    }
+    for (int i = 0; i < 16; ++i) {
+      offsets.push_back(4 * kMiB + 2 * i * 64 * kKiB);
+      buffers.push_back(Pattern(64 * kKiB, 400 + i));
+    }
+    for (size_t i = 0; i < offsets.size(); ++i) {
+      std::copy(buffers[i].begin(), buffers[i].end(), ref.begin() + offsets[i]);
+    }
+    int done = 0;
+    std::vector<absl::Status> results(offsets.size());
+    for (size_t i = 0; i < offsets.size(); ++i) {
+      io::Spawn(node->Write(offsets[i], io::ConstIoVec(buffers[i])),
+                [&, i](absl::Status st) {
+                  results[i] = st;
+                  ++done;
+                });
+    }
+    while (done < static_cast<int>(offsets.size())) {
+      ASSERT_TRUE(env_.engine().Poll(true).ok());
+    }
+    for (const absl::Status& st : results) EXPECT_TRUE(st.ok()) << st;
+    EXPECT_EQ(Read(*node, 0, size), ref);
+    Close(node);
+    ExpectClean(path);
+    ExpectContents(path, ref);
+    ExpectMapsAgree(path);
+  }
+}
+
+TEST_F(SubclusterTest, InvalidBitmapMarksCorrupt) {
+  const std::string path = TempPath("invalid.qcow2");
+  ShellResult r = Shell("qemu-img create -q -f qcow2 -o extended_l2=on " + path +
+                        " 1M && qemu-io -f qcow2 -c 'write -P 1 0 4k' " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // 64k clusters: L2 table at 0x40000; set the zero bit of allocated
+  // subcluster 0 (bitmap word, bit 32).
+  std::vector<uint8_t> bytes = ReadFile(path);
+  bytes[0x40000 + 8 + 3] |= 1;
+  WriteFile(path, bytes);
+  auto node = Open(path);
+  ASSERT_NE(node, nullptr);
+  std::vector<uint8_t> buf(4096);
+  absl::Status st = env_.Run(node->Read(0, io::IoVec(buf)));
+  EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("Marking image as corrupt: Invalid cluster "
+                                      "entry found  (L2 offset: 0x40000, L2 index: 0)"));
+  EXPECT_TRUE(node->corrupt());
+  (void)env_.Run(node->Close());
+  ShellResult info = Shell("qemu-img info " + path);
+  EXPECT_THAT(info.output, HasSubstr("corrupt: true"));
+}
+
+TEST_F(SubclusterTest, SubclusterSizeBelow512IsRefused) {
+  const std::string path = TempPath("small_sc.qcow2");
+  ASSERT_EQ(Shell("qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=16k " +
+                  path + " 1M").exit_code, 0);
+  std::vector<uint8_t> bytes = ReadFile(path);
+  bytes[23] = 13;  // cluster_bits 13: 8 KiB clusters, 256-byte subclusters
+  WriteFile(path, bytes);
+  auto node = env_.OpenQcow2(path, /*read_only=*/true);
+  ASSERT_FALSE(node.ok());
+  EXPECT_THAT(node.status().message(), HasSubstr("Unsupported subcluster size: 256"));
+}
+
+}  // namespace
+}  // namespace imgtool::qcow2
