@@ -479,6 +479,91 @@ TEST_F(SubclusterTest, InvalidBitmapMarksCorrupt) {
   EXPECT_THAT(info.output, HasSubstr("corrupt: true"));
 }
 
+TEST_F(SubclusterTest, PreallocatedCreateIsByteIdenticalAndKeepsBackingVisible) {
+  const std::string backing = TempPath("prealloc_backing.raw");
+  const std::vector<uint8_t> base = Pattern(4 * kMiB, 21);
+  WriteFile(backing, base);
+  for (const char* mode : {"metadata", "falloc", "full"}) {
+    for (bool with_backing : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(mode, with_backing ? " backing" : ""));
+      const std::string name = absl::StrCat("prealloc_", mode, with_backing, ".qcow2");
+      Qcow2CreateOptions o = Extended(64 * kKiB);
+      o.set_preallocation(mode);
+      std::string qemu_opts = absl::StrCat("extended_l2=on,preallocation=", mode);
+      if (with_backing) {
+        o.set_backing_file(backing);
+        o.set_backing_fmt("raw");
+        qemu_opts += " -b " + backing + " -F raw";
+      }
+      const std::string ours = Create(name, 4 * kMiB, o);
+      const std::string theirs = TempPath("qemu_" + name);
+      ShellResult r = Shell("qemu-img create -q -f qcow2 -o " + qemu_opts + " " +
+                            theirs + " 4M");
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_EQ(testing::FirstDifference(ours, theirs), -1);
+      ExpectClean(ours);
+      ExpectContents(ours, with_backing ? base : std::vector<uint8_t>(4 * kMiB, 0));
+      ExpectMapsAgree(ours);
+    }
+  }
+}
+
+// Partial writes, zero writes and discards on compressed clusters of an
+// extended-L2 image (compressed clusters are never subdivided).
+TEST_F(SubclusterTest, CompressedClusters) {
+  const std::string raw = TempPath("compressed_src.raw");
+  std::vector<uint8_t> ref = Pattern(2 * kMiB, 8);
+  WriteFile(raw, ref);
+  const std::string path = TempPath("compressed.qcow2");
+  ShellResult r = Shell("qemu-img convert -c -O qcow2 -o extended_l2=on " + raw + " " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto node = Open(path);
+  ASSERT_NE(node, nullptr);
+  EXPECT_EQ(Read(*node, 0, 2 * kMiB), ref);
+  const std::vector<uint8_t> data = Pattern(3000, 9);
+  ASSERT_TRUE(env_.Run(node->Write(70000, io::ConstIoVec(data))).ok());
+  std::copy(data.begin(), data.end(), ref.begin() + 70000);
+  ASSERT_TRUE(env_.Run(node->WriteZeroes(256 * kKiB + 4096, 8192, {})).ok());
+  std::fill(ref.begin() + 256 * kKiB + 4096, ref.begin() + 256 * kKiB + 12288, 0);
+  ASSERT_TRUE(env_.Run(node->WriteZeroes(512 * kKiB, 64 * kKiB, {})).ok());
+  std::fill(ref.begin() + 512 * kKiB, ref.begin() + 576 * kKiB, 0);
+  ASSERT_TRUE(env_.Run(node->Discard(1 * kMiB, 64 * kKiB)).ok());
+  std::fill(ref.begin() + 1 * kMiB, ref.begin() + 1 * kMiB + 64 * kKiB, 0);
+  EXPECT_EQ(Read(*node, 0, 2 * kMiB), ref);
+  Close(node);
+  ExpectClean(path);
+  ExpectContents(path, ref);
+}
+
+// Writes into clusters shared with an internal snapshot copy them (with
+// their allocated subclusters); the snapshot keeps its contents.
+TEST_F(SubclusterTest, SharedClustersOfSnapshots) {
+  const std::string path = TempPath("snap.qcow2");
+  ShellResult r = Shell("qemu-img create -q -f qcow2 -o extended_l2=on " + path +
+                        " 2M && qemu-io -f qcow2 -c 'write -P 7 0 4k' "
+                        "-c 'write -P 8 20k 6k' -c 'write -z 40k 2k' "
+                        "-c 'write -P 9 64k 64k' " + path +
+                        " && qemu-img snapshot -c s1 " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<uint8_t> before = QemuRead(path);
+  std::vector<uint8_t> ref = before;
+  auto node = Open(path);
+  ASSERT_NE(node, nullptr);
+  const std::vector<uint8_t> a = Pattern(1000, 31);
+  ASSERT_TRUE(env_.Run(node->Write(10000, io::ConstIoVec(a))).ok());
+  std::copy(a.begin(), a.end(), ref.begin() + 10000);
+  ASSERT_TRUE(env_.Run(node->WriteZeroes(96 * kKiB, 4 * kKiB, {})).ok());
+  std::fill(ref.begin() + 96 * kKiB, ref.begin() + 100 * kKiB, 0);
+  EXPECT_EQ(Read(*node, 0, 2 * kMiB), ref);
+  Close(node);
+  ExpectClean(path);
+  ExpectContents(path, ref);
+  const std::string snap = path + ".s1.raw";
+  r = Shell("qemu-img convert -l snapshot.name=s1 -O raw " + path + " " + snap);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ReadFile(snap), before);
+}
+
 TEST_F(SubclusterTest, SubclusterSizeBelow512IsRefused) {
   const std::string path = TempPath("small_sc.qcow2");
   ASSERT_EQ(Shell("qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=16k " +
