@@ -26,6 +26,9 @@ namespace {
 
 constexpr uint64_t kDefaultExtentSizeHint = uint64_t{1} << 20;
 constexpr uint64_t kMaxExtentSizeHint = 0xffffffffULL;
+// Longest node QEMU accepts: INT64_MAX rounded down to 1 GiB (its largest
+// request alignment), BDRV_MAX_LENGTH.
+constexpr uint64_t kMaxLength = (uint64_t{1} << 63) - (uint64_t{1} << 30);
 
 struct CacheMode {
   int open_flags = 0;
@@ -285,6 +288,11 @@ absl::StatusOr<std::unique_ptr<FileNode>> FileNode::Open(
     off_t end = lseek(fd, 0, SEEK_END);
     if (end < 0) return fail(ErrnoStatus(path, "lseek", errno));
     config.size = static_cast<uint64_t>(end);
+  }
+  // QEMU's block layer refuses nodes longer than BDRV_MAX_LENGTH once the
+  // length is rounded up to sectors (XFS files can be up to 2^63 - 1).
+  if ((config.size + 511) / 512 * 512 > kMaxLength) {
+    return fail(ErrnoStatus("", "Could not refresh total sector count", EFBIG));
   }
   if (block_device) {
     int sector = 0;

@@ -54,7 +54,9 @@ class FileNode : public io::BlockNode {
   // force_share and share_all_with_others (file_options.proto); a node that
   // shares everything locks byte 103 (resize) on its first Truncate, which
   // fails with `Failed to get "resize" lock` if another opener denies it.
-  // Probes O_DIRECT alignment for cache=none and directsync.
+  // Probes O_DIRECT alignment for cache=none and directsync. A file longer
+  // than 2^63 - 2^30 bytes (rounded up to 512; QEMU's limit) is kOutOfRange
+  // "Could not refresh total sector count: File too large".
   static absl::StatusOr<std::unique_ptr<FileNode>> Open(
       io::Engine& engine, const FileOpenOptions& options,
       std::ostream* warnings);

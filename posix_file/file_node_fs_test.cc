@@ -455,6 +455,38 @@ TEST_F(FileNodeFsTest, DirectIoOnA4096ByteSectorLoopDevice) {
   ASSERT_TRUE(Run(node->Close()).ok());
 }
 
+// XFS files may be up to 2^63 - 1 bytes long; QEMU (and so we) accept
+// nodes up to 2^63 - 2^30 bytes, rounded up to 512.
+TEST_F(FileNodeFsTest, HugeXfsFilesOpenUpToQemusLimit) {
+  MOUNT_OR_SKIP(mnt, LoopMount::Create(FsKind::kXfs, 300 << 20));
+  const uint64_t limit = (uint64_t{1} << 63) - (uint64_t{1} << 30);
+  for (uint64_t length : {limit, limit - 511, limit + 1, limit + 512,
+                          (uint64_t{1} << 63) - 1}) {
+    SCOPED_TRACE(length);
+    const std::string path = mnt->path() + "/huge.raw";
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, static_cast<off_t>(length)), 0) << strerror(errno);
+    close(fd);
+    for (bool read_only : {true, false}) {
+      FileOpenOptions options;
+      options.set_filename(path);
+      options.set_read_only(read_only);
+      absl::StatusOr<std::unique_ptr<FileNode>> node =
+          FileNode::Open(engine_, options, nullptr);
+      if (length <= limit) {
+        ASSERT_TRUE(node.ok()) << node.status();
+        EXPECT_EQ((*node)->size(), length);
+        EXPECT_TRUE(Run((*node)->Close()).ok());
+      } else {
+        EXPECT_EQ(node.status().code(), absl::StatusCode::kOutOfRange);
+        EXPECT_EQ(node.status().message(),
+                  "Could not refresh total sector count: File too large");
+      }
+    }
+  }
+}
+
 // Create and resize on block and character devices, as qemu-img 7.2 does
 // them: the length never changes, create may ask for less (and zeroes the
 // first sector), resize only for the same length.
