@@ -296,6 +296,15 @@ io::Task<absl::Status> Qcow2Node::DoTruncate(uint64_t new_size,
         }
       }
     }
+    // Growing over a longer backing file must not make its data visible
+    // (QEMU's block layer adds BDRV_REQ_ZERO_WRITE): the new area is zeroed,
+    // which needs the zero flag of version 3.
+    const bool zero_new =
+        new_size > old_size && backing_ != nullptr && backing_->size() > old_size;
+    if (zero_new && header_.version < 3) {
+      co_return absl::UnimplementedError(
+          "Failed to zero out new clusters: Operation not supported");
+    }
     CO_RETURN_IF_ERROR(co_await PrepareFirstWrite());
     if (new_size < old_size) {
       CO_RETURN_IF_ERROR(co_await Shrink(new_size));
@@ -320,11 +329,31 @@ io::Task<absl::Status> Qcow2Node::DoTruncate(uint64_t new_size,
         CO_RETURN_IF_ERROR(co_await FlushAll());
       }
     }
+    // Whole new clusters become zero clusters (preallocated ones stay
+    // allocated); no request can be in flight past the old end.
+    const uint64_t zero_start = (old_size + cluster_size_ - 1) & ~(cluster_size_ - 1);
+    if (zero_new && new_size > zero_start) {
+      uint64_t first = zero_start >> cluster_bits_;
+      uint64_t count = (new_size - zero_start + cluster_size_ - 1) >> cluster_bits_;
+      while (count > 0) {
+        const uint64_t n = std::min(count, l2_entries_ - first % l2_entries_);
+        CO_RETURN_IF_ERROR(co_await ZeroClusters(first, n, /*may_unmap=*/false));
+        first += n;
+        count -= n;
+      }
+    }
     uint8_t field[8];
     StoreBE64(field, new_size);
     CO_RETURN_IF_ERROR(
         co_await WriteHeaderField(kSizeOffset, io::ConstIoVec(field, 8)));
     header_.size = new_size;
+    if (zero_new && zero_start > old_size) {
+      // The rest of the old last cluster: explicit zeroes (copy-on-write of
+      // that cluster), as QEMU writes them.
+      lock.Release();
+      std::vector<uint8_t> zeroes(std::min(zero_start, new_size) - old_size, 0);
+      co_return co_await DoWrite(old_size, zeroes);
+    }
     co_return absl::OkStatus();
   }
 }
