@@ -226,7 +226,16 @@ class SubclusterTest : public ::testing::Test {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     auto node = Open(path, /*read_only=*/true);
     ASSERT_NE(node, nullptr);
-    EXPECT_EQ(ToString(OurMap(*node)), ToString(ParseQemuMap(r.output)));
+    const std::vector<MapEntry> ours = OurMap(*node);
+    const std::vector<MapEntry> theirs = ParseQemuMap(r.output);
+    // The first difference only (the maps can be long).
+    size_t i = 0;
+    while (i < ours.size() && i < theirs.size() && ours[i] == theirs[i]) ++i;
+    EXPECT_EQ(ToString(std::vector<MapEntry>(ours.begin() + i,
+                                             ours.begin() + std::min(ours.size(), i + 3))),
+              ToString(std::vector<MapEntry>(
+                  theirs.begin() + i, theirs.begin() + std::min(theirs.size(), i + 3))))
+        << "entry " << i << " of " << ours.size() << "/" << theirs.size();
     Close(node);
   }
 
@@ -448,6 +457,125 @@ TEST_F(SubclusterTest, ConcurrentWritesToSubclustersOfOneCluster) {
       ASSERT_TRUE(env_.engine().Poll(true).ok());
     }
     for (const absl::Status& st : results) EXPECT_TRUE(st.ok()) << st;
+    EXPECT_EQ(Read(*node, 0, size), ref);
+    Close(node);
+    ExpectClean(path);
+    ExpectContents(path, ref);
+    ExpectMapsAgree(path);
+  }
+}
+
+// Batches of 64 concurrent writes, zero writes, subcluster discards and
+// reads on disjoint byte ranges that share clusters and subclusters, over a
+// backing file, with caches small enough to evict all the time.
+TEST_F(SubclusterTest, ConcurrentMixedWorkloadWithSmallCaches) {
+  for (uint64_t cs : {32 * kKiB, 256 * kKiB}) {
+    SCOPED_TRACE(cs);
+    const uint64_t size = 8 * kMiB;
+    const uint64_t sc = cs / 32;
+    const std::string base = TempPath(absl::StrCat("cmixed_base", cs, ".raw"));
+    // As long as the image: past a shorter backing file qemu-img map
+    // reports depth 0 where io::GetChainStatus reports the chain length.
+    std::vector<uint8_t> ref = Pattern(size, 4321);
+    WriteFile(base, ref);
+    Qcow2CreateOptions o = Extended(cs);
+    o.set_backing_file(base);
+    o.set_backing_fmt("raw");
+    const std::string path = Create(absl::StrCat("cmixed", cs, ".qcow2"), size, o);
+    auto opened = env_.OpenQcow2(path, false, [] {
+      Qcow2OpenOptions small;
+      small.set_l2_cache_size(1);
+      small.set_refcount_cache_size(1);
+      return small;
+    }());
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    std::unique_ptr<Qcow2Node> node = *std::move(opened);
+    std::mt19937_64 rng(cs);
+    const uint64_t slot = std::max<uint64_t>(3000, 3 * sc);
+    const uint64_t slots = size / slot;
+    for (int batch = 0; batch < 30; ++batch) {
+      std::vector<uint64_t> picks;
+      while (picks.size() < 64) {
+        const uint64_t s = rng() % slots;
+        if (std::find(picks.begin(), picks.end(), s) == picks.end()) picks.push_back(s);
+      }
+      struct Op {
+        int kind;
+        uint64_t offset, length;
+        std::vector<uint8_t> data;
+        absl::Status status;
+        std::vector<uint8_t> expected;  // reads
+      };
+      std::vector<Op> ops(picks.size());
+      for (size_t i = 0; i < picks.size(); ++i) {
+        Op& op = ops[i];
+        op.kind = rng() % 6;
+        op.offset = picks[i] * slot + rng() % 100;
+        op.length = 1 + rng() % (slot - 100);
+        switch (op.kind) {
+          case 0:
+          case 1:
+            op.data = Pattern(op.length, batch * 100 + i);
+            std::copy(op.data.begin(), op.data.end(), ref.begin() + op.offset);
+            break;
+          case 2:
+          case 3:
+            std::fill(ref.begin() + op.offset, ref.begin() + op.offset + op.length, 0);
+            break;
+          case 4:
+            op.expected.assign(ref.begin() + op.offset, ref.begin() + op.offset + op.length);
+            op.data.assign(op.length, 0xee);
+            break;
+          case 5: {
+            // Whole subclusters only (partial ones may be dropped).
+            const uint64_t a = (op.offset + sc - 1) / sc * sc;
+            const uint64_t b = std::max(a, (op.offset + op.length) / sc * sc);
+            op.offset = a;
+            op.length = b - a;
+            std::fill(ref.begin() + a, ref.begin() + b, 0);
+            break;
+          }
+        }
+      }
+      int done = 0;
+      for (Op& op : ops) {
+        auto finish = [&done, &op](absl::Status st) {
+          op.status = st;
+          ++done;
+        };
+        switch (op.kind) {
+          case 0:
+          case 1:
+            io::Spawn(node->Write(op.offset, io::ConstIoVec(op.data)), finish);
+            break;
+          case 2:
+          case 3: {
+            io::WriteZeroesFlags f;
+            f.may_unmap = op.kind == 3;
+            io::Spawn(node->WriteZeroes(op.offset, op.length, f), finish);
+            break;
+          }
+          case 4:
+            io::Spawn(node->Read(op.offset, io::IoVec(op.data)), finish);
+            break;
+          case 5:
+            io::Spawn(node->Discard(op.offset, op.length), finish);
+            break;
+        }
+      }
+      if (batch % 7 == 3) {
+        io::Spawn(node->Flush(), [&](absl::Status st) { EXPECT_TRUE(st.ok()) << st; });
+      }
+      while (done < static_cast<int>(ops.size())) {
+        ASSERT_TRUE(env_.engine().Poll(true).ok());
+      }
+      for (const Op& op : ops) {
+        ASSERT_TRUE(op.status.ok()) << op.status;
+        if (op.kind == 4) {
+          EXPECT_EQ(op.data, op.expected) << "read at " << op.offset;
+        }
+      }
+    }
     EXPECT_EQ(Read(*node, 0, size), ref);
     Close(node);
     ExpectClean(path);
