@@ -418,7 +418,9 @@ absl::StatusOr<double> RunRequests(const BenchArgs& a, OpenedImage& image,
   s.next_offset = a.offset;
 
   const uint64_t workers = std::min(a.depth, a.count);
-  s.buffer = io::AlignedBuffer(workers * a.size);
+  // -d and -s come from the user: their product may exceed the memory or
+  // even the address space (qemu-img 7.2 overflows an int and crashes).
+  ASSIGN_OR_RETURN(s.buffer, io::AlignedBuffer::Create(workers * a.size));
   std::memset(s.buffer.data(), static_cast<int>(a.pattern), s.buffer.size());
 
   const auto start = std::chrono::steady_clock::now();

@@ -225,6 +225,20 @@ TEST(BenchTest, OptionErrorsMatchQemuImg) {
             "Expecting one image file name");
 }
 
+// 65536 requests of 2047 MiB in flight need more than the 128 TiB of a
+// process's address space: an error, not an abort.
+TEST(BenchTest, HugeBufferIsAnErrorNotAnAbort) {
+  const std::string img = MakeImage("huge.raw", 1 << 20);
+  Result r = Bench({"-f", "raw", "-d", "65536", "-s", "2047M", img});
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(r.status.message(),
+            "Failed to allocate 140668768878592 bytes of memory: Cannot "
+            "allocate memory");
+  EXPECT_EQ(r.out,
+            "Sending 75000 read requests, 2146435072 bytes each, 65536 in "
+            "parallel (starting at offset 0, step size 2146435072)\n");
+}
+
 TEST(BenchTest, AcceptsStrtoulNumbersLikeQemuImg) {
   const std::string img = MakeImage("numbers.raw", 1 << 20);
   Result r = Bench({"-f", "raw", "-c", "0x10", "-d", "010", img});

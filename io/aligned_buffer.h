@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
 namespace imgtool::io {
@@ -26,8 +27,16 @@ class AlignedBuffer {
 
   // Allocates `size` bytes (0 allowed: empty buffer) starting at a multiple
   // of `alignment` bytes, all zero. `alignment` must be a power of two; the
-  // program aborts if it is not or if memory runs out (like `new`).
+  // program aborts if it is not or if memory runs out (like `new`). For
+  // sizes that come from the user, use Create.
   explicit AlignedBuffer(size_t size, size_t alignment = kDefaultAlignment);
+
+  // The same, but failures are returned: kInvalidArgument if `alignment` is
+  // not a power of two, kResourceExhausted "Failed to allocate <size> bytes
+  // of memory: Cannot allocate memory" if the memory cannot be had (e.g. a
+  // buffer larger than the address space or the overcommit limit).
+  static absl::StatusOr<AlignedBuffer> Create(
+      size_t size, size_t alignment = kDefaultAlignment);
 
   // Move-only; a moved-from buffer is empty.
   AlignedBuffer(AlignedBuffer&& other) noexcept;
@@ -48,6 +57,10 @@ class AlignedBuffer {
   }
 
  private:
+  // Takes ownership of `data` (from posix_memalign, zeroed).
+  AlignedBuffer(uint8_t* data, size_t size, size_t alignment)
+      : data_(data), size_(size), alignment_(alignment) {}
+
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   size_t alignment_ = kDefaultAlignment;
