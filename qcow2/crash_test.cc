@@ -96,9 +96,9 @@ void Apply(const Event& e, std::vector<uint8_t>& image) {
   }
 }
 
-TEST(CrashTest, EveryCrashPointLeavesAConsistentImage) {
+void RunCrashTest(bool extended_l2) {
   Env env;
-  const std::string path = TempPath("crash.qcow2");
+  const std::string path = TempPath(extended_l2 ? "crash_ext.qcow2" : "crash.qcow2");
   std::vector<Event> log;
   // A clean image to start from, not recorded.
   {
@@ -106,7 +106,9 @@ TEST(CrashTest, EveryCrashPointLeavesAConsistentImage) {
     ASSERT_TRUE(file.ok());
     Qcow2CreateOptions o;
     o.set_size(2 << 20);
-    o.set_cluster_size(4096);
+    // Extended L2: 32 KiB clusters of 1 KiB subclusters.
+    o.set_cluster_size(extended_l2 ? 32768 : 4096);
+    o.set_extended_l2(extended_l2);
     ASSERT_TRUE(env.Run(CreateQcow2(**file, o)).ok());
     ASSERT_TRUE(env.Run((*file)->Close()).ok());
   }
@@ -175,6 +177,12 @@ TEST(CrashTest, EveryCrashPointLeavesAConsistentImage) {
     }
   }
   EXPECT_GE(checked, 400);
+}
+
+TEST(CrashTest, EveryCrashPointLeavesAConsistentImage) { RunCrashTest(false); }
+
+TEST(CrashTest, EveryCrashPointLeavesAConsistentExtendedL2Image) {
+  RunCrashTest(true);
 }
 
 }  // namespace
