@@ -225,6 +225,50 @@ TEST(BenchTest, OptionErrorsMatchQemuImg) {
             "Expecting one image file name");
 }
 
+// qemu-img 7.2: native AIO needs O_DIRECT, checked once the file is open.
+TEST(BenchTest, NativeAioNeedsCacheNone) {
+  const std::string img = MakeImage("native.raw", 1 << 20);
+  const std::string error =
+      "Could not open '" + img +
+      "': aio=native was specified, but it requires cache.direct=on, which "
+      "was not specified.";
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"-n"},
+                                             {"-i", "native"},
+                                             {"-n", "-t", "writeback"},
+                                             {"-i", "native", "-t", "unsafe"},
+                                             {"-n", "-w"}}) {
+    std::vector<std::string> all = {"-f", "raw", "-c", "4"};
+    all.insert(all.end(), args.begin(), args.end());
+    all.push_back(img);
+    Result r = Bench(all);
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument) << args[1];
+    EXPECT_EQ(r.status.message(), error);
+    EXPECT_EQ(r.out, "");
+  }
+  // A missing file is reported first, as by qemu-img.
+  Result missing = Bench({"-n", TempPath("missing.raw")});
+  EXPECT_EQ(missing.status.message(),
+            "Could not open '" + TempPath("missing.raw") + "': Could not open '" +
+                TempPath("missing.raw") + "': No such file or directory");
+  for (const char* cache : {"none", "directsync"}) {
+    Result r = Bench({"-f", "raw", "-c", "4", "-n", "-t", cache, img});
+    EXPECT_TRUE(r.status.ok()) << cache << ": " << r.status;
+    r = Bench({"-f", "raw", "-c", "4", "-i", "native", "-t", cache, img});
+    EXPECT_TRUE(r.status.ok()) << cache << ": " << r.status;
+  }
+  EXPECT_TRUE(Bench({"-f", "raw", "-c", "4", "-i", "io_uring", img}).status.ok());
+}
+
+TEST(BenchTest, HelpLooksLikeTheOtherCommands) {
+  Result r = Bench({"--help"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_THAT(r.out, ::testing::StartsWith("Usage: imgtool bench [-c COUNT] "));
+  EXPECT_THAT(r.out, HasSubstr("\n  -t CACHE              none, writeback"));
+  EXPECT_EQ(Bench({"-h"}).out, r.out);
+  EXPECT_EQ(r.err, "");
+}
+
 // 65536 requests of 2047 MiB in flight need more than the 128 TiB of a
 // process's address space: an error, not an abort.
 TEST(BenchTest, HugeBufferIsAnErrorNotAnAbort) {

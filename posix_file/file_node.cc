@@ -279,7 +279,11 @@ absl::StatusOr<std::unique_ptr<FileNode>> FileNode::Open(
   };
   struct stat st;
   if (fstat(fd, &st) != 0) return fail(ErrnoStatus(path, "fstat", errno));
-  if (S_ISDIR(st.st_mode)) return fail(ErrnoStatus(path, "Could not open", EISDIR));
+  // A read-write open(2) of a directory fails with EISDIR already.
+  if (S_ISDIR(st.st_mode)) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "'file' driver requires '", path, "' to be a regular file")));
+  }
   config.regular_file = S_ISREG(st.st_mode);
   const bool block_device = S_ISBLK(st.st_mode);
   if (config.regular_file) {

@@ -351,6 +351,15 @@ TEST_F(FileNodeTest, OpenRejectsBadOptions) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  // Directories: qemu-io and qemu-img's words for each mode.
+  const std::string dir = Path("adir");
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  auto ro_dir = Open(dir, "", /*read_only=*/true);
+  EXPECT_EQ(ro_dir.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ro_dir.status().message(),
+            "'file' driver requires '" + dir + "' to be a regular file");
+  auto rw_dir = Open(dir);
+  EXPECT_EQ(rw_dir.status().message(), dir + ": Could not open: Is a directory");
   auto missing = Open(Path("missing.raw"));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(missing.status().message()),
