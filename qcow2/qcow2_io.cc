@@ -1003,9 +1003,13 @@ io::Task<absl::Status> Qcow2Node::WriteZeroesPartial(uint64_t offset,
   const uint64_t cluster = start >> cluster_bits_;
   // The rest of the cluster must already read as zeroes (QEMU's is_zero()),
   // and the cluster must hold no data, for a zero cluster to do.
-  bool zero_ok = co_await BackingReadsZero(start, offset - start) &&
-                 co_await BackingReadsZero(offset + length,
-                                           end - (offset + length));
+  // Not `co_await a && co_await b`: GCC 12 mishandles the temporaries of a
+  // co_await in a conditionally evaluated operand.
+  bool zero_ok = co_await BackingReadsZero(start, offset - start);
+  if (zero_ok) {
+    zero_ok = co_await BackingReadsZero(offset + length,
+                                        end - (offset + length));
+  }
   if (zero_ok) {
     bool fallback = false;
     CO_RETURN_IF_ERROR(co_await ForEachL2Range(
