@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/errno_status.h"
@@ -281,6 +282,25 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
     return WithExitCode(
         absl::UnimplementedError("This image format does not support checks"),
         63);
+  }
+  {
+    // qemu-img opens the image with its backing chain before checking it:
+    // a backing file that cannot be opened fails the check.
+    ImageSpec chain;
+    chain.filename = filename;
+    chain.format = "qcow2";
+    chain.cache = cache;
+    chain.read_only = true;
+    chain.force_share = true;
+    chain.queue_depth = 1;
+    absl::StatusOr<OpenedImage> opened = OpenImage(chain, streams.err);
+    if (opened.ok()) {
+      CloseImage(*opened).IgnoreError();
+    } else if (absl::StrContains(opened.status().message(),
+                                 "Could not open backing file: ")) {
+      close().IgnoreError();
+      return opened.status();
+    }
   }
 
   absl::StatusOr<qcow2::CheckResult> result =

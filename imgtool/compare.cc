@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -381,6 +382,7 @@ absl::Status RunCompare(const std::vector<std::string>& args, Streams streams) {
     }
     std::vector<Side> sides;
     sides.reserve(2);
+    std::shared_ptr<io::Engine> engine;  // both images on one engine
     for (int i = 0; i < 2; ++i) {
       ImageSpec spec;
       spec.filename = operands[i];
@@ -390,11 +392,13 @@ absl::Status RunCompare(const std::vector<std::string>& args, Streams streams) {
       spec.read_only = true;
       spec.force_share = a.force_share;
       spec.queue_depth = 1;
-      absl::StatusOr<OpenedImage> image = OpenImage(spec, streams.err);
+      absl::StatusOr<OpenedImage> image =
+          OpenImage(spec, streams.err, engine);
       if (!image.ok()) {
         for (Side& side : sides) side.Close().IgnoreError();
         return WithExitCode(image.status(), kOpenError);
       }
+      engine = image->engine;
       sides.emplace_back(*std::move(image), operands[i]);
     }
     absl::Status compared =

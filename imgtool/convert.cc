@@ -6,7 +6,10 @@
 // skipped (or written as zeroes when the target may hold old data), and
 // zeroes inside data ranges are found by scanning the buffer in 512-byte
 // sectors, so the target stays sparse. Up to -m coroutines copy chunks of at
-// most 2 MiB each, writing in order unless -W.
+// most 2 MiB each, writing in order unless -W. All images of the command
+// share one engine. Targets: raw (posix_file::CreateFile) and qcow2 (the
+// create options of `imgtool create -f qcow2`, -B/-F backing files, -c
+// compressed clusters through qcow2::Qcow2Node::WriteCompressed).
 #include <getopt.h>
 #include <sys/stat.h>
 
@@ -34,6 +37,7 @@
 #include "base/status_macros.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
+#include "imgtool/qcow2_create.h"
 #include "io/aligned_buffer.h"
 #include "io/block_node.h"
 #include "io/chain_status.h"
@@ -42,6 +46,7 @@
 #include "io/task.h"
 #include "posix_file/file_node.h"
 #include "posix_file/file_options.pb.h"
+#include "qcow2/qcow2_node.h"
 
 namespace imgtool::cli {
 namespace {
@@ -57,8 +62,12 @@ constexpr char kHelp[] =
     "        [--target-is-zero] [-t CACHE] [-T SRC_CACHE] [-p] [-q] [-U] "
     "SRC... DST\n"
     "Copies the images SRC... (concatenated) into the new image DST.\n"
-    "  -f FMT            format of the sources (raw, file); probed if absent\n"
-    "  -O FMT            format of DST (default raw)\n"
+    "  -f FMT            format of the sources (raw, file, qcow2); probed if "
+    "absent\n"
+    "  -O FMT            format of DST: raw (default), file or qcow2\n"
+    "  -B BACKING        backing file of a qcow2 DST (needs -F)\n"
+    "  -F BACKING_FMT    format of the backing file\n"
+    "  -c                write compressed clusters (qcow2 DST)\n"
     "  -o OPTIONS        create options of DST; '-o help' lists them\n"
     "  -S SPARSE_SIZE    zero runs of at least this size (multiple of 512, "
     "default 4k)\n"
@@ -271,34 +280,6 @@ bool CreatedTargetIsZero(const std::string& filename) {
   return stat(filename.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-// Drives every engine until `task` has finished. Each image OpenImage opens
-// has an engine of its own, and a copy between images needs all of them
-// polled: completions are collected from each without blocking, then the
-// busiest engine is waited on (its requests complete on their own, so the
-// wait always ends).
-template <typename T>
-T RunOnEngines(const std::vector<io::Engine*>& engines, io::Task<T> task) {
-  std::optional<T> result;
-  io::Spawn(std::move(task), [&](T v) { result.emplace(std::move(v)); });
-  while (!result.has_value()) {
-    for (io::Engine* engine : engines) {
-      if (!engine->Poll(/*wait=*/false).ok()) std::abort();
-    }
-    if (result.has_value()) break;
-    io::Engine* busiest = nullptr;
-    for (io::Engine* engine : engines) {
-      if (engine->in_flight() > 0 &&
-          (busiest == nullptr || engine->in_flight() > busiest->in_flight())) {
-        busiest = engine;
-      }
-    }
-    // A task waiting on nothing cannot progress (as in io::RunSync).
-    if (busiest == nullptr) std::abort();
-    if (!busiest->Poll(/*wait=*/true).ok()) std::abort();
-  }
-  return std::move(*result);
-}
-
 bool IsZero(const uint8_t* p, size_t n) {
   uint64_t acc = 0;
   for (size_t i = 0; i + 8 <= n; i += 8) {
@@ -378,6 +359,13 @@ struct CopySettings {
   bool in_order = true;
   bool copy_whole_chunks = false;  // -C: no zero detection in data
   int num_workers = 8;
+  // -c: whole target clusters of this many bytes are written compressed
+  // (through `compressed_target`); 0 = no compression.
+  uint64_t compressed_cluster_size = 0;
+  qcow2::Qcow2Node* compressed_target = nullptr;
+  // A new target with a backing file: its backing file's length in bytes.
+  // Zeroes past it need no writing (the target reads zeroes there).
+  std::optional<uint64_t> target_backing_end;
 };
 
 // The copy itself (qemu-img's convert_do_copy). The target is split into
@@ -416,6 +404,11 @@ class Copier {
       });
     }
     co_await done_.Wait();
+    if (error_.ok() && settings_.compressed_target != nullptr) {
+      // qemu-img's compressed write of 0 bytes: pads the file to a sector.
+      co_return co_await settings_.compressed_target->WriteCompressed(
+          0, io::ConstIoVec());
+    }
     co_return error_;
   }
 
@@ -443,6 +436,17 @@ class Copier {
     const uint64_t in_source = offset - source.start;
     uint64_t n =
         std::min({total_ - offset, kMaxRequest, source.length - in_source});
+    bool past_backing_end = false;
+    if (settings_.target_backing_end.has_value()) {
+      // Ranges before and after the end of the target's backing file are
+      // asked for separately: zeroes past it need no writing.
+      const uint64_t end = *settings_.target_backing_end;
+      if (offset >= end) {
+        past_backing_end = true;
+      } else if (offset + n > end) {
+        n = end - offset;
+      }
+    }
     if (next_status_end_ <= offset) {
       uint64_t count = n;
       ChunkKind kind = ChunkKind::kZero;
@@ -458,7 +462,7 @@ class Copier {
         }
         count = status->length;
         if (status->zero) {
-          kind = ChunkKind::kZero;
+          kind = past_backing_end ? ChunkKind::kBacking : ChunkKind::kZero;
         } else if (status->data || !settings_.target_has_backing) {
           kind = ChunkKind::kData;
         } else {
@@ -471,6 +475,21 @@ class Copier {
     }
     n = std::min(n, next_status_end_ - offset);
     if (status_ == ChunkKind::kData) n = std::min(n, kChunkSize);
+    if (const uint64_t cluster = settings_.compressed_cluster_size;
+        cluster != 0) {
+      // Compressed clusters are written whole: a run shorter than a
+      // cluster makes the whole cluster data, a longer one stops at a
+      // cluster boundary (qemu-img's convert_iteration_sectors).
+      if (n < cluster) {
+        n = std::min(cluster, total_ - offset);
+        status_ = ChunkKind::kData;
+        next_status_end_ = std::max(next_status_end_, offset + n);
+      } else {
+        n = n / cluster * cluster;
+      }
+      // One cluster per data chunk (qemu-img's buffer is one cluster).
+      if (status_ == ChunkKind::kData) n = std::min(n, cluster);
+    }
     co_return n;
   }
 
@@ -523,6 +542,16 @@ class Copier {
 
   io::Task<absl::Status> WriteChunk(uint64_t offset, uint64_t length,
                                     const uint8_t* buf, ChunkKind kind) {
+    if (settings_.compressed_target != nullptr && kind == ChunkKind::kData &&
+        (settings_.min_sparse_sectors == 0 || !IsZero(buf, length))) {
+      // One cluster (or the image's last, shorter one); all-zero data is
+      // treated as a zero range.
+      co_return co_await settings_.compressed_target->WriteCompressed(
+          offset, io::ConstIoVec(buf, length));
+    }
+    if (settings_.compressed_target != nullptr && kind == ChunkKind::kData) {
+      kind = ChunkKind::kZero;
+    }
     uint64_t done = 0;
     while (done < length) {
       uint64_t n = length - done;
@@ -815,7 +844,9 @@ absl::Status CloseAll(std::vector<OpenedImage>& images) {
 
 // Fails like qemu-img for what the target cannot do: a backing file for a
 // new raw image, compression, bitmaps.
-absl::Status CheckTargetFeatures(const ConvertArgs& a, size_t num_sources) {
+absl::Status CheckTargetFeatures(const ConvertArgs& a, size_t num_sources,
+                                 const std::string& target_format,
+                                 const Qcow2CreateValues& qcow2_values) {
   if (a.target_is_zero && a.backing_file.has_value()) {
     return absl::InvalidArgumentError(
         "Cannot use --target-is-zero when the destination image has a "
@@ -826,9 +857,24 @@ absl::Status CheckTargetFeatures(const ConvertArgs& a, size_t num_sources) {
         "Having a backing file for the target makes no sense when "
         "concatenating multiple input images");
   }
-  if (a.compress) {
+  if (!a.skip_create && target_format == "qcow2" &&
+      qcow2_values.Has("backing_file") && !qcow2_values.Has("backing_fmt")) {
     return absl::InvalidArgumentError(
-        "Compression not supported for this file format");
+        "Use of backing file requires explicit backing format");
+  }
+  if (a.compress) {
+    if (target_format != "qcow2") {
+      return absl::InvalidArgumentError(
+          "Compression not supported for this file format");
+    }
+    if (qcow2_values.Has("encryption") || qcow2_values.Has("encrypt.format")) {
+      return absl::InvalidArgumentError(
+          "Compression and encryption not supported at the same time");
+    }
+    if (qcow2_values.Text("preallocation").value_or("off") != "off") {
+      return absl::InvalidArgumentError(
+          "Compression and preallocation not supported at the same time");
+    }
   }
   if (a.bitmaps) {
     if (num_sources > 1) {
@@ -870,27 +916,34 @@ absl::Status Copy(const ConvertArgs& a, absl::Span<OpenedImage> sources,
   settings.in_order = a.in_order;
   settings.copy_whole_chunks = a.copy_range;
   settings.num_workers = a.num_coroutines;
-
-  std::vector<io::Engine*> engines;
-  auto add_engine = [&engines](io::Engine* e) {
-    if (std::find(engines.begin(), engines.end(), e) == engines.end()) {
-      engines.push_back(e);
+  if (a.compress) {
+    if (target.qcow2 == nullptr) {
+      return absl::InvalidArgumentError(
+          "Compression not supported for this file format");
     }
-  };
-  for (OpenedImage& image : sources) add_engine(image.engine.get());
-  add_engine(target.engine.get());
+    settings.compressed_target = target.qcow2;
+    settings.compressed_cluster_size = target.qcow2->cluster_size();
+  }
+  if (a.backing_file.has_value() && !a.skip_create &&
+      target.node->backing() != nullptr) {
+    settings.target_backing_end =
+        AlignUp(target.node->backing()->size(), kSectorSize);
+  }
+
+  // Every image was opened on the target's engine.
   Copier copier(std::move(copy_sources), *target.node, settings, progress);
-  return RunOnEngines(engines,
-                      copier.Run(/*count_first=*/a.progress && !a.quiet));
+  return io::RunSync(*target.engine,
+                     copier.Run(/*count_first=*/a.progress && !a.quiet));
 }
 
 // Everything after the option checks, in qemu-img's order: open the
 // sources, create and open the target, copy.
-absl::Status Convert(const ConvertArgs& a,
+absl::Status Convert(ConvertArgs a,
                      const std::vector<std::string>& source_names,
                      const std::string& target_name, Progress& progress,
                      std::vector<OpenedImage>& images, Streams streams) {
   uint64_t total = 0;
+  std::shared_ptr<io::Engine> engine;
   for (const std::string& name : source_names) {
     ImageSpec spec;
     spec.filename = name;
@@ -902,7 +955,8 @@ absl::Status Convert(const ConvertArgs& a,
     // As qemu-img, keep writers (and convert onto itself) out.
     spec.unshare_write = true;
     spec.queue_depth = a.num_coroutines;
-    ASSIGN_OR_RETURN(OpenedImage image, OpenImage(spec, streams.err));
+    ASSIGN_OR_RETURN(OpenedImage image, OpenImage(spec, streams.err, engine));
+    engine = image.engine;
     total += VirtualSize(image);
     images.push_back(std::move(image));
   }
@@ -921,7 +975,21 @@ absl::Status Convert(const ConvertArgs& a,
   const std::string target_format =
       a.target_format.empty() ? "raw" : a.target_format;
   posix_file::FileCreateOptions create_options;
-  if (!a.skip_create) {
+  Qcow2CreateValues qcow2_values;
+  if (!a.skip_create && target_format == "qcow2") {
+    for (const std::string& text : a.option_texts) {
+      RETURN_IF_ERROR(qcow2_values.Apply(text));
+    }
+    // The size is the sources' total; -B and -F override -o.
+    qcow2_values.SetNumber("size", total);
+    if (a.backing_file.has_value()) {
+      qcow2_values.SetString("backing_file", *a.backing_file);
+    }
+    if (a.backing_format.has_value()) {
+      qcow2_values.SetString("backing_fmt", *a.backing_format);
+    }
+    a.backing_file = qcow2_values.Text("backing_file");
+  } else if (!a.skip_create) {
     RETURN_IF_ERROR(CheckFormat(target_format, /*for_create=*/true));
     for (const std::string& text : a.option_texts) {
       RETURN_IF_ERROR(ApplyCreateOptions(text, &create_options));
@@ -937,8 +1005,17 @@ absl::Status Convert(const ConvertArgs& a,
                        target_format, "'"));
     }
   }
-  RETURN_IF_ERROR(CheckTargetFeatures(a, num_sources));
-  if (!a.skip_create) {
+  RETURN_IF_ERROR(
+      CheckTargetFeatures(a, num_sources, target_format, qcow2_values));
+  if (!a.skip_create && target_format == "qcow2") {
+    absl::Status st = CreateQcow2File(target_name, qcow2_values, streams.err);
+    if (!st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat(target_name,
+                                       ": error while converting qcow2: ",
+                                       st.message()));
+    }
+  } else if (!a.skip_create) {
     RETURN_IF_ERROR(CreateTarget(target_name, target_format, create_options,
                                  total, streams.err));
   }
@@ -955,7 +1032,7 @@ absl::Status Convert(const ConvertArgs& a,
   spec.cache = *cache;
   spec.read_only = false;
   spec.queue_depth = a.num_coroutines;
-  ASSIGN_OR_RETURN(OpenedImage target, OpenImage(spec, streams.err));
+  ASSIGN_OR_RETURN(OpenedImage target, OpenImage(spec, streams.err, engine));
   images.push_back(std::move(target));
   return Copy(a, absl::MakeSpan(images).first(num_sources), images.back(),
               target_name, progress);
@@ -981,7 +1058,14 @@ absl::Status RunConvert(const std::vector<std::string>& args, Streams streams) {
       a.target_format.empty() ? "raw" : a.target_format;
   if (HasHelpOption(a.option_texts)) {
     RETURN_IF_ERROR(CheckFormat(target_format, /*for_create=*/true));
-    if (operands.size() >= 2) {
+    if (target_format == "qcow2") {
+      if (operands.size() >= 2) {
+        streams.out << "Supported options:\n" << Qcow2OptionHelp(true);
+      } else {
+        streams.out << "Supported qcow2 options:\n"
+                    << Qcow2OptionHelp(false) << kProtocolHint;
+      }
+    } else if (operands.size() >= 2) {
       streams.out << "Supported options:\n" << kFileOptionsHelp;
     } else if (target_format == "file") {
       streams.out << "Supported file options:\n"

@@ -80,7 +80,7 @@ absl::Status CouldNotOpen(const std::string& filename,
 
 absl::StatusOr<std::unique_ptr<posix_file::FileNode>> OpenFile(
     const ChainSettings& s, const std::string& filename, bool read_only,
-    bool force_share) {
+    bool share_all) {
   struct stat st;
   if (stat(filename.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -90,7 +90,8 @@ absl::StatusOr<std::unique_ptr<posix_file::FileNode>> OpenFile(
   options.set_filename(filename);
   options.set_cache(s.cache);
   options.set_read_only(read_only);
-  options.set_force_share(force_share);
+  options.set_force_share(s.force_share);
+  options.set_share_all_with_others(share_all);
   std::ostringstream warnings;
   absl::StatusOr<std::unique_ptr<posix_file::FileNode>> file =
       posix_file::FileNode::Open(*s.engine, options, &warnings);
@@ -157,11 +158,10 @@ io::Task<absl::StatusOr<OpenedNode>> OpenChain(
     // The raw format shares every permission (QEMU's default for an image
     // opened by qemu-img), so a read-only open takes only the
     // consistent-read lock: `info` and `map` work on a raw image a VM is
-    // writing, as with qemu-img 7.2. As a backing file it keeps writers out.
-    CO_ASSIGN_OR_RETURN(
-        std::unique_ptr<posix_file::FileNode> file,
-        OpenFile(s, filename, read_only,
-                 s.force_share || (read_only && raw_shares_write)));
+    // writing, as with qemu-img 7.2. As a backing file, or as convert's
+    // source, it keeps writers out.
+    CO_ASSIGN_OR_RETURN(std::unique_ptr<posix_file::FileNode> file,
+                        OpenFile(s, filename, read_only, raw_shares_write));
     if (probed && !read_only && !is_backing) {
       // qemu-img warns only when a probed raw image is opened for writing.
       *s.err << "WARNING: Image format was not specified for '" << filename
@@ -179,7 +179,7 @@ io::Task<absl::StatusOr<OpenedNode>> OpenChain(
   // qcow2 metadata must not change under us: its file keeps writers out
   // unless -U.
   CO_ASSIGN_OR_RETURN(std::unique_ptr<posix_file::FileNode> file,
-                      OpenFile(s, filename, read_only, s.force_share));
+                      OpenFile(s, filename, read_only, /*share_all=*/false));
   posix_file::FileNode* file_node = file.get();
   std::ostream* err = s.err;
   qcow2::RefcountRepairer repair = [err](io::BlockNode& f) {

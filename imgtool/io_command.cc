@@ -50,6 +50,7 @@
 #include "io/chain_status.h"
 #include "io/engine.h"
 #include "io/task.h"
+#include "qcow2/qcow2_node.h"
 
 namespace imgtool::cli {
 namespace {
@@ -1211,9 +1212,35 @@ bool Session::CmdInfo(const CommandDef&, std::vector<std::string>&) {
   out() << "format name: " << image_.format << "\n";
   // qemu-io 7.2 prints the name of the `file` driver twice.
   if (image_.format == "file") out() << "format name: file\n";
-  // Raw and file nodes have no clusters and no VM state area.
-  out() << "cluster size: " << HumanBytes(0) << "\n"
-        << "vm state offset: " << HumanBytes(0) << "\n";
+  const qcow2::Qcow2Node* q = image_.qcow2;
+  if (q == nullptr) {
+    // Raw and file nodes have no clusters and no VM state area.
+    out() << "cluster size: " << HumanBytes(0) << "\n"
+          << "vm state offset: " << HumanBytes(0) << "\n";
+    return true;
+  }
+  // The VM state area starts after the guest range the L1 table maps for
+  // the virtual size (QEMU's qcow2_vm_state_offset).
+  const uint64_t l1_coverage = q->cluster_size() * (q->cluster_size() / 8);
+  const uint64_t sectors_bytes = q->size() / kSectorSize * kSectorSize;
+  const uint64_t vm_state =
+      (sectors_bytes + l1_coverage - 1) / l1_coverage * l1_coverage;
+  const bool v3 = q->header().version >= 3;
+  auto flag = [](bool b) { return b ? "true" : "false"; };
+  out() << "cluster size: " << HumanBytes(static_cast<double>(q->cluster_size()))
+        << "\n"
+        << "vm state offset: " << HumanBytes(static_cast<double>(vm_state))
+        << "\n"
+        << "Format specific information:\n"
+        << "    compat: " << q->compat() << "\n"
+        << "    compression type: "
+        << (q->header().compression_type == 0 ? "zlib" : "zstd") << "\n";
+  if (v3) out() << "    lazy refcounts: " << flag(q->lazy_refcounts()) << "\n";
+  out() << "    refcount bits: " << q->refcount_bits() << "\n";
+  if (v3) {
+    out() << "    corrupt: " << flag(q->corrupt()) << "\n"
+          << "    extended l2: " << flag(q->extended_l2()) << "\n";
+  }
   return true;
 }
 

@@ -1,5 +1,7 @@
 // imgtool resize [-f FMT] [--preallocation=MODE] [--shrink] [-q] FILE
-// [+|-]SIZE: changes the length of a raw image like qemu-img 7.2.
+// [+|-]SIZE: changes the virtual size of a raw or qcow2 image like qemu-img
+// 7.2 (qcow2: whole sectors, metadata preallocation, shrinking discards the
+// clusters past the new end).
 #include <getopt.h>
 
 #include <cstdint>
@@ -27,8 +29,11 @@ constexpr char kHelp[] =
     "Usage: imgtool resize [-q] [-f FMT] [--preallocation=MODE] [--shrink] "
     "FILE [+|-]SIZE\n"
     "Sets the size of an image, or grows (+) or shrinks (-) it by SIZE.\n"
-    "  -f FMT                image format (raw, file); probed if absent\n"
-    "  --preallocation=MODE  off (default), falloc or full for the new range\n"
+    "  -f FMT                image format (raw, file, qcow2); probed if "
+    "absent\n"
+    "  --preallocation=MODE  off (default), metadata (qcow2), falloc or full "
+    "for\n"
+    "                        the new range\n"
     "  --shrink              allow making the image smaller (data is lost)\n"
     "  -q                    quiet: no \"Image resized.\" line\n";
 
@@ -145,7 +150,7 @@ absl::Status RunResize(const std::vector<std::string>& args, Streams streams) {
         "shrunken image's end. Before performing such an operation, make "
         "sure there is no important data there.")));
   }
-  if (prealloc == io::PreallocMode::kMetadata) {
+  if (prealloc == io::PreallocMode::kMetadata && image.qcow2 == nullptr) {
     // Raw images have no metadata; file-posix refuses the mode.
     return fail(absl::InvalidArgumentError(
         "Unsupported preallocation mode: metadata"));

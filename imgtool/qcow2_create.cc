@@ -1,0 +1,372 @@
+#include "imgtool/qcow2_create.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "base/errno_status.h"
+#include "base/options.h"
+#include "base/size.h"
+#include "base/status_macros.h"
+#include "imgtool/command.h"
+#include "io/engine.h"
+#include "io/task.h"
+#include "posix_file/file_node.h"
+#include "posix_file/file_options.pb.h"
+#include "qcow2/create.h"
+#include "qcow2/qcow2_options.pb.h"
+
+namespace imgtool::cli {
+namespace {
+
+enum class OptionType { kSize, kNumber, kBool, kString };
+
+struct OptionDesc {
+  const char* name;
+  OptionType type;
+  const char* help;
+  const char* default_value;  // printed on the "Formatting" line, or null
+};
+
+// qemu-img 7.2's create options of qcow2 followed by those of the `file`
+// protocol it does not have, in QEMU's list order.
+constexpr OptionDesc kOptions[] = {
+    {"encryption", OptionType::kBool,
+     "Encrypt the image with format 'aes'. (Deprecated in favor of "
+     "encrypt.format=aes)",
+     nullptr},
+    {"encrypt.format", OptionType::kString,
+     "Encrypt the image, format choices: 'aes', 'luks'", nullptr},
+    {"encrypt.key-secret", OptionType::kString,
+     "ID of secret providing qcow AES key or LUKS passphrase", nullptr},
+    {"encrypt.cipher-alg", OptionType::kString,
+     "Name of encryption cipher algorithm", nullptr},
+    {"encrypt.cipher-mode", OptionType::kString,
+     "Name of encryption cipher mode", nullptr},
+    {"encrypt.ivgen-alg", OptionType::kString, "Name of IV generator algorithm",
+     nullptr},
+    {"encrypt.ivgen-hash-alg", OptionType::kString,
+     "Name of IV generator hash algorithm", nullptr},
+    {"encrypt.hash-alg", OptionType::kString,
+     "Name of encryption hash algorithm", nullptr},
+    {"encrypt.iter-time", OptionType::kNumber,
+     "Time to spend in PBKDF in milliseconds", nullptr},
+    {"cluster_size", OptionType::kSize, "qcow2 cluster size", "65536"},
+    {"extended_l2", OptionType::kBool, "Extended L2 tables", "off"},
+    {"preallocation", OptionType::kString,
+     "Preallocation mode (allowed values: off, metadata, falloc, full)",
+     nullptr},
+    {"compression_type", OptionType::kString,
+     "Compression method used for image cluster compression", "zlib"},
+    {"size", OptionType::kSize, "Virtual disk size", nullptr},
+    {"compat", OptionType::kString,
+     "Compatibility level (v2 [0.10] or v3 [1.1])", nullptr},
+    {"backing_file", OptionType::kString, "File name of a base image", nullptr},
+    {"backing_fmt", OptionType::kString, "Image format of the base image",
+     nullptr},
+    {"data_file", OptionType::kString, "File name of an external data file",
+     nullptr},
+    {"data_file_raw", OptionType::kBool,
+     "The external data file must stay valid as a raw image", nullptr},
+    {"lazy_refcounts", OptionType::kBool, "Postpone refcount updates", "off"},
+    {"refcount_bits", OptionType::kNumber,
+     "Width of a reference count entry in bits", "16"},
+    // The file protocol's own.
+    {"nocow", OptionType::kBool,
+     "Turn off copy-on-write (valid only on btrfs)", nullptr},
+    {"extent_size_hint", OptionType::kSize,
+     "Extent size hint for the image file, 0 to disable", nullptr},
+};
+constexpr size_t kNumQcow2Only = 21;  // the entries before nocow
+
+const OptionDesc* FindOption(const std::string& name) {
+  for (const OptionDesc& d : kOptions) {
+    if (name == d.name) return &d;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<bool> ParseBool(const std::string& name,
+                               const std::string& value) {
+  if (value == "on" || value == "yes" || value == "true" || value == "y") {
+    return true;
+  }
+  if (value == "off" || value == "no" || value == "false" || value == "n") {
+    return false;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("Parameter '", name, "' expects 'on' or 'off'"));
+}
+
+// QEMU's number options: strtoull with base 0 ("-1" wraps), nothing after.
+absl::StatusOr<uint64_t> ParseNumber(const std::string& name,
+                                     const std::string& value) {
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(value.c_str(), &end, 0);
+  if (value.empty() || *end != '\0' || errno != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Parameter '", name, "' expects a number"));
+  }
+  return static_cast<uint64_t>(n);
+}
+
+// Splits an -o argument at its single commas (",," stays, as an escaped
+// comma inside a value), so that a key given twice is not an error.
+std::vector<std::string> SplitItems(const std::string& text) {
+  std::vector<std::string> items(1);
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == ',' && i + 1 < text.size() && text[i + 1] == ',') {
+      items.back() += ",,";
+      ++i;
+    } else if (text[i] == ',') {
+      items.emplace_back();
+    } else {
+      items.back() += text[i];
+    }
+  }
+  return items;
+}
+
+// Writes the qcow2 image onto the empty file `filename`.
+absl::Status WriteImage(const std::string& filename,
+                        const qcow2::Qcow2CreateOptions& options,
+                        std::ostream& err) {
+  ASSIGN_OR_RETURN(std::unique_ptr<io::Engine> engine,
+                   io::CreateEngine(io::EngineKind::kAuto, 16, &err));
+  posix_file::FileOpenOptions open;
+  open.set_filename(filename);
+  open.set_read_only(false);
+  std::ostringstream warnings;
+  absl::StatusOr<std::unique_ptr<posix_file::FileNode>> file =
+      posix_file::FileNode::Open(*engine, open, &warnings);
+  PrintWarnings(warnings.str(), err);
+  if (!file.ok()) return file.status();
+  absl::Status st = io::RunSync(*engine, qcow2::CreateQcow2(**file, options));
+  absl::Status closed = io::RunSync(*engine, (*file)->Close());
+  RETURN_IF_ERROR(st);
+  return closed;
+}
+
+}  // namespace
+
+absl::Status Qcow2CreateValues::Apply(const std::string& text) {
+  for (const std::string& item : SplitItems(text)) {
+    ASSIGN_OR_RETURN(OptionList list, ParseOptionString(item));
+    for (const auto& [key, value] : list) {
+      if (key == "help") continue;
+      const OptionDesc* d = FindOption(key);
+      if (d == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Invalid parameter '", key, "'"));
+      }
+      Qcow2OptionValue v;
+      v.text = value;
+      switch (d->type) {
+        case OptionType::kSize: {
+          ASSIGN_OR_RETURN(v.number, ParseSizeOption(key, value));
+          break;
+        }
+        case OptionType::kNumber: {
+          ASSIGN_OR_RETURN(v.number, ParseNumber(key, value));
+          break;
+        }
+        case OptionType::kBool: {
+          ASSIGN_OR_RETURN(v.flag, ParseBool(key, value));
+          break;
+        }
+        case OptionType::kString:
+          break;
+      }
+      values_[key] = v;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Qcow2CreateValues::SetString(const std::string& key,
+                                  const std::string& value) {
+  values_[key] = Qcow2OptionValue{value, 0, false};
+}
+
+void Qcow2CreateValues::SetNumber(const std::string& key, uint64_t value) {
+  values_[key] = Qcow2OptionValue{absl::StrCat(value), value, false};
+}
+
+std::optional<std::string> Qcow2CreateValues::Text(
+    const std::string& key) const {
+  auto it = values_.find(key);
+  if (it == values_.end()) return std::nullopt;
+  return it->second.text;
+}
+
+uint64_t Qcow2CreateValues::Number(const std::string& key) const {
+  auto it = values_.find(key);
+  return it == values_.end() ? 0 : it->second.number;
+}
+
+bool Qcow2CreateValues::Flag(const std::string& key) const {
+  auto it = values_.find(key);
+  return it != values_.end() && it->second.flag;
+}
+
+std::string Qcow2CreateValues::FormattingLine(
+    const std::string& filename) const {
+  std::string line = absl::StrCat("Formatting '", filename, "', fmt=qcow2");
+  for (const OptionDesc& d : kOptions) {
+    auto it = values_.find(d.name);
+    if (it == values_.end()) {
+      if (d.default_value != nullptr) {
+        absl::StrAppend(&line, " ", d.name, "=", d.default_value);
+      }
+      continue;
+    }
+    switch (d.type) {
+      case OptionType::kSize:
+      case OptionType::kNumber:
+        absl::StrAppend(&line, " ", d.name, "=",
+                        static_cast<int64_t>(it->second.number));
+        break;
+      case OptionType::kBool:
+        absl::StrAppend(&line, " ", d.name, "=", it->second.text);
+        break;
+      case OptionType::kString:
+        absl::StrAppend(&line, " ", d.name, "=",
+                        absl::StrReplaceAll(it->second.text, {{",", ",,"}}));
+        break;
+    }
+  }
+  return line;
+}
+
+std::string Qcow2OptionHelp(bool with_protocol) {
+  std::vector<const OptionDesc*> list;
+  const size_t n = with_protocol ? std::size(kOptions) : kNumQcow2Only;
+  for (size_t i = 0; i < n; ++i) list.push_back(&kOptions[i]);
+  std::sort(list.begin(), list.end(),
+            [](const OptionDesc* a, const OptionDesc* b) {
+              return std::strcmp(a->name, b->name) < 0;
+            });
+  std::string text;
+  for (const OptionDesc* d : list) {
+    const char* type = "";
+    switch (d->type) {
+      case OptionType::kSize: type = "<size>"; break;
+      case OptionType::kNumber: type = "<num>"; break;
+      case OptionType::kBool: type = "<bool (on/off)>"; break;
+      case OptionType::kString: type = "<str>"; break;
+    }
+    char line[256];
+    std::snprintf(line, sizeof(line), "  %-22s - %s\n",
+                  absl::StrCat(d->name, "=", type).c_str(), d->help);
+    text += line;
+  }
+  return text;
+}
+
+absl::Status CreateQcow2File(const std::string& filename,
+                             const Qcow2CreateValues& values,
+                             std::ostream& err) {
+  // The file protocol's options, checked before the file is touched.
+  posix_file::FileCreateOptions file_options;
+  file_options.set_size(0);
+  if (values.Has("extent_size_hint")) {
+    if (values.Number("extent_size_hint") > UINT32_MAX) {
+      return absl::InvalidArgumentError("Extent size hint is too large");
+    }
+    file_options.set_extent_size_hint(values.Number("extent_size_hint"));
+  }
+  file_options.set_nocow(values.Flag("nocow"));
+
+  // What imgtool's qcow2 driver cannot create (refused before the file is
+  // touched).
+  for (const char* key :
+       {"encryption", "encrypt.format", "encrypt.key-secret",
+        "encrypt.cipher-alg", "encrypt.cipher-mode", "encrypt.ivgen-alg",
+        "encrypt.ivgen-hash-alg", "encrypt.hash-alg", "encrypt.iter-time",
+        "data_file", "data_file_raw"}) {
+    if (values.Has(key)) {
+      return absl::UnimplementedError(absl::StrCat(
+          "The qcow2 option '", key, "' is not supported yet"));
+    }
+  }
+
+  qcow2::Qcow2CreateOptions options;
+  options.set_size(values.Number("size"));
+  if (values.Has("cluster_size")) {
+    options.set_cluster_size(values.Number("cluster_size"));
+  }
+  options.set_compat(values.Text("compat").value_or(""));
+  options.set_preallocation(values.Text("preallocation").value_or(""));
+  options.set_backing_file(values.Text("backing_file").value_or(""));
+  options.set_backing_fmt(values.Text("backing_fmt").value_or(""));
+  options.set_lazy_refcounts(values.Flag("lazy_refcounts"));
+  options.set_extended_l2(values.Flag("extended_l2"));
+  // Errors QEMU finds only after it created the file.
+  std::optional<absl::Status> late_error;
+  const std::optional<std::string> compression =
+      values.Text("compression_type");
+  if (compression.has_value() && *compression != "zlib") {
+    late_error =
+        *compression == "zstd"
+            ? absl::UnimplementedError(
+                  "compression_type=zstd is not supported yet")
+            : absl::InvalidArgumentError(absl::StrCat(
+                  "Parameter 'compression-type' does not accept value '",
+                  *compression, "'"));
+  }
+  if (values.Has("refcount_bits")) {
+    if (values.Number("refcount_bits") > 64) {
+      late_error = absl::InvalidArgumentError(
+          "Refcount width must be a power of two and may not exceed 64 bits");
+    } else {
+      options.set_refcount_bits(
+          static_cast<uint32_t>(values.Number("refcount_bits")));
+    }
+  }
+
+  std::ostringstream warnings;
+  absl::Status st = posix_file::CreateFile(filename, file_options, &warnings);
+  PrintWarnings(warnings.str(), err);
+  if (!st.ok()) {
+    // posix_file: "<file>: Could not create: <strerror>"; qemu-img names
+    // the file once more.
+    const int error_number = StatusErrno(st);
+    if (error_number != 0 &&
+        st.message() == absl::StrCat(filename, ": Could not create: ",
+                                     std::strerror(error_number))) {
+      return absl::Status(st.code(),
+                          absl::StrCat("Could not create '", filename,
+                                       "': ", std::strerror(error_number)));
+    }
+    return st;
+  }
+  if (!late_error.has_value()) {
+    absl::StatusOr<qcow2::CheckedCreateOptions> checked =
+        qcow2::CheckCreateOptions(options);
+    if (!checked.ok()) late_error = checked.status();
+  }
+  if (!late_error.has_value()) {
+    absl::Status written = WriteImage(filename, options, err);
+    if (!written.ok()) late_error = written;
+  }
+  if (late_error.has_value()) {
+    unlink(filename.c_str());
+    return *late_error;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace imgtool::cli

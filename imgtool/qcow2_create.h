@@ -1,0 +1,74 @@
+// qemu-img's qcow2 create options, shared by `imgtool create -f qcow2` and
+// `imgtool convert -O qcow2`: the option list (QEMU 7.2's qcow2 options
+// followed by the file protocol's nocow and extent_size_hint), parsing of
+// `-o` texts, `-o help`, the "Formatting ..." line, and writing the image.
+#ifndef IMGTOOL_IMGTOOL_QCOW2_CREATE_H_
+#define IMGTOOL_IMGTOOL_QCOW2_CREATE_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace imgtool::cli {
+
+// One option as given (the last value of a key wins, as in qemu-img) and,
+// for sizes, numbers and booleans, its value.
+struct Qcow2OptionValue {
+  std::string text;
+  uint64_t number = 0;
+  bool flag = false;
+};
+
+class Qcow2CreateValues {
+ public:
+  // Applies one `-o` argument ("key=value,..."; ",," is a comma; "help"
+  // items are skipped). kInvalidArgument with qemu-img's text for an unknown
+  // key ("Invalid parameter 'foo'") or a bad value ("Parameter
+  // 'lazy_refcounts' expects 'on' or 'off'", "Parameter 'refcount_bits'
+  // expects a number", the size messages of base/size.h).
+  absl::Status Apply(const std::string& text);
+
+  // Sets a value without parsing (a string option, or a size/number given
+  // as bytes).
+  void SetString(const std::string& key, const std::string& value);
+  void SetNumber(const std::string& key, uint64_t value);
+
+  bool Has(const std::string& key) const { return values_.count(key) != 0; }
+  std::optional<std::string> Text(const std::string& key) const;
+  uint64_t Number(const std::string& key) const;  // 0 if unset
+  bool Flag(const std::string& key) const;         // false if unset
+
+  // qemu-img's "Formatting '<file>', fmt=qcow2 ..." line without newline:
+  // every option that is set or has a default, in QEMU's list order; sizes
+  // and numbers as signed 64-bit numbers, strings with commas doubled.
+  std::string FormattingLine(const std::string& filename) const;
+
+ private:
+  std::map<std::string, Qcow2OptionValue> values_;
+};
+
+// `-o help` for qcow2: "  name=<type>  - help" lines sorted by name; with
+// `with_protocol` also the file protocol's options (qemu-img lists both
+// when a file name is given).
+std::string Qcow2OptionHelp(bool with_protocol);
+
+// Creates the image file (emptying an existing one, as qemu-img does), then
+// writes a qcow2 image with `values` (size, which must be set, and the
+// rest) onto it. The options are checked after the file is created, as
+// QEMU does; on any failure the file is deleted, so nothing that looks like
+// an image is left. Errors carry qemu-img's message without the file name
+// prefix, except those of creating the file ("Could not create '<file>':
+// <strerror>"). kUnimplemented for options imgtool cannot create
+// (encryption, external data files, zstd compression).
+absl::Status CreateQcow2File(const std::string& filename,
+                             const Qcow2CreateValues& values,
+                             std::ostream& err);
+
+}  // namespace imgtool::cli
+
+#endif  // IMGTOOL_IMGTOOL_QCOW2_CREATE_H_
