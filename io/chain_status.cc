@@ -13,32 +13,28 @@ Task<absl::StatusOr<ChainStatus>> GetChainStatus(BlockNode& top,
   uint64_t length = std::min(max_length, top.size() - offset);
   BlockNode* node = &top;
   int depth = 0;
-  while (node != nullptr) {
-    if (offset >= node->size()) {
-      // Past the end of a shorter backing node: zeroes, not allocated.
-      break;
-    }
+  while (true) {
     CO_ASSIGN_OR_RETURN(BlockStatus st,
                         co_await node->GetBlockStatus(offset, length));
     length = std::min(length, st.length);
-    if (st.data || st.zero || node->backing() == nullptr) {
+    BlockNode* backing = node->backing();
+    const bool allocated = st.data || st.zero;
+    if (allocated || backing == nullptr || offset >= backing->size()) {
       // A protocol node (no backing) always answers; a format node answers
-      // where it has the range allocated.
+      // where it has the range allocated, and also past the end of a
+      // shorter backing node, where the range reads as zeroes from this
+      // layer (QEMU: depth of this node, not present, zero).
       st.length = length;
       result.status = st;
       result.depth = depth;
-      result.present = st.data || st.zero;
-      if (!result.present) result.status.zero = true;  // reads as zeroes
+      result.present = allocated;
+      if (!allocated) result.status.zero = true;  // reads as zeroes
       co_return result;
     }
-    node = node->backing();
+    length = std::min(length, backing->size() - offset);
+    node = backing;
     ++depth;
   }
-  result.status.length = length;
-  result.status.zero = true;
-  result.depth = depth;
-  result.present = false;
-  co_return result;
 }
 
 }  // namespace imgtool::io

@@ -22,7 +22,7 @@ struct ChainStatus {
 
 // Walks top, top->backing(), ... for the range at `offset` (< top.size()),
 // at most `max_length` bytes. A backing node shorter than the top reads as
-// zeroes beyond its end. Errors: those of GetBlockStatus.
+// zeroes beyond its end, answered by the node above it (not present). Errors: those of GetBlockStatus.
 Task<absl::StatusOr<ChainStatus>> GetChainStatus(BlockNode& top,
                                                  uint64_t offset,
                                                  uint64_t max_length);
