@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# qcow2 subclusters (extended L2): imgtool bench vs qemu-img bench on the
+# workload of the public subcluster measurement (shared/reference/
+# subclusters.md §9, "backing" rows), same run, same XFS loop mount.
+#
+#   sudo benchmarks/subcluster_side_by_side.sh
+#
+# A raw backing file of BASE_MIB MiB is fully written (0xaa). For each
+# cluster size in CLUSTERS and extended_l2 off/on (on only from 16k, as
+# QEMU requires), one overlay is made with
+#   qemu-img create -f qcow2 -b base.raw -F raw -o cluster_size=C,extended_l2=X
+# and copied (cp --sparse=always) before every single run, so both tools
+# start from the identical empty overlay. Each run is
+#   <tool> bench -f qcow2 -w -t none -d DEPTH -s 4k -S STEP -c N overlay
+# i.e. 4 KiB writes whose offsets advance by STEP modulo the virtual size
+# (an odd multiple of 4 KiB: no offset repeats before the whole disk has
+# been visited), so they spread over the whole disk and nearly every write
+# is the first one into its cluster: the worst case, where standard
+# clusters copy a whole cluster from the backing file and subclusters copy
+# at most one subcluster. N = min(COUNT, max(MIN_COUNT, COW_MIB / C)) keeps
+# the copy-on-write traffic of big clusters bounded.
+# REPS runs per tool and cell, alternating the tools (and which goes first);
+# the table shows medians and the ratio imgtool / qemu-img.
+#
+# Targets: imgtool >= qemu-img in every cell; with subclusters, 64k..256k
+# clusters several times the IOPS of standard clusters.
+#
+# Environment:
+#   IMGTOOL   path of an imgtool binary (skips the build)
+#   BAZEL     bazel command used to build it (default "bazel")
+#   REPS      runs per tool and cell (default 3)
+#   BASE_MIB  backing file = virtual disk size in MiB (default 1024)
+#   COUNT     most requests per run (default 4000)
+#   MIN_COUNT fewest requests per run (default 256)
+#   COW_MIB   MiB of whole-cluster copies a run may cause (default 512)
+#   DEPTH     requests in flight (default 64)
+#   STEP      offset step in bytes (default 4182016 = 4 KiB * 1021)
+#   CLUSTERS  cluster sizes (default "4k 16k 32k 64k 128k 256k 512k 1M 2M")
+#   WORKDIR   where the XFS backing file goes (default /var/tmp)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+REPS=${REPS:-3}
+BASE_MIB=${BASE_MIB:-1024}
+COUNT=${COUNT:-4000}
+MIN_COUNT=${MIN_COUNT:-256}
+COW_MIB=${COW_MIB:-512}
+DEPTH=${DEPTH:-64}
+STEP=${STEP:-4182016}
+CLUSTERS=${CLUSTERS:-"4k 16k 32k 64k 128k 256k 512k 1M 2M"}
+WORKDIR=${WORKDIR:-/var/tmp}
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "subcluster_side_by_side.sh: needs root (loop mount of XFS)" >&2
+  exit 1
+fi
+for tool in qemu-img mkfs.xfs python3; do
+  command -v "$tool" >/dev/null || { echo "subcluster_side_by_side.sh: $tool missing (tools/setup.sh)" >&2; exit 1; }
+done
+
+if [[ -z "${IMGTOOL:-}" ]]; then
+  BAZEL=${BAZEL:-bazel}
+  $BAZEL build -c opt //imgtool >&2
+  IMGTOOL="$($BAZEL info -c opt bazel-bin 2>/dev/null)/imgtool/imgtool"
+fi
+[[ -x "$IMGTOOL" ]] || { echo "subcluster_side_by_side.sh: no imgtool binary at $IMGTOOL" >&2; exit 1; }
+
+work=$(mktemp -d "$WORKDIR/imgtool-sub.XXXXXX")
+mnt="$work/mnt"
+cleanup() {
+  cd /
+  if mountpoint -q "$mnt" 2>/dev/null; then umount "$mnt" 2>/dev/null || umount -l "$mnt"; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The backing file, one overlay template and one overlay that grows up to
+# the virtual size, plus room for XFS.
+fs_bytes=$(((BASE_MIB * 3 + 512) << 20))
+truncate -s "$fs_bytes" "$work/xfs.img"
+mkfs.xfs -q "$work/xfs.img"
+mkdir "$mnt"
+mount -o loop "$work/xfs.img" "$mnt"
+cd "$mnt"
+
+echo "imgtool:  $IMGTOOL" >&2
+echo "qemu-img: $(qemu-img --version | head -1)" >&2
+echo "kernel:   $(uname -r), $(nproc) CPUs, XFS on a loop device in $WORKDIR" >&2
+
+# --- backing file: every byte written (no holes, no unwritten extents) -------
+echo "== writing the ${BASE_MIB} MiB backing file" >&2
+qemu-img create -q -f raw base.raw "${BASE_MIB}M"
+qemu-img bench -q -f raw -w -t none -d 16 -s 1M -S 1M --pattern=170 \
+  -c "$BASE_MIB" base.raw >/dev/null
+
+to_bytes() {  # 4k / 1M -> bytes
+  python3 -c 'import sys; s=sys.argv[1]; m={"k":1<<10,"K":1<<10,"M":1<<20,"G":1<<30}; print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))' "$1"
+}
+
+# Prints IOPS of one run on a fresh copy of template.qcow2.
+bench_iops() {  # tool, count
+  local tool=$1 count=$2 out
+  cp --sparse=always template.qcow2 overlay.qcow2
+  out=$("$tool" bench -f qcow2 -w -t none -d "$DEPTH" -s 4k -S "$STEP" -c "$count" overlay.qcow2)
+  rm -f overlay.qcow2
+  python3 -c 'import re,sys; t=float(re.search(r"Run completed in ([0-9.]+) seconds", sys.argv[1]).group(1)); print(round(int(sys.argv[2])/max(t,1e-4)))' "$out" "$count"
+}
+
+# Does imgtool bench take qcow2 overlays? (If not, only qemu-img is measured.)
+imgtool_ok=yes
+qemu-img create -q -f qcow2 -b base.raw -F raw -o cluster_size=64k,extended_l2=on template.qcow2
+if ! bench_iops "$IMGTOOL" 64 >/dev/null 2>"$work/check.err"; then
+  imgtool_ok=no
+  echo "imgtool bench -f qcow2 failed, measuring qemu-img only: $(head -3 "$work/check.err")" >&2
+fi
+rm -f template.qcow2
+
+results=()
+echo "== $REPS runs per tool and cell, -d $DEPTH -s 4k -S $STEP, alternating" >&2
+for c in $CLUSTERS; do
+  cbytes=$(to_bytes "$c")
+  count=$(( (COW_MIB << 20) / cbytes ))
+  ((count < MIN_COUNT)) && count=$MIN_COUNT
+  ((count > COUNT)) && count=$COUNT
+  for sub in off on; do
+    [[ $sub == on && $cbytes -lt 16384 ]] && continue
+    qemu-img create -q -f qcow2 -b base.raw -F raw \
+      -o "cluster_size=$c,extended_l2=$sub" template.qcow2
+    a=() b=()
+    for ((i = 0; i < REPS; i++)); do
+      if [[ $imgtool_ok == no ]]; then
+        b+=("$(bench_iops qemu-img "$count")")
+      elif ((i % 2 == 0)); then
+        a+=("$(bench_iops "$IMGTOOL" "$count")"); b+=("$(bench_iops qemu-img "$count")")
+      else
+        b+=("$(bench_iops qemu-img "$count")"); a+=("$(bench_iops "$IMGTOOL" "$count")")
+      fi
+    done
+    rm -f template.qcow2
+    echo "  $c sub=$sub ($count writes): imgtool ${a[*]:--} / qemu-img ${b[*]}" >&2
+    results+=("$c $sub $count ${a[*]:--}|${b[*]}")
+  done
+done
+
+# --- table -------------------------------------------------------------------
+python3 - "$REPS" "$BASE_MIB" "$STEP" "$DEPTH" "${results[@]}" <<'EOF'
+import statistics, sys
+reps, base_mib, step, depth = sys.argv[1:5]
+rows, by = [], {}
+for r in sys.argv[5:]:
+    head, qemu = r.split("|")
+    c, sub, count, *ours = head.split()
+    a = statistics.median(int(x) for x in ours) if ours != ["-"] else None
+    b = statistics.median(int(x) for x in qemu.split())
+    rows.append((c, sub, int(count), a, b))
+    by[(c, sub)] = (a, b)
+
+print(f"4 KiB random writes into an empty qcow2 overlay on a fully written "
+      f"{base_mib} MiB raw backing file (-t none -d {depth} -S {step}), "
+      f"IOPS, median of {reps}")
+print()
+print("| cluster size | subclusters | writes/run | imgtool IOPS | qemu-img IOPS | ratio |")
+print("|---|---|---:|---:|---:|---:|")
+ok = True
+for c, sub, count, a, b in rows:
+    ratio = f"{a / b:.2f}" if a is not None else "-"
+    if a is not None and a < b:
+        ok = False
+    ours = f"{a:,.0f}" if a is not None else "-"
+    print(f"| {c} | {sub} | {count:,} | {ours} | {b:,.0f} | {ratio} |")
+print()
+print("Subcluster gain (IOPS with / without subclusters):")
+print()
+print("| cluster size | imgtool | qemu-img |")
+print("|---|---:|---:|")
+gains = {}
+for c, sub, _, _, _ in rows:
+    if sub != "on" or (c, "off") not in by:
+        continue
+    (a1, b1), (a0, b0) = by[(c, "on")], by[(c, "off")]
+    ga = a1 / a0 if a1 is not None and a0 else None
+    gains[c] = ga
+    print(f"| {c} | {f'{ga:.1f}x' if ga is not None else '-'} | {b1 / b0:.1f}x |")
+print()
+print(f"imgtool >= qemu-img in every cell: {'yes' if ok else 'NO'}")
+mid = [gains.get(c) for c in ("64k", "128k", "256k") if c in gains]
+if mid and all(g is not None for g in mid):
+    print("imgtool subcluster gain at 64k..256k: "
+          + ", ".join(f"{g:.1f}x" for g in mid)
+          + (" (target: several times)"))
+EOF
