@@ -308,6 +308,12 @@ io::Task<absl::Status> Refcounts::Update(uint64_t offset, uint64_t length,
       }
       cache_.Discard(cluster_offset);
       io_.ClusterFreed(cluster_offset);
+      // Compressed data must not be appended to a freed cluster: it may be
+      // handed out whole (as a data cluster) before the next AllocateBytes.
+      if (free_byte_offset_ != 0 &&
+          (free_byte_offset_ & ~mask) == cluster_offset) {
+        free_byte_offset_ = 0;
+      }
     }
   }
   block.reset();

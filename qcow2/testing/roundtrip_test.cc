@@ -566,6 +566,44 @@ TEST_F(RoundTripTest, ZeroClustersWithScatteredHostOffsetsMapLikeQemu) {
   ExpectSameMap(image);
 }
 
+// Driver fix (found by crash_writer): the host cluster that compressed data
+// is packed into may be freed (its compressed clusters overwritten) and
+// handed out again as a data cluster; the next compressed write must not
+// be appended into it.
+TEST_F(RoundTripTest, CompressedWriteAfterItsClusterWasFreedAndReused) {
+  const std::string image = TempPath("rt_creuse.qcow2");
+  Qcow2CreateOptions o;
+  o.set_size(4 * kMiB);
+  ASSERT_TRUE(env_.CreateImage(image, o).ok());
+  absl::StatusOr<std::unique_ptr<Qcow2Node>> opened = env_.OpenQcow2(image, false);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Qcow2Node& node = **opened;
+  const uint64_t cs = node.cluster_size();
+  std::vector<uint8_t> compressible(cs, 0x41);
+  const std::vector<uint8_t> data1 = Pattern(cs, 1);
+  const std::vector<uint8_t> data2 = Pattern(cs, 2);
+  // Compressed guest cluster 0 goes into a fresh host cluster H.
+  ASSERT_TRUE(env_.Run(node.WriteCompressed(0, compressible)).ok());
+  // Overwriting it frees H; guest cluster 1 then gets H as its data cluster.
+  ASSERT_TRUE(env_.Run(node.Write(0, data1)).ok());
+  ASSERT_TRUE(env_.Run(node.Flush()).ok());
+  ASSERT_TRUE(env_.Run(node.Write(cs, data2)).ok());
+  // This compressed cluster must go elsewhere.
+  ASSERT_TRUE(env_.Run(node.WriteCompressed(2 * cs, compressible)).ok());
+  std::vector<uint8_t> back(3 * cs);
+  ASSERT_TRUE(env_.Run(node.Read(0, io::IoVec(back))).ok());
+  ASSERT_TRUE(env_.Run(node.Close()).ok());
+  EXPECT_TRUE(std::equal(data1.begin(), data1.end(), back.begin()));
+  EXPECT_TRUE(std::equal(data2.begin(), data2.end(), back.begin() + cs));
+  EXPECT_TRUE(std::equal(compressible.begin(), compressible.end(), back.begin() + 2 * cs));
+  QemuCheck check = RunQemuCheck(image);
+  EXPECT_EQ(check.exit_code, 0) << check.err;
+  CommandResult read = RunCommand(absl::StrCat("qemu-io -c 'read -P 0x41 ", 2 * cs, " ", cs,
+                                               "' ", image));
+  EXPECT_EQ(read.exit_code, 0);
+  EXPECT_THAT(read.out, ::testing::Not(HasSubstr("fail"))) << read.out;
+}
+
 // io::GetChainStatus past the end of a shorter backing file: qemu-img map
 // says depth 0 (the top image answers "zero, not present"), GetChainStatus
 // says depth 1. Enable once io/chain_status.cc reports the node above.
