@@ -14,8 +14,8 @@
 // lazy refcounts off and on; no backing file, a raw or a qcow2 one.
 //
 // Environment: CRASH_SEED (default 1) picks configurations, kill times and
-// workloads; CRASH_ITERATIONS scales the number of kills (default 40 mixed
-// + 16 allocation-heavy).
+// workloads; CRASH_ITERATIONS scales the number of kills (default 48 mixed
+// + 19 allocation-heavy).
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -314,12 +314,12 @@ class CrashTest : public ::testing::Test {
 };
 
 TEST_F(CrashTest, KilledDuringMixedWorkloadLeavesNoCorruption) {
-  RunIterations(/*alloc=*/false, EnvNumber("CRASH_ITERATIONS", 40),
+  RunIterations(/*alloc=*/false, EnvNumber("CRASH_ITERATIONS", 48),
                 EnvNumber("CRASH_SEED", 1));
 }
 
 TEST_F(CrashTest, KilledDuringAllocationsAndL1GrowthLeavesNoCorruption) {
-  RunIterations(/*alloc=*/true, EnvNumber("CRASH_ITERATIONS", 40) * 2 / 5,
+  RunIterations(/*alloc=*/true, EnvNumber("CRASH_ITERATIONS", 48) * 2 / 5,
                 EnvNumber("CRASH_SEED", 1));
 }
 

@@ -7,9 +7,10 @@
 //   crash_writer <image> <seed> <mode>
 //
 // Modes (all choices from `seed`):
-//   mixed  writes at random offsets and lengths (unaligned too), write
-//          zeroes with and without unmap, discards, reads, occasional
-//          flushes and, for every other seed, growing truncates.
+//   mixed  writes at random offsets and lengths (unaligned too), compressed
+//          cluster writes, write zeroes with and without unmap, discards, reads, occasional
+//          flushes and, for every other seed, growing truncates; the
+//          metadata caches are tiny, small or default by seed.
 //   alloc  metadata-heavy: small writes to fresh clusters all over a sparse
 //          image, frequent growing truncates (L1 growth) with writes into
 //          the new area, tiny L2 and refcount caches (evictions).
@@ -41,6 +42,15 @@ constexpr int kInFlight = 64;
   _exit(1);
 }
 
+// Bytes that deflate well: runs of a few values.
+std::vector<uint8_t> Compressible(uint64_t length, uint64_t seed) {
+  std::vector<uint8_t> v(length);
+  for (uint64_t i = 0; i < length; ++i) {
+    v[i] = static_cast<uint8_t>((i / 64 + seed) % 7 == 0 ? 0 : (i / 512 + seed) & 0xff);
+  }
+  return v;
+}
+
 class Workload {
  public:
   Workload(Qcow2Node& node, uint64_t seed, bool alloc)
@@ -48,7 +58,8 @@ class Workload {
         rng_(seed),
         alloc_(alloc),
         cluster_(node.cluster_size()),
-        data_(Pattern(8 << 20, seed)) {
+        data_(Pattern(8 << 20, seed)),
+        compressible_(Compressible(4 << 20, seed)) {
     grow_ = alloc_ || (seed & 1) != 0;
     // Growth stops at four times the starting size (disk space).
     max_size_ = node.size() * 4;
@@ -107,7 +118,14 @@ class Workload {
     const uint64_t lo = alloc_ && Rand(2) == 0 ? grow_from_ : 0;
     const uint64_t off = Offset(len, std::min(lo, node_.size() - 1));
     const uint64_t n = std::min(len, node_.size() - off);
-    if (r < 650) {
+    if (!alloc_ && r < 50) {
+      // A compressed cluster (refused on allocated clusters).
+      const uint64_t coff = Offset(1) & ~(cluster_ - 1);
+      const uint64_t clen = std::min(cluster_, node_.size() - coff);
+      absl::Status st = co_await node_.WriteCompressed(
+          coff, io::ConstIoVec(compressible_.data() + Rand(cluster_), clen));
+      if (!st.ok() && !absl::IsFailedPrecondition(st)) Fail("compressed write", st);
+    } else if (r < 650) {
       const uint64_t src = Rand(data_.size() - n);
       absl::Status st =
           co_await node_.Write(off, io::ConstIoVec(data_.data() + src, n));
@@ -148,6 +166,7 @@ class Workload {
   const bool alloc_;
   const uint64_t cluster_;
   const std::vector<uint8_t> data_;
+  const std::vector<uint8_t> compressible_;
   bool grow_ = false;
   bool growing_ = false;
   uint64_t max_size_ = 0;
@@ -164,10 +183,13 @@ int Main(int argc, char** argv) {
   const bool alloc = std::string(argv[3]) == "alloc";
   Env env(io::EngineKind::kIoUring, kInFlight);
   Qcow2OpenOptions options;
-  if (alloc) {
+  if (alloc || seed % 3 == 0) {
     // At least two tables stay cached: constant evictions.
     options.set_l2_cache_size(1);
     options.set_refcount_cache_size(1);
+  } else if (seed % 3 == 1) {
+    options.set_l2_cache_size(64 * 1024);
+    options.set_refcount_cache_size(64 * 1024);
   }
   absl::StatusOr<std::unique_ptr<Qcow2Node>> node =
       env.OpenQcow2(argv[1], /*read_only=*/false, options);
