@@ -11,11 +11,12 @@
 //  * the image must read: `qemu-img convert -O raw` succeeds and reading it
 //    through Qcow2Node gives the same bytes.
 // Configurations: cluster sizes 512, 4k, 64k, 2M; refcount_bits 16 and 1;
-// lazy refcounts off and on; no backing file, a raw or a qcow2 one.
+// lazy refcounts off and on; no backing file, a raw or a qcow2 one; and
+// extended L2 entries at 64k and 2M.
 //
 // Environment: CRASH_SEED (default 1) picks configurations, kill times and
-// workloads; CRASH_ITERATIONS scales the number of kills (default 48 mixed
-// + 19 allocation-heavy).
+// workloads; CRASH_ITERATIONS scales the number of kills (default 56 mixed
+// + 22 allocation-heavy).
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -67,6 +68,7 @@ struct Config {
   uint64_t cluster_size = 65536;
   uint32_t refcount_bits = 16;
   bool lazy = false;
+  bool extended_l2 = false;
   Backing backing = Backing::kNone;
   bool alloc = false;  // crash_writer mode
   uint64_t seed = 0;
@@ -76,6 +78,7 @@ struct Config {
     return absl::StrCat(
         alloc ? "alloc" : "mixed", " cluster_size=", cluster_size,
         " refcount_bits=", refcount_bits, " lazy_refcounts=", lazy ? "on" : "off",
+        extended_l2 ? " extended_l2=on" : "",
         " backing=",
         backing == Backing::kNone ? "none"
                                   : (backing == Backing::kRaw ? "raw" : "qcow2"),
@@ -121,6 +124,7 @@ class CrashTest : public ::testing::Test {
     o.set_cluster_size(c.cluster_size);
     o.set_refcount_bits(c.refcount_bits);
     o.set_lazy_refcounts(c.lazy);
+    o.set_extended_l2(c.extended_l2);
     if (c.backing != Backing::kNone) {
       const bool raw = c.backing == Backing::kRaw;
       const std::string backing =
@@ -288,6 +292,20 @@ class CrashTest : public ::testing::Test {
         }
       }
     }
+    // Extended L2 entries (subclusters) at 64k and 2M clusters.
+    for (uint64_t cs : {65536, 2 * 1024 * 1024}) {
+      for (bool lazy : {false, true}) {
+        for (Backing b : {Backing::kNone, Backing::kQcow2}) {
+          Config c;
+          c.cluster_size = cs;
+          c.lazy = lazy;
+          c.extended_l2 = true;
+          c.backing = b;
+          c.alloc = alloc;
+          all.push_back(c);
+        }
+      }
+    }
     std::mt19937_64 rng(seed * 2 + (alloc ? 1 : 0));
     std::shuffle(all.begin(), all.end(), rng);
     for (int i = 0; i < count; ++i) {
@@ -314,12 +332,12 @@ class CrashTest : public ::testing::Test {
 };
 
 TEST_F(CrashTest, KilledDuringMixedWorkloadLeavesNoCorruption) {
-  RunIterations(/*alloc=*/false, EnvNumber("CRASH_ITERATIONS", 48),
+  RunIterations(/*alloc=*/false, EnvNumber("CRASH_ITERATIONS", 56),
                 EnvNumber("CRASH_SEED", 1));
 }
 
 TEST_F(CrashTest, KilledDuringAllocationsAndL1GrowthLeavesNoCorruption) {
-  RunIterations(/*alloc=*/true, EnvNumber("CRASH_ITERATIONS", 48) * 2 / 5,
+  RunIterations(/*alloc=*/true, EnvNumber("CRASH_ITERATIONS", 56) * 2 / 5,
                 EnvNumber("CRASH_SEED", 1));
 }
 

@@ -1,7 +1,8 @@
 // Round trips between Qcow2Node/CreateQcow2 and qemu-img/qemu-io 7.2, for
-// cluster sizes 512, 4k, 64k and 2M, with and without backing files:
+// cluster sizes 512, 4k, 64k and 2M (and extended L2 entries at 16k, 64k
+// and 2M), with and without backing files:
 //  (a) writes through Qcow2Node (concurrent batches of patterned writes,
-//      write zeroes with and without unmap, discards at random, unaligned
+//      compressed cluster writes, write zeroes with and without unmap, discards at random, unaligned
 //      offsets and lengths, growing truncates) applied identically to a raw
 //      reference: `qemu-img check` finds nothing and `qemu-img compare` says
 //      identical;
@@ -50,10 +51,11 @@ const char* BackingName(Backing b) {
 
 // One request of a batch.
 struct Op {
-  enum Kind { kWrite, kZero, kZeroUnmap, kDiscard } kind = kWrite;
+  enum Kind { kWrite, kZero, kZeroUnmap, kDiscard, kCompressed } kind = kWrite;
   uint64_t offset = 0;
   uint64_t length = 0;
   std::vector<uint8_t> data;
+  bool refused = false;  // kCompressed: the cluster was allocated
 };
 
 class RoundTripTest : public ::testing::Test {
@@ -79,8 +81,13 @@ class RoundTripTest : public ::testing::Test {
     return first;
   }
 
-  static io::Task<absl::Status> Issue(Qcow2Node& node, const Op& op) {
+  static io::Task<absl::Status> Issue(Qcow2Node& node, Op& op) {
     switch (op.kind) {
+      case Op::kCompressed: {
+        absl::Status st = co_await node.WriteCompressed(op.offset, io::ConstIoVec(op.data));
+        op.refused = absl::IsFailedPrecondition(st);
+        co_return op.refused ? absl::OkStatus() : st;
+      }
       case Op::kWrite:
         co_return co_await node.Write(op.offset, io::ConstIoVec(op.data));
       case Op::kZero:
@@ -155,8 +162,10 @@ class RoundTripTest : public ::testing::Test {
 
   // (a) for one configuration.
   void OurWritesMatchReference(uint64_t cluster_size, Backing backing,
-                               const std::string& compat, uint64_t seed) {
-    const std::string name = absl::StrCat("a", cluster_size, BackingName(backing), compat);
+                               const std::string& compat, uint64_t seed,
+                               bool extended_l2 = false) {
+    const std::string name = absl::StrCat("a", cluster_size, BackingName(backing), compat,
+                                          extended_l2 ? "ext" : "");
     SCOPED_TRACE(name);
     const bool v3 = compat != "0.10";
     uint64_t size = (cluster_size >= 65536 ? 24 * kMiB : 6 * kMiB) + 1536;
@@ -173,6 +182,7 @@ class RoundTripTest : public ::testing::Test {
     o.set_size(size);
     o.set_cluster_size(cluster_size);
     o.set_compat(compat);
+    o.set_extended_l2(extended_l2);
     if (!base.empty()) {
       o.set_backing_file(base);
       o.set_backing_fmt(BackingName(backing));
@@ -194,6 +204,8 @@ class RoundTripTest : public ::testing::Test {
     std::mt19937_64 rng(seed);
     auto rand = [&](uint64_t n) { return n == 0 ? 0 : rng() % n; };
     uint64_t grown_from = size;  // v2 discards past it show zeroes
+    int compressed_writes = 0;   // accepted ones
+    std::vector<bool> compressed(size / cluster_size + 1, false);  // by guest cluster
     for (int round = 0; round < 40; ++round) {
       if (v3 && round % 8 == 7) {
         // Grow by up to 3 clusters (plus a few sectors).
@@ -202,13 +214,18 @@ class RoundTripTest : public ::testing::Test {
         ASSERT_TRUE(st.ok()) << st;
         size += add;
         ref.resize(size, 0);
+        compressed.resize(size / cluster_size + 1, false);
       }
       std::vector<Op> ops;
       const uint64_t max_len = std::min<uint64_t>(4 * cluster_size + 1000, 3 * kMiB);
       for (int attempt = 0; attempt < 64 && ops.size() < 16; ++attempt) {
         Op op;
         const uint64_t k = rand(10);
-        op.kind = k < 6 ? Op::kWrite : k < 7 ? Op::kZero : k < 8 ? Op::kZeroUnmap : Op::kDiscard;
+        op.kind = k < 5    ? Op::kWrite
+                  : k < 6  ? Op::kCompressed
+                  : k < 7  ? Op::kZero
+                  : k < 8  ? Op::kZeroUnmap
+                           : Op::kDiscard;
         op.length = 1 + rand(max_len);
         if (rand(3) == 0) op.length = (op.length + 511) & ~uint64_t{511};
         if (rand(4) == 0) op.length = (op.length / cluster_size + 1) * cluster_size;
@@ -216,6 +233,17 @@ class RoundTripTest : public ::testing::Test {
         op.offset = rand(size - op.length + 1);
         if (rand(3) == 0) op.offset &= ~(cluster_size - 1);
         if (rand(8) == 0) op.offset = size - op.length;  // up to the end
+        if (op.kind == Op::kCompressed) {
+          // One whole cluster (the image's last one may be partial); half
+          // of them compress.
+          op.offset = rand(size) & ~(cluster_size - 1);
+          op.length = std::min(cluster_size, size - op.offset);
+          if (rand(2) == 0) {
+            op.data.assign(op.length, static_cast<uint8_t>(1 + rand(255)));
+          } else {
+            op.data = Pattern(op.length, seed * 100000 + round * 100 + attempt);
+          }
+        }
         bool overlaps = false;
         for (const Op& other : ops) {
           overlaps |= op.offset < other.offset + other.length &&
@@ -226,7 +254,7 @@ class RoundTripTest : public ::testing::Test {
         ops.push_back(std::move(op));
       }
       std::vector<io::Task<absl::Status>> tasks;
-      for (const Op& op : ops) tasks.push_back(Issue(node, op));
+      for (Op& op : ops) tasks.push_back(Issue(node, op));
       absl::Status st = RunConcurrently(std::move(tasks));
       ASSERT_TRUE(st.ok()) << st;
       for (const Op& op : ops) {
@@ -234,29 +262,73 @@ class RoundTripTest : public ::testing::Test {
           case Op::kWrite:
             std::copy(op.data.begin(), op.data.end(), ref.begin() + op.offset);
             break;
+          case Op::kCompressed:
+            if (op.refused) break;
+            ++compressed_writes;
+            std::copy(op.data.begin(), op.data.end(), ref.begin() + op.offset);
+            break;
           case Op::kZero:
           case Op::kZeroUnmap:
             std::fill_n(ref.begin() + op.offset, op.length, 0);
             break;
           case Op::kDiscard: {
-            // Whole clusters only (a partial last cluster of the image
-            // counts when the range reaches the end); v3 leaves zero
+            // Whole clusters (subclusters with extended L2 entries, except
+            // in compressed clusters) only; a partial last one of the image
+            // counts when the range reaches the end. v3 leaves zero
             // clusters, v2 unallocated ones.
-            const uint64_t mask = cluster_size - 1;
+            const uint64_t mask = (extended_l2 ? cluster_size / 32 : cluster_size) - 1;
             const uint64_t start = (op.offset + mask) & ~mask;
             uint64_t end = op.offset + op.length;
             end = end == size ? end : end & ~mask;
             for (uint64_t i = start; i < end; ++i) {
+              const uint64_t c = i / cluster_size;
+              const bool whole_cluster =
+                  op.offset <= c * cluster_size &&
+                  (op.offset + op.length >= (c + 1) * cluster_size || op.offset + op.length == size);
+              if (compressed[c] && !whole_cluster) continue;  // dropped
               ref[i] = v3 || i >= grown_from ? 0 : backing_byte(i);
             }
             break;
+          }
+        }
+        // Which clusters are compressed now: a compressed write makes one,
+        // anything else that changes a cluster ends it (a partial discard
+        // of a compressed cluster is dropped).
+        for (uint64_t c = op.offset / cluster_size;
+             c <= (op.offset + op.length - 1) / cluster_size; ++c) {
+          if (op.kind == Op::kCompressed) {
+            compressed[c] = !op.refused || compressed[c];
+          } else if (op.kind != Op::kDiscard ||
+                     (op.offset <= c * cluster_size &&
+                      (op.offset + op.length >= (c + 1) * cluster_size ||
+                       op.offset + op.length == size))) {
+            compressed[c] = false;
           }
         }
       }
       if (round % 10 == 9) {
         ASSERT_TRUE(env_.Run(node.Flush()).ok());
       }
+      // The image must read as the reference after every batch; a
+      // difference names the requests that touched it.
+      std::vector<uint8_t> now(size);
+      ASSERT_TRUE(env_.Run(node.Read(0, io::IoVec(now))).ok());
+      if (now != ref) {
+        const uint64_t at =
+            std::mismatch(now.begin(), now.end(), ref.begin()).first - now.begin();
+        std::string batch;
+        for (const Op& op : ops) {
+          absl::StrAppend(&batch, "  kind ", static_cast<int>(op.kind), " offset ", op.offset,
+                          " length ", op.length, op.refused ? " (refused)" : "",
+                          op.offset <= at && at < op.offset + op.length ? "  <-- covers it" : "",
+                          "\n");
+        }
+        FAIL() << "round " << round << ": byte " << at << " reads " << int{now[at]}
+               << ", expected " << int{ref[at]} << "; batch (kinds: 0 write, 1 zero, 2 zero+unmap, "
+               << "3 discard, 4 compressed):\n" << batch;
+      }
     }
+    EXPECT_GT(compressed_writes, 0);
     // Read back through the node before closing.
     std::vector<uint8_t> back(size);
     ASSERT_TRUE(env_.Run(node.Read(0, io::IoVec(back))).ok());
@@ -285,9 +357,10 @@ class RoundTripTest : public ::testing::Test {
   // (b) for one configuration: the image is made by qemu-img convert -c (or
   // create) and changed by qemu-io; Qcow2Node must read what qemu reads.
   void QemuWritesReadBack(uint64_t cluster_size, Backing backing,
-                          bool compressed_base, uint64_t seed) {
-    const std::string name =
-        absl::StrCat("b", cluster_size, BackingName(backing), compressed_base ? "c" : "");
+                          bool compressed_base, uint64_t seed, bool extended_l2 = false) {
+    const std::string name = absl::StrCat("b", cluster_size, BackingName(backing),
+                                          compressed_base ? "c" : "", extended_l2 ? "ext" : "");
+    const std::string ext_opt = extended_l2 ? ",extended_l2=on" : "";
     SCOPED_TRACE(name);
     const uint64_t size = (cluster_size >= 65536 ? 24 * kMiB : 6 * kMiB) + 512;
     const std::string base = MakeBacking(
@@ -310,10 +383,10 @@ class RoundTripTest : public ::testing::Test {
           "' -c 'write -z ", size / 4, " ", 2 * cluster_size, "' ", src));
       ASSERT_EQ(r.exit_code, 0) << r.err;
       cmd = absl::StrCat("qemu-img convert -c -O qcow2 -o cluster_size=", cluster_size,
-                         backing_opts, " ", src, " ", image);
+                         ext_opt, backing_opts, " ", src, " ", image);
     } else {
       cmd = absl::StrCat("qemu-img create -q -f qcow2 -o cluster_size=", cluster_size,
-                         backing_opts, " ", image, " ", size);
+                         ext_opt, backing_opts, " ", image, " ", size);
     }
     CommandResult made = RunCommand(cmd);
     ASSERT_EQ(made.exit_code, 0) << cmd << "\n" << made.err;
@@ -405,6 +478,25 @@ TEST_F(RoundTripTest, OurWritesMatchRawReferenceQcow2Backing) {
     OurWritesMatchReference(cs, Backing::kQcow2, "1.1", cs + 3);
   }
   OurWritesMatchReference(65536, Backing::kQcow2, "0.10", 6);
+}
+
+TEST_F(RoundTripTest, OurWritesMatchRawReferenceExtendedL2) {
+  for (Backing b : {Backing::kNone, Backing::kRaw, Backing::kQcow2}) {
+    OurWritesMatchReference(65536, b, "1.1", 11 + static_cast<int>(b), /*extended_l2=*/true);
+  }
+  OurWritesMatchReference(16384, Backing::kQcow2, "1.1", 15, /*extended_l2=*/true);
+  OurWritesMatchReference(2 * kMiB, Backing::kRaw, "1.1", 16, /*extended_l2=*/true);
+}
+
+TEST_F(RoundTripTest, QemuWrittenExtendedL2ImagesReadBack) {
+  for (uint64_t cs : {16384, 65536, 2 * 1024 * 1024}) {
+    for (Backing b : {Backing::kNone, Backing::kRaw, Backing::kQcow2}) {
+      QemuWritesReadBack(cs, b, /*compressed_base=*/false, cs * 7 + static_cast<int>(b),
+                         /*extended_l2=*/true);
+    }
+    QemuWritesReadBack(cs, Backing::kQcow2, /*compressed_base=*/true, cs * 9,
+                       /*extended_l2=*/true);
+  }
 }
 
 TEST_F(RoundTripTest, QemuWrittenImagesReadBack) {
