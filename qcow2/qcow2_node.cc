@@ -18,7 +18,10 @@ namespace imgtool::qcow2 {
 namespace {
 
 
-constexpr uint64_t kDefaultL2CacheSize = uint64_t{1} << 20;
+// Default L2 cache: enough tables to cover the whole virtual disk, at most
+// 32 MiB (QEMU >= 3.1 on Linux, DEFAULT_L2_CACHE_MAX_SIZE; 32 MiB of
+// standard L2 tables cover 256 GiB at 64 KiB clusters).
+constexpr uint64_t kMaxDefaultL2CacheSize = uint64_t{32} << 20;
 constexpr uint64_t kDefaultRefcountCacheSize = uint64_t{256} << 10;
 constexpr uint64_t kIncompatibleFeaturesOffset = 72;
 constexpr uint64_t kRefcountTableOffsetOffset = 48;
@@ -124,9 +127,13 @@ io::Task<absl::StatusOr<std::unique_ptr<Qcow2Node>>> Qcow2Node::Open(
 
   Config config;
   const uint64_t cs = header.cluster_size();
-  const uint64_t l2_bytes = options.l2_cache_size() != 0
-                                ? options.l2_cache_size()
-                                : kDefaultL2CacheSize;
+  const uint64_t l2_entry_bytes = header.extended_l2() ? 16 : 8;
+  const uint64_t whole_disk_l2_bytes =
+      (header.size + cs - 1) / cs * l2_entry_bytes;
+  const uint64_t l2_bytes =
+      options.l2_cache_size() != 0
+          ? options.l2_cache_size()
+          : std::min(whole_disk_l2_bytes + cs - 1, kMaxDefaultL2CacheSize);
   config.l2_cache_tables = std::max<uint64_t>(2, l2_bytes / cs);
   const uint64_t rc_bytes = options.refcount_cache_size() != 0
                                 ? options.refcount_cache_size()
