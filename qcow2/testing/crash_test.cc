@@ -77,14 +77,15 @@ struct Config {
   uint64_t kill_ms = 0;
 
   std::string Name() const {
-    return absl::StrCat(
-        alloc ? "alloc" : "mixed", " cluster_size=", cluster_size,
-        " refcount_bits=", refcount_bits, " lazy_refcounts=", lazy ? "on" : "off",
-        extended_l2 ? " extended_l2=on" : "",
-        " backing=",
-        backing == Backing::kNone ? "none"
-                                  : (backing == Backing::kRaw ? "raw" : "qcow2"),
-        " seed=", seed, " kill_after_ms=", kill_ms);
+    return absl::StrCat(alloc ? "alloc" : "mixed",
+                        " cluster_size=", cluster_size,
+                        " refcount_bits=", refcount_bits,
+                        " lazy_refcounts=", lazy ? "on" : "off",
+                        extended_l2 ? " extended_l2=on" : "", " backing=",
+                        backing == Backing::kNone
+                            ? "none"
+                            : (backing == Backing::kRaw ? "raw" : "qcow2"),
+                        " seed=", seed, " kill_after_ms=", kill_ms);
   }
 };
 
@@ -106,7 +107,8 @@ uint64_t StartSize(const Config& c) {
 // Lines of a dirty (lazy refcounts) image that are expected: refcounts lower
 // than the references, COPIED flags that disagree with such refcounts.
 bool ExpectedDirtyLine(const std::string& line) {
-  static const std::regex kLow(R"(ERROR cluster \d+ refcount=(\d+) reference=(\d+))");
+  static const std::regex kLow(
+      R"(ERROR cluster \d+ refcount=(\d+) reference=(\d+))");
   std::smatch m;
   if (std::regex_match(line, m, kLow)) {
     return std::stoull(m[1].str()) < std::stoull(m[2].str());
@@ -130,7 +132,8 @@ class CrashTest : public ::testing::Test {
   // Creates the backing file (if any) and the image; returns the image path.
   std::string CreateImages(const Config& c, int iteration) {
     const uint64_t size = StartSize(c);
-    const std::string image = TempPath(absl::StrCat("crash", iteration, ".qcow2"));
+    const std::string image =
+        TempPath(absl::StrCat("crash", iteration, ".qcow2"));
     Qcow2CreateOptions o;
     o.set_size(size);
     o.set_cluster_size(c.cluster_size);
@@ -139,13 +142,13 @@ class CrashTest : public ::testing::Test {
     o.set_extended_l2(c.extended_l2);
     if (c.backing != Backing::kNone) {
       const bool raw = c.backing == Backing::kRaw;
-      const std::string backing =
-          TempPath(absl::StrCat("crash", iteration, raw ? ".base.raw" : ".base.qcow2"));
+      const std::string backing = TempPath(
+          absl::StrCat("crash", iteration, raw ? ".base.raw" : ".base.qcow2"));
       // The backing file is a bit shorter or longer than the image.
       const uint64_t bsize = size - 4 * kMiB + (c.seed % 8) * kMiB;
       CommandResult r = RunCommand(absl::StrCat(
-          "qemu-img create -q -f ", raw ? "raw" : "qcow2 -o cluster_size=4k", " ",
-          backing, " ", bsize, " && qemu-io -f ", raw ? "raw" : "qcow2",
+          "qemu-img create -q -f ", raw ? "raw" : "qcow2 -o cluster_size=4k",
+          " ", backing, " ", bsize, " && qemu-io -f ", raw ? "raw" : "qcow2",
           " -c 'write -P 0x5a 0 1M' -c 'write -P 0x33 1000k 300k'",
           " -c 'write -P 0x77 ", bsize - 3 * kMiB, " 2M' ", backing));
       EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -168,10 +171,9 @@ class CrashTest : public ::testing::Test {
     posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(),
                                      O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-    char* argv[] = {const_cast<char*>(writer.c_str()),
-                    const_cast<char*>(image.c_str()),
-                    const_cast<char*>(seed.c_str()), const_cast<char*>(mode),
-                    nullptr};
+    char* argv[] = {
+        const_cast<char*>(writer.c_str()), const_cast<char*>(image.c_str()),
+        const_cast<char*>(seed.c_str()), const_cast<char*>(mode), nullptr};
     pid_t pid = 0;
     const int rc =
         posix_spawn(&pid, writer.c_str(), &actions, nullptr, argv, environ);
@@ -217,12 +219,14 @@ class CrashTest : public ::testing::Test {
     return r;
   }
 
-  void VerifyAfterCrash(const Config& c, const std::string& image, int iteration) {
+  void VerifyAfterCrash(const Config& c, const std::string& image,
+                        int iteration) {
     // 1. qemu-img check: no corruption, except stale refcounts of a dirty
     //    image with lazy refcounts.
     QemuCheck q = RunQemuCheck(image);
     ASSERT_TRUE(q.exit_code == 0 || q.exit_code == 2 || q.exit_code == 3)
-        << "qemu-img check exit " << q.exit_code << "\n" << q.err << q.output;
+        << "qemu-img check exit " << q.exit_code << "\n"
+        << q.err << q.output;
     absl::StatusOr<std::unique_ptr<io::BlockNode>> probe =
         env_.OpenFile(image, /*read_only=*/true);
     ASSERT_TRUE(probe.ok()) << probe.status();
@@ -230,13 +234,14 @@ class CrashTest : public ::testing::Test {
     ASSERT_TRUE(env_.Run((*probe)->Read(72, io::IoVec(incompat, 8))).ok());
     const bool dirty = (incompat[7] & 1) != 0;
     const bool corrupt_bit = (incompat[7] & 2) != 0;
-    std::printf("%d: %s: file %llu bytes%s, qemu-img check exit %d, %llu leaks, "
-                "%llu corruptions\n",
-                iteration, c.Name().c_str(),
-                static_cast<unsigned long long>((*probe)->size()),
-                dirty ? ", dirty" : "", q.exit_code,
-                static_cast<unsigned long long>(q.leaks),
-                static_cast<unsigned long long>(q.corruptions));
+    std::printf(
+        "%d: %s: file %llu bytes%s, qemu-img check exit %d, %llu leaks, "
+        "%llu corruptions\n",
+        iteration, c.Name().c_str(),
+        static_cast<unsigned long long>((*probe)->size()),
+        dirty ? ", dirty" : "", q.exit_code,
+        static_cast<unsigned long long>(q.leaks),
+        static_cast<unsigned long long>(q.corruptions));
     ASSERT_TRUE(env_.Run((*probe)->Close()).ok());
     EXPECT_FALSE(corrupt_bit) << "the corrupt bit is set";
     EXPECT_EQ(q.check_errors, 0u) << q.err;
@@ -245,7 +250,8 @@ class CrashTest : public ::testing::Test {
       EXPECT_NE(q.exit_code, 2) << q.err;
     } else {
       EXPECT_TRUE(c.lazy) << "dirty bit without lazy refcounts";
-      for (absl::string_view line : absl::StrSplit(q.err, '\n', absl::SkipEmpty())) {
+      for (absl::string_view line :
+           absl::StrSplit(q.err, '\n', absl::SkipEmpty())) {
         EXPECT_TRUE(ExpectedDirtyLine(std::string(line)))
             << "unexpected problem in a dirty image: " << line;
       }
@@ -275,14 +281,16 @@ class CrashTest : public ::testing::Test {
       ASSERT_TRUE(st.ok()) << st;
     } else {
       std::string repaired;
-      absl::StatusOr<CheckResult> fixed = OurCheck(image, RepairMode::kAll, &repaired);
+      absl::StatusOr<CheckResult> fixed =
+          OurCheck(image, RepairMode::kAll, &repaired);
       ASSERT_TRUE(fixed.ok()) << fixed.status();
       EXPECT_EQ(fixed->corruptions, 0u) << repaired;
       EXPECT_EQ(fixed->leaks, 0u) << repaired;
       EXPECT_EQ(fixed->check_errors, 0u) << repaired;
     }
     QemuCheck after = RunQemuCheck(image);
-    EXPECT_EQ(after.exit_code, 0) << "after repair:\n" << after.err << after.output;
+    EXPECT_EQ(after.exit_code, 0) << "after repair:\n"
+                                  << after.err << after.output;
 
     // 4. The image reads, through qemu-img and through Qcow2Node alike.
     const std::string qemu_raw = image + ".qemu.raw";
@@ -350,8 +358,8 @@ class CrashTest : public ::testing::Test {
         Config again = c;
         again.kill_ms = 1 + rng() % 60;
         WaitUntilUnlocked(image);
-        SCOPED_TRACE(absl::StrCat("second run on the dirty image, kill_after_ms=",
-                                  again.kill_ms));
+        SCOPED_TRACE(absl::StrCat(
+            "second run on the dirty image, kill_after_ms=", again.kill_ms));
         RunAndKill(again, image);
         if (HasFatalFailure()) return;
       }

@@ -8,9 +8,9 @@
 //
 // Modes (all choices from `seed`):
 //   mixed  writes at random offsets and lengths (unaligned too), compressed
-//          cluster writes, write zeroes with and without unmap, discards, reads, occasional
-//          flushes and, for every other seed, growing truncates; the
-//          metadata caches are tiny, small or default by seed.
+//          cluster writes, write zeroes with and without unmap, discards,
+//          reads, occasional flushes and, for every other seed, growing
+//          truncates; the metadata caches are tiny, small or default by seed.
 //   alloc  metadata-heavy: small writes to fresh clusters all over a sparse
 //          image, frequent growing truncates (L1 growth) with writes into
 //          the new area, tiny L2 and refcount caches (evictions).
@@ -46,7 +46,8 @@ constexpr int kInFlight = 64;
 std::vector<uint8_t> Compressible(uint64_t length, uint64_t seed) {
   std::vector<uint8_t> v(length);
   for (uint64_t i = 0; i < length; ++i) {
-    v[i] = static_cast<uint8_t>((i / 64 + seed) % 7 == 0 ? 0 : (i / 512 + seed) & 0xff);
+    v[i] = static_cast<uint8_t>(
+        (i / 64 + seed) % 7 == 0 ? 0 : (i / 512 + seed) & 0xff);
   }
   return v;
 }
@@ -79,9 +80,14 @@ class Workload {
     if (length >= size - lo) return lo;
     uint64_t off = lo + Rand(size - lo - length + 1);
     switch (Rand(3)) {
-      case 0: break;
-      case 1: off &= ~uint64_t{511}; break;
-      default: off &= ~(cluster_ - 1); break;
+      case 0:
+        break;
+      case 1:
+        off &= ~uint64_t{511};
+        break;
+      default:
+        off &= ~(cluster_ - 1);
+        break;
     }
     return std::max(off, lo);
   }
@@ -95,9 +101,14 @@ class Workload {
     }
     uint64_t len = 1 + Rand(max);
     switch (Rand(4)) {
-      case 0: len = (len + 511) & ~uint64_t{511}; break;
-      case 1: len = std::max<uint64_t>(cluster_, len & ~(cluster_ - 1)); break;
-      default: break;
+      case 0:
+        len = (len + 511) & ~uint64_t{511};
+        break;
+      case 1:
+        len = std::max<uint64_t>(cluster_, len & ~(cluster_ - 1));
+        break;
+      default:
+        break;
     }
     return std::min<uint64_t>(len, 4 << 20);
   }
@@ -124,7 +135,8 @@ class Workload {
       const uint64_t clen = std::min(cluster_, node_.size() - coff);
       absl::Status st = co_await node_.WriteCompressed(
           coff, io::ConstIoVec(compressible_.data() + Rand(cluster_), clen));
-      if (!st.ok() && !absl::IsFailedPrecondition(st)) Fail("compressed write", st);
+      if (!st.ok() && !absl::IsFailedPrecondition(st))
+        Fail("compressed write", st);
     } else if (r < 650) {
       const uint64_t src = Rand(data_.size() - n);
       absl::Status st =

@@ -170,9 +170,9 @@ BackingOpener Env::Opener() {
         format == "qcow2" ||
         (format.empty() && std::memcmp(magic, "QFI\xfb", 4) == 0);
     if (!is_qcow2) co_return file;
-    CO_ASSIGN_OR_RETURN(
-        std::unique_ptr<Qcow2Node> node,
-        co_await Qcow2Node::Open(std::move(file), Qcow2OpenOptions(), Opener()));
+    CO_ASSIGN_OR_RETURN(std::unique_ptr<Qcow2Node> node,
+                        co_await Qcow2Node::Open(std::move(file),
+                                                 Qcow2OpenOptions(), Opener()));
     co_return std::unique_ptr<io::BlockNode>(std::move(node));
   };
 }
@@ -263,8 +263,8 @@ io::Task<absl::StatusOr<std::vector<MapEntry>>> ChainMap(io::BlockNode& top) {
   std::vector<MapEntry> out;
   const io::BlockNode* last_file = nullptr;
   for (uint64_t pos = 0; pos < top.size();) {
-    CO_ASSIGN_OR_RETURN(io::ChainStatus cs,
-                        co_await io::GetChainStatus(top, pos, top.size() - pos));
+    CO_ASSIGN_OR_RETURN(io::ChainStatus cs, co_await io::GetChainStatus(
+                                                top, pos, top.size() - pos));
     MapEntry e;
     e.start = pos;
     e.length = cs.status.length;
@@ -274,7 +274,8 @@ io::Task<absl::StatusOr<std::vector<MapEntry>>> ChainMap(io::BlockNode& top) {
       // node above it (its block status says "zero" there); GetChainStatus
       // reports the backing node's depth.
       io::BlockNode* node = &top;
-      for (int i = 0; i < cs.depth && node != nullptr; ++i) node = node->backing();
+      for (int i = 0; i < cs.depth && node != nullptr; ++i)
+        node = node->backing();
       if (node != nullptr && pos >= node->size()) e.depth = cs.depth - 1;
     }
     e.present = cs.present;
@@ -310,10 +311,9 @@ uint64_t JsonNumber(const std::string& json, const std::string& key) {
   if (at == std::string::npos) return 0;
   uint64_t v = 0;
   size_t end = json.find_first_not_of("0123456789", at + needle.size());
-  (void)absl::SimpleAtoi(
-      absl::string_view(json).substr(at + needle.size(),
-                                     end - (at + needle.size())),
-      &v);
+  (void)absl::SimpleAtoi(absl::string_view(json).substr(
+                             at + needle.size(), end - (at + needle.size())),
+                         &v);
   return v;
 }
 
@@ -323,8 +323,8 @@ QemuCheck RunQemuCheck(const std::string& path, const std::string& extra) {
   QemuCheck c;
   CommandResult r;
   for (int attempt = 0; attempt < 100; ++attempt) {
-    r = RunCommand(absl::StrCat("qemu-img check --output=json ", extra, " ",
-                                path));
+    r = RunCommand(
+        absl::StrCat("qemu-img check --output=json ", extra, " ", path));
     if (r.err.find("Failed to get") == std::string::npos) break;
     usleep(50000);
   }

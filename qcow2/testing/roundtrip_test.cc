@@ -2,10 +2,10 @@
 // cluster sizes 512, 4k, 64k and 2M (and extended L2 entries at 16k, 64k
 // and 2M), with and without backing files:
 //  (a) writes through Qcow2Node (concurrent batches of patterned writes,
-//      compressed cluster writes, write zeroes with and without unmap, discards at random, unaligned
-//      offsets and lengths, growing truncates) applied identically to a raw
-//      reference: `qemu-img check` finds nothing and `qemu-img compare` says
-//      identical;
+//      compressed cluster writes, write zeroes with and without unmap, discards
+//      at random, unaligned offsets and lengths, growing truncates) applied
+//      identically to a raw reference: `qemu-img check` finds nothing and
+//      `qemu-img compare` says identical;
 //  (b) images written by qemu-img/qemu-io (compressed clusters from
 //      `convert -c` and `write -c`, `write -z`, `write -z -u`, discard,
 //      truncate) read back through Qcow2Node exactly as `qemu-img convert
@@ -42,9 +42,12 @@ enum class Backing { kNone, kRaw, kQcow2 };
 
 const char* BackingName(Backing b) {
   switch (b) {
-    case Backing::kNone: return "none";
-    case Backing::kRaw: return "raw";
-    case Backing::kQcow2: return "qcow2";
+    case Backing::kNone:
+      return "none";
+    case Backing::kRaw:
+      return "raw";
+    case Backing::kQcow2:
+      return "qcow2";
   }
   return "";
 }
@@ -84,7 +87,8 @@ class RoundTripTest : public ::testing::Test {
   static io::Task<absl::Status> Issue(Qcow2Node& node, Op& op) {
     switch (op.kind) {
       case Op::kCompressed: {
-        absl::Status st = co_await node.WriteCompressed(op.offset, io::ConstIoVec(op.data));
+        absl::Status st =
+            co_await node.WriteCompressed(op.offset, io::ConstIoVec(op.data));
         op.refused = absl::IsFailedPrecondition(st);
         co_return op.refused ? absl::OkStatus() : st;
       }
@@ -107,13 +111,15 @@ class RoundTripTest : public ::testing::Test {
   std::string MakeBacking(const std::string& name, Backing b, uint64_t size) {
     if (b == Backing::kNone) return "";
     const bool raw = b == Backing::kRaw;
-    const std::string path = TempPath(absl::StrCat("rt_", name, raw ? ".base.raw" : ".base.qcow2"));
+    const std::string path =
+        TempPath(absl::StrCat("rt_", name, raw ? ".base.raw" : ".base.qcow2"));
     const std::string src = WriteSource(name + ".base", 4 * kMiB, 99);
     std::string cmd = absl::StrCat(
         "qemu-img create -q -f ", raw ? "raw " : "qcow2 -o cluster_size=4k ",
         path, " ", size, " && qemu-io -f ", raw ? "raw" : "qcow2",
-        " -c 'write -s ", src, " 1000 3M'", " -c 'write -P 0x61 ", size - 3 * kMiB - 77,
-        " 1M'", " -c 'write -s ", src, " ", size - 1500 * kKiB, " 1200k'");
+        " -c 'write -s ", src, " 1000 3M'", " -c 'write -P 0x61 ",
+        size - 3 * kMiB - 77, " 1M'", " -c 'write -s ", src, " ",
+        size - 1500 * kKiB, " 1200k'");
     if (!raw) {
       absl::StrAppend(&cmd, " -c 'write -z 64k 8k' -c 'write -c ",
                       (size & ~(64 * kKiB - 1)) - 256 * kKiB, " 4k'");
@@ -125,7 +131,8 @@ class RoundTripTest : public ::testing::Test {
   }
 
   // A file of random bytes for qemu-io's `write -s`.
-  std::string WriteSource(const std::string& name, uint64_t length, uint64_t seed) {
+  std::string WriteSource(const std::string& name, uint64_t length,
+                          uint64_t seed) {
     const std::string path = TempPath(absl::StrCat("rt_", name, ".src"));
     std::vector<uint8_t> bytes = Pattern(length, seed);
     FILE* f = fopen(path.c_str(), "wb");
@@ -137,7 +144,8 @@ class RoundTripTest : public ::testing::Test {
 
   std::vector<uint8_t> ReadRaw(const std::string& image, uint64_t size) {
     const std::string out = image + ".conv.raw";
-    CommandResult r = RunCommand(absl::StrCat("qemu-img convert -O raw ", image, " ", out));
+    CommandResult r =
+        RunCommand(absl::StrCat("qemu-img convert -O raw ", image, " ", out));
     EXPECT_EQ(r.exit_code, 0) << r.err;
     std::vector<uint8_t> bytes = ReadWholeFile(out);
     unlink(out.c_str());
@@ -164,15 +172,17 @@ class RoundTripTest : public ::testing::Test {
   void OurWritesMatchReference(uint64_t cluster_size, Backing backing,
                                const std::string& compat, uint64_t seed,
                                bool extended_l2 = false) {
-    const std::string name = absl::StrCat("a", cluster_size, BackingName(backing), compat,
-                                          extended_l2 ? "ext" : "");
+    const std::string name =
+        absl::StrCat("a", cluster_size, BackingName(backing), compat,
+                     extended_l2 ? "ext" : "");
     SCOPED_TRACE(name);
     const bool v3 = compat != "0.10";
     uint64_t size = (cluster_size >= 65536 ? 24 * kMiB : 6 * kMiB) + 1536;
     // A raw backing file longer than the image (growing must hide its
     // data), a qcow2 one shorter (reads past its end are zeroes).
-    const uint64_t backing_size =
-        backing == Backing::kRaw ? size + 3 * kMiB + 512 : size - 2 * kMiB - 512;
+    const uint64_t backing_size = backing == Backing::kRaw
+                                      ? size + 3 * kMiB + 512
+                                      : size - 2 * kMiB - 512;
     const std::string base = MakeBacking(name, backing, backing_size);
     std::vector<uint8_t> base_bytes;
     if (!base.empty()) base_bytes = ReadRaw(base, backing_size);
@@ -205,30 +215,34 @@ class RoundTripTest : public ::testing::Test {
     auto rand = [&](uint64_t n) { return n == 0 ? 0 : rng() % n; };
     uint64_t grown_from = size;  // v2 discards past it show zeroes
     int compressed_writes = 0;   // accepted ones
-    std::vector<bool> compressed(size / cluster_size + 1, false);  // by guest cluster
+    std::vector<bool> compressed(size / cluster_size + 1,
+                                 false);  // by guest cluster
     for (int round = 0; round < 40; ++round) {
       if (v3 && round % 8 == 7) {
         // Grow by up to 3 clusters (plus a few sectors).
         const uint64_t add = 512 * (1 + rand((3 * cluster_size + 4096) / 512));
-        absl::Status st = env_.Run(node.Truncate(size + add, io::PreallocMode::kOff));
+        absl::Status st =
+            env_.Run(node.Truncate(size + add, io::PreallocMode::kOff));
         ASSERT_TRUE(st.ok()) << st;
         size += add;
         ref.resize(size, 0);
         compressed.resize(size / cluster_size + 1, false);
       }
       std::vector<Op> ops;
-      const uint64_t max_len = std::min<uint64_t>(4 * cluster_size + 1000, 3 * kMiB);
+      const uint64_t max_len =
+          std::min<uint64_t>(4 * cluster_size + 1000, 3 * kMiB);
       for (int attempt = 0; attempt < 64 && ops.size() < 16; ++attempt) {
         Op op;
         const uint64_t k = rand(10);
-        op.kind = k < 5    ? Op::kWrite
-                  : k < 6  ? Op::kCompressed
-                  : k < 7  ? Op::kZero
-                  : k < 8  ? Op::kZeroUnmap
-                           : Op::kDiscard;
+        op.kind = k < 5   ? Op::kWrite
+                  : k < 6 ? Op::kCompressed
+                  : k < 7 ? Op::kZero
+                  : k < 8 ? Op::kZeroUnmap
+                          : Op::kDiscard;
         op.length = 1 + rand(max_len);
         if (rand(3) == 0) op.length = (op.length + 511) & ~uint64_t{511};
-        if (rand(4) == 0) op.length = (op.length / cluster_size + 1) * cluster_size;
+        if (rand(4) == 0)
+          op.length = (op.length / cluster_size + 1) * cluster_size;
         op.length = std::min(op.length, size);
         op.offset = rand(size - op.length + 1);
         if (rand(3) == 0) op.offset &= ~(cluster_size - 1);
@@ -250,7 +264,8 @@ class RoundTripTest : public ::testing::Test {
                       other.offset < op.offset + op.length;
         }
         if (overlaps) continue;
-        if (op.kind == Op::kWrite) op.data = Pattern(op.length, seed * 100000 + round * 100 + attempt);
+        if (op.kind == Op::kWrite)
+          op.data = Pattern(op.length, seed * 100000 + round * 100 + attempt);
         ops.push_back(std::move(op));
       }
       std::vector<io::Task<absl::Status>> tasks;
@@ -276,7 +291,8 @@ class RoundTripTest : public ::testing::Test {
             // in compressed clusters) only; a partial last one of the image
             // counts when the range reaches the end. v3 leaves zero
             // clusters, v2 unallocated ones.
-            const uint64_t mask = (extended_l2 ? cluster_size / 32 : cluster_size) - 1;
+            const uint64_t mask =
+                (extended_l2 ? cluster_size / 32 : cluster_size) - 1;
             const uint64_t start = (op.offset + mask) & ~mask;
             uint64_t end = op.offset + op.length;
             end = end == size ? end : end & ~mask;
@@ -284,7 +300,8 @@ class RoundTripTest : public ::testing::Test {
               const uint64_t c = i / cluster_size;
               const bool whole_cluster =
                   op.offset <= c * cluster_size &&
-                  (op.offset + op.length >= (c + 1) * cluster_size || op.offset + op.length == size);
+                  (op.offset + op.length >= (c + 1) * cluster_size ||
+                   op.offset + op.length == size);
               if (compressed[c] && !whole_cluster) continue;  // dropped
               ref[i] = v3 || i >= grown_from ? 0 : backing_byte(i);
             }
@@ -315,17 +332,22 @@ class RoundTripTest : public ::testing::Test {
       ASSERT_TRUE(env_.Run(node.Read(0, io::IoVec(now))).ok());
       if (now != ref) {
         const uint64_t at =
-            std::mismatch(now.begin(), now.end(), ref.begin()).first - now.begin();
+            std::mismatch(now.begin(), now.end(), ref.begin()).first -
+            now.begin();
         std::string batch;
         for (const Op& op : ops) {
-          absl::StrAppend(&batch, "  kind ", static_cast<int>(op.kind), " offset ", op.offset,
-                          " length ", op.length, op.refused ? " (refused)" : "",
-                          op.offset <= at && at < op.offset + op.length ? "  <-- covers it" : "",
-                          "\n");
+          absl::StrAppend(
+              &batch, "  kind ", static_cast<int>(op.kind), " offset ",
+              op.offset, " length ", op.length, op.refused ? " (refused)" : "",
+              op.offset <= at && at < op.offset + op.length ? "  <-- covers it"
+                                                            : "",
+              "\n");
         }
-        FAIL() << "round " << round << ": byte " << at << " reads " << int{now[at]}
-               << ", expected " << int{ref[at]} << "; batch (kinds: 0 write, 1 zero, 2 zero+unmap, "
-               << "3 discard, 4 compressed):\n" << batch;
+        FAIL() << "round " << round << ": byte " << at << " reads "
+               << int{now[at]} << ", expected " << int{ref[at]}
+               << "; batch (kinds: 0 write, 1 zero, 2 zero+unmap, "
+               << "3 discard, 4 compressed):\n"
+               << batch;
       }
     }
     EXPECT_GT(compressed_writes, 0);
@@ -347,8 +369,8 @@ class RoundTripTest : public ::testing::Test {
       fwrite(ref.data(), 1, ref.size(), f);
       fclose(f);
     }
-    CommandResult cmp = RunCommand(
-        absl::StrCat("qemu-img compare -f qcow2 -F raw ", image, " ", ref_path));
+    CommandResult cmp = RunCommand(absl::StrCat(
+        "qemu-img compare -f qcow2 -F raw ", image, " ", ref_path));
     EXPECT_EQ(cmp.exit_code, 0) << cmp.out << cmp.err;
     EXPECT_THAT(cmp.out, HasSubstr("Images are identical."));
     ExpectSameMap(image);
@@ -357,9 +379,11 @@ class RoundTripTest : public ::testing::Test {
   // (b) for one configuration: the image is made by qemu-img convert -c (or
   // create) and changed by qemu-io; Qcow2Node must read what qemu reads.
   void QemuWritesReadBack(uint64_t cluster_size, Backing backing,
-                          bool compressed_base, uint64_t seed, bool extended_l2 = false) {
-    const std::string name = absl::StrCat("b", cluster_size, BackingName(backing),
-                                          compressed_base ? "c" : "", extended_l2 ? "ext" : "");
+                          bool compressed_base, uint64_t seed,
+                          bool extended_l2 = false) {
+    const std::string name =
+        absl::StrCat("b", cluster_size, BackingName(backing),
+                     compressed_base ? "c" : "", extended_l2 ? "ext" : "");
     const std::string ext_opt = extended_l2 ? ",extended_l2=on" : "";
     SCOPED_TRACE(name);
     const uint64_t size = (cluster_size >= 65536 ? 24 * kMiB : 6 * kMiB) + 512;
@@ -368,25 +392,33 @@ class RoundTripTest : public ::testing::Test {
     const std::string image = TempPath(absl::StrCat("rt_", name, ".qcow2"));
     // qemu-img create takes the backing file with -b, convert with -B.
     const std::string backing_opts =
-        base.empty() ? "" : absl::StrCat(" -F ", BackingName(backing), " -", compressed_base ? "B" : "b", " ", base);
+        base.empty() ? ""
+                     : absl::StrCat(" -F ", BackingName(backing), " -",
+                                    compressed_base ? "B" : "b", " ", base);
     std::vector<std::string> sources;
     for (int i = 0; i < 4; ++i) {
-      sources.push_back(WriteSource(absl::StrCat(name, i), 3 * cluster_size + 8192, seed + i));
+      sources.push_back(WriteSource(absl::StrCat(name, i),
+                                    3 * cluster_size + 8192, seed + i));
     }
     std::string cmd;
     if (compressed_base) {
       // Compressible halves (patterns) and incompressible ones (random).
-      const std::string src = TempPath(absl::StrCat("rt_", name, ".convsrc.raw"));
-      CommandResult r = RunCommand(absl::StrCat(
-          "qemu-img create -q -f raw ", src, " ", size, " && qemu-io -f raw -c 'write -P 0x11 0 ",
-          size / 2, "' -c 'write -s ", sources[0], " ", size / 3, " ", 3 * cluster_size + 8192,
-          "' -c 'write -z ", size / 4, " ", 2 * cluster_size, "' ", src));
+      const std::string src =
+          TempPath(absl::StrCat("rt_", name, ".convsrc.raw"));
+      CommandResult r = RunCommand(
+          absl::StrCat("qemu-img create -q -f raw ", src, " ", size,
+                       " && qemu-io -f raw -c 'write -P 0x11 0 ", size / 2,
+                       "' -c 'write -s ", sources[0], " ", size / 3, " ",
+                       3 * cluster_size + 8192, "' -c 'write -z ", size / 4,
+                       " ", 2 * cluster_size, "' ", src));
       ASSERT_EQ(r.exit_code, 0) << r.err;
-      cmd = absl::StrCat("qemu-img convert -c -O qcow2 -o cluster_size=", cluster_size,
-                         ext_opt, backing_opts, " ", src, " ", image);
+      cmd = absl::StrCat(
+          "qemu-img convert -c -O qcow2 -o cluster_size=", cluster_size,
+          ext_opt, backing_opts, " ", src, " ", image);
     } else {
-      cmd = absl::StrCat("qemu-img create -q -f qcow2 -o cluster_size=", cluster_size,
-                         ext_opt, backing_opts, " ", image, " ", size);
+      cmd = absl::StrCat(
+          "qemu-img create -q -f qcow2 -o cluster_size=", cluster_size, ext_opt,
+          backing_opts, " ", image, " ", size);
     }
     CommandResult made = RunCommand(cmd);
     ASSERT_EQ(made.exit_code, 0) << cmd << "\n" << made.err;
@@ -408,12 +440,14 @@ class RoundTripTest : public ::testing::Test {
       uint64_t len = 1 + rand(3 * cluster_size + 8192);
       if (k >= 4) len = (len + 511) & ~uint64_t{511};  // zero/discard
       len = std::min(len, cur_size);
-      uint64_t off = i >= 40 && rand(2) == 0 ? size + rand(cur_size - size) : rand(cur_size);
+      uint64_t off = i >= 40 && rand(2) == 0 ? size + rand(cur_size - size)
+                                             : rand(cur_size);
       if (rand(3) == 0 || k >= 4) off &= ~uint64_t{511};
       len = std::min(len, cur_size - off);
       if (len == 0) continue;
       if (k < 4) {
-        script.push_back(absl::StrCat("write -s ", sources[rand(4)], " ", off, " ", len));
+        script.push_back(
+            absl::StrCat("write -s ", sources[rand(4)], " ", off, " ", len));
       } else if (k < 6) {
         script.push_back(absl::StrCat("write -z ", off, " ", len));
       } else if (k < 7) {
@@ -425,16 +459,17 @@ class RoundTripTest : public ::testing::Test {
         if (touched[c]) continue;
         off = c * cluster_size;
         len = cluster_size;
-        script.push_back(absl::StrCat("write -c -P ", 1 + rand(200), " ", c * cluster_size,
-                                      " ", cluster_size));
+        script.push_back(absl::StrCat("write -c -P ", 1 + rand(200), " ",
+                                      c * cluster_size, " ", cluster_size));
       }
-      for (uint64_t c = off / cluster_size; c <= (off + len - 1) / cluster_size &&
-                                            c < touched.size(); ++c) {
+      for (uint64_t c = off / cluster_size;
+           c <= (off + len - 1) / cluster_size && c < touched.size(); ++c) {
         touched[c] = true;
       }
     }
     std::string io_cmd = "qemu-io -f qcow2";
-    for (const std::string& s : script) absl::StrAppend(&io_cmd, " -c '", s, "'");
+    for (const std::string& s : script)
+      absl::StrAppend(&io_cmd, " -c '", s, "'");
     absl::StrAppend(&io_cmd, " ", image);
     CommandResult io = RunCommand(io_cmd);
     ASSERT_EQ(io.exit_code, 0) << io_cmd << "\n" << io.err;
@@ -482,16 +517,20 @@ TEST_F(RoundTripTest, OurWritesMatchRawReferenceQcow2Backing) {
 
 TEST_F(RoundTripTest, OurWritesMatchRawReferenceExtendedL2) {
   for (Backing b : {Backing::kNone, Backing::kRaw, Backing::kQcow2}) {
-    OurWritesMatchReference(65536, b, "1.1", 11 + static_cast<int>(b), /*extended_l2=*/true);
+    OurWritesMatchReference(65536, b, "1.1", 11 + static_cast<int>(b),
+                            /*extended_l2=*/true);
   }
-  OurWritesMatchReference(16384, Backing::kQcow2, "1.1", 15, /*extended_l2=*/true);
-  OurWritesMatchReference(2 * kMiB, Backing::kRaw, "1.1", 16, /*extended_l2=*/true);
+  OurWritesMatchReference(16384, Backing::kQcow2, "1.1", 15,
+                          /*extended_l2=*/true);
+  OurWritesMatchReference(2 * kMiB, Backing::kRaw, "1.1", 16,
+                          /*extended_l2=*/true);
 }
 
 TEST_F(RoundTripTest, QemuWrittenExtendedL2ImagesReadBack) {
   for (uint64_t cs : {16384, 65536, 2 * 1024 * 1024}) {
     for (Backing b : {Backing::kNone, Backing::kRaw, Backing::kQcow2}) {
-      QemuWritesReadBack(cs, b, /*compressed_base=*/false, cs * 7 + static_cast<int>(b),
+      QemuWritesReadBack(cs, b, /*compressed_base=*/false,
+                         cs * 7 + static_cast<int>(b),
                          /*extended_l2=*/true);
     }
     QemuWritesReadBack(cs, Backing::kQcow2, /*compressed_base=*/true, cs * 9,
@@ -502,7 +541,8 @@ TEST_F(RoundTripTest, QemuWrittenExtendedL2ImagesReadBack) {
 TEST_F(RoundTripTest, QemuWrittenImagesReadBack) {
   for (uint64_t cs : {512, 4096, 65536, 2 * 1024 * 1024}) {
     for (Backing b : {Backing::kNone, Backing::kRaw, Backing::kQcow2}) {
-      QemuWritesReadBack(cs, b, /*compressed_base=*/false, cs * 3 + static_cast<int>(b));
+      QemuWritesReadBack(cs, b, /*compressed_base=*/false,
+                         cs * 3 + static_cast<int>(b));
     }
   }
 }
@@ -510,7 +550,8 @@ TEST_F(RoundTripTest, QemuWrittenImagesReadBack) {
 TEST_F(RoundTripTest, QemuCompressedImagesReadBack) {
   for (uint64_t cs : {512, 4096, 65536, 2 * 1024 * 1024}) {
     for (Backing b : {Backing::kNone, Backing::kQcow2}) {
-      QemuWritesReadBack(cs, b, /*compressed_base=*/true, cs * 5 + static_cast<int>(b));
+      QemuWritesReadBack(cs, b, /*compressed_base=*/true,
+                         cs * 5 + static_cast<int>(b));
     }
   }
 }
@@ -519,8 +560,10 @@ TEST_F(RoundTripTest, QemuCompressedImagesReadBack) {
 TEST_F(RoundTripTest, CreateIsByteIdenticalToQemuImgCreate) {
   const std::string raw_base = TempPath("rt_c.base.raw");
   const std::string qcow2_base = TempPath("rt_c.base.qcow2");
-  ASSERT_EQ(RunCommand(absl::StrCat("qemu-img create -q -f raw ", raw_base, " 10M && "
-                                    "qemu-img create -q -f qcow2 ", qcow2_base, " 3G"))
+  ASSERT_EQ(RunCommand(absl::StrCat("qemu-img create -q -f raw ", raw_base,
+                                    " 10M && "
+                                    "qemu-img create -q -f qcow2 ",
+                                    qcow2_base, " 3G"))
                 .exit_code,
             0);
   struct Case {
@@ -529,7 +572,8 @@ TEST_F(RoundTripTest, CreateIsByteIdenticalToQemuImgCreate) {
     std::function<void(Qcow2CreateOptions&)> set;
   };
   const std::vector<Case> cases = {
-      {"cluster_size=512", 100 * kMiB, [](auto& o) { o.set_cluster_size(512); }},
+      {"cluster_size=512", 100 * kMiB,
+       [](auto& o) { o.set_cluster_size(512); }},
       {"cluster_size=4k,refcount_bits=1,lazy_refcounts=on", 3 * 1024 * kMiB,
        [](auto& o) {
          o.set_cluster_size(4096);
@@ -547,7 +591,8 @@ TEST_F(RoundTripTest, CreateIsByteIdenticalToQemuImgCreate) {
          o.set_compat("0.10");
          o.set_cluster_size(4096);
        }},
-      {"cluster_size=512,backing_file=" + raw_base + ",backing_fmt=raw", 10 * kMiB,
+      {"cluster_size=512,backing_file=" + raw_base + ",backing_fmt=raw",
+       10 * kMiB,
        [&](auto& o) {
          o.set_cluster_size(512);
          o.set_backing_file(raw_base);
@@ -558,13 +603,28 @@ TEST_F(RoundTripTest, CreateIsByteIdenticalToQemuImgCreate) {
          o.set_backing_file(qcow2_base);
          o.set_backing_fmt("qcow2");
        }},
-      {"compat=0.10,backing_file=" + qcow2_base + ",backing_fmt=qcow2,cluster_size=2M",
+      {"compat=0.10,backing_file=" + qcow2_base +
+           ",backing_fmt=qcow2,cluster_size=2M",
        5 * 1024 * kMiB,
        [&](auto& o) {
          o.set_compat("0.10");
          o.set_cluster_size(2 * kMiB);
          o.set_backing_file(qcow2_base);
          o.set_backing_fmt("qcow2");
+       }},
+      {"cluster_size=128k,extended_l2=on", 1024 * kMiB,
+       [](auto& o) {
+         o.set_cluster_size(128 * kKiB);
+         o.set_extended_l2(true);
+       }},
+      {"extended_l2=on,preallocation=metadata,backing_file=" + raw_base +
+           ",backing_fmt=raw",
+       10 * kMiB,
+       [&](auto& o) {
+         o.set_extended_l2(true);
+         o.set_preallocation("metadata");
+         o.set_backing_file(raw_base);
+         o.set_backing_fmt("raw");
        }},
       {"cluster_size=4k,preallocation=metadata", 64 * kMiB,
        [](auto& o) {
@@ -583,8 +643,9 @@ TEST_F(RoundTripTest, CreateIsByteIdenticalToQemuImgCreate) {
     c.set(o);
     absl::Status st = env_.CreateImage(ours, o);
     ASSERT_TRUE(st.ok()) << st;
-    CommandResult r = RunCommand(absl::StrCat("qemu-img create -q -f qcow2 -o ",
-                                              c.qemu_options, " ", theirs, " ", c.size));
+    CommandResult r =
+        RunCommand(absl::StrCat("qemu-img create -q -f qcow2 -o ",
+                                c.qemu_options, " ", theirs, " ", c.size));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_TRUE(ReadWholeFile(ours) == ReadWholeFile(theirs));
     EXPECT_EQ(FirstDifference(ours, theirs), -1);
@@ -598,23 +659,29 @@ TEST_F(RoundTripTest, GrowingOverLongerBackingFileReadsZeroes) {
   const std::string base = TempPath("rt_grow.base.raw");
   const std::string ours = TempPath("rt_grow.ours.qcow2");
   const std::string theirs = TempPath("rt_grow.qemu.qcow2");
-  ASSERT_EQ(RunCommand(absl::StrCat(
-                "qemu-img create -q -f raw ", base, " 8M && qemu-io -f raw -c 'write -P 7 0 8M' ",
-                base, " && qemu-img create -q -f qcow2 -F raw -b ", base, " ", ours,
-                " 1000k && cp ", ours, " ", theirs, " && qemu-img resize -q ", theirs, " 6M"))
+  ASSERT_EQ(RunCommand(
+                absl::StrCat("qemu-img create -q -f raw ", base,
+                             " 8M && qemu-io -f raw -c 'write -P 7 0 8M' ",
+                             base, " && qemu-img create -q -f qcow2 -F raw -b ",
+                             base, " ", ours, " 1000k && cp ", ours, " ",
+                             theirs, " && qemu-img resize -q ", theirs, " 6M"))
                 .exit_code,
             0);
-  absl::StatusOr<std::unique_ptr<Qcow2Node>> node = env_.OpenQcow2(ours, /*read_only=*/false);
+  absl::StatusOr<std::unique_ptr<Qcow2Node>> node =
+      env_.OpenQcow2(ours, /*read_only=*/false);
   ASSERT_TRUE(node.ok()) << node.status();
-  ASSERT_TRUE(env_.Run((*node)->Truncate(6 * kMiB, io::PreallocMode::kOff)).ok());
+  ASSERT_TRUE(
+      env_.Run((*node)->Truncate(6 * kMiB, io::PreallocMode::kOff)).ok());
   std::vector<uint8_t> buf(6 * kMiB);
   ASSERT_TRUE(env_.Run((*node)->Read(0, io::IoVec(buf))).ok());
   ASSERT_TRUE(env_.Run((*node)->Close()).ok());
   EXPECT_EQ(std::count(buf.begin(), buf.begin() + 1000 * kKiB, 7), 1000 * kKiB);
-  EXPECT_EQ(std::count(buf.begin() + 1000 * kKiB, buf.end(), 0), 6 * kMiB - 1000 * kKiB);
+  EXPECT_EQ(std::count(buf.begin() + 1000 * kKiB, buf.end(), 0),
+            6 * kMiB - 1000 * kKiB);
   EXPECT_EQ(FirstDifference(ours, theirs), -1);
   EXPECT_EQ(RunCommand("qemu-img check " + ours).exit_code, 0);
-  CommandResult cmp = RunCommand(absl::StrCat("qemu-img compare ", ours, " ", theirs));
+  CommandResult cmp =
+      RunCommand(absl::StrCat("qemu-img compare ", ours, " ", theirs));
   EXPECT_EQ(cmp.exit_code, 0) << cmp.out << cmp.err;
 }
 
@@ -623,16 +690,21 @@ TEST_F(RoundTripTest, GrowingOverLongerBackingFileReadsZeroes) {
 TEST_F(RoundTripTest, GrowingV2OverLongerBackingFileFails) {
   const std::string base = TempPath("rt_grow2.base.raw");
   const std::string image = TempPath("rt_grow2.qcow2");
-  ASSERT_EQ(RunCommand(absl::StrCat("qemu-img create -q -f raw ", base, " 8M && ",
-                                    "qemu-img create -q -f qcow2 -o compat=0.10 -F raw -b ",
-                                    base, " ", image, " 1M"))
-                .exit_code,
-            0);
-  absl::StatusOr<std::unique_ptr<Qcow2Node>> node = env_.OpenQcow2(image, /*read_only=*/false);
+  ASSERT_EQ(
+      RunCommand(
+          absl::StrCat("qemu-img create -q -f raw ", base, " 8M && ",
+                       "qemu-img create -q -f qcow2 -o compat=0.10 -F raw -b ",
+                       base, " ", image, " 1M"))
+          .exit_code,
+      0);
+  absl::StatusOr<std::unique_ptr<Qcow2Node>> node =
+      env_.OpenQcow2(image, /*read_only=*/false);
   ASSERT_TRUE(node.ok()) << node.status();
-  absl::Status st = env_.Run((*node)->Truncate(2 * kMiB, io::PreallocMode::kOff));
+  absl::Status st =
+      env_.Run((*node)->Truncate(2 * kMiB, io::PreallocMode::kOff));
   EXPECT_TRUE(absl::IsUnimplemented(st)) << st;
-  EXPECT_THAT(std::string(st.message()), HasSubstr("Failed to zero out new clusters"));
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("Failed to zero out new clusters"));
   EXPECT_EQ((*node)->size(), 1 * kMiB);
   ASSERT_TRUE(env_.Run((*node)->Close()).ok());
 }
@@ -641,15 +713,19 @@ TEST_F(RoundTripTest, GrowingV2OverLongerBackingFileFails) {
 // a run of them at non-contiguous host clusters is not one extent.
 TEST_F(RoundTripTest, ZeroClustersWithScatteredHostOffsetsMapLikeQemu) {
   const std::string image = TempPath("rt_zeroalloc.qcow2");
-  ASSERT_EQ(RunCommand(absl::StrCat("qemu-img create -q -f qcow2 -o cluster_size=4k ", image,
-                                    " 1M && qemu-io -f qcow2 -c 'write 0 4k' -c 'write 8k 4k' "
-                                    "-c 'write 4k 4k' -c 'write -z 0 12k' ",
-                                    image))
-                .exit_code,
-            0);
-  absl::StatusOr<std::unique_ptr<Qcow2Node>> node = env_.OpenQcow2(image, /*read_only=*/true);
+  ASSERT_EQ(
+      RunCommand(absl::StrCat(
+                     "qemu-img create -q -f qcow2 -o cluster_size=4k ", image,
+                     " 1M && qemu-io -f qcow2 -c 'write 0 4k' -c 'write 8k 4k' "
+                     "-c 'write 4k 4k' -c 'write -z 0 12k' ",
+                     image))
+          .exit_code,
+      0);
+  absl::StatusOr<std::unique_ptr<Qcow2Node>> node =
+      env_.OpenQcow2(image, /*read_only=*/true);
   ASSERT_TRUE(node.ok()) << node.status();
-  absl::StatusOr<io::BlockStatus> st = env_.Run((*node)->GetBlockStatus(0, 12 * kKiB));
+  absl::StatusOr<io::BlockStatus> st =
+      env_.Run((*node)->GetBlockStatus(0, 12 * kKiB));
   ASSERT_TRUE(env_.Run((*node)->Close()).ok());
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_TRUE(st->zero);
@@ -667,7 +743,8 @@ TEST_F(RoundTripTest, CompressedWriteAfterItsClusterWasFreedAndReused) {
   Qcow2CreateOptions o;
   o.set_size(4 * kMiB);
   ASSERT_TRUE(env_.CreateImage(image, o).ok());
-  absl::StatusOr<std::unique_ptr<Qcow2Node>> opened = env_.OpenQcow2(image, false);
+  absl::StatusOr<std::unique_ptr<Qcow2Node>> opened =
+      env_.OpenQcow2(image, false);
   ASSERT_TRUE(opened.ok()) << opened.status();
   Qcow2Node& node = **opened;
   const uint64_t cs = node.cluster_size();
@@ -687,11 +764,12 @@ TEST_F(RoundTripTest, CompressedWriteAfterItsClusterWasFreedAndReused) {
   ASSERT_TRUE(env_.Run(node.Close()).ok());
   EXPECT_TRUE(std::equal(data1.begin(), data1.end(), back.begin()));
   EXPECT_TRUE(std::equal(data2.begin(), data2.end(), back.begin() + cs));
-  EXPECT_TRUE(std::equal(compressible.begin(), compressible.end(), back.begin() + 2 * cs));
+  EXPECT_TRUE(std::equal(compressible.begin(), compressible.end(),
+                         back.begin() + 2 * cs));
   QemuCheck check = RunQemuCheck(image);
   EXPECT_EQ(check.exit_code, 0) << check.err;
-  CommandResult read = RunCommand(absl::StrCat("qemu-io -c 'read -P 0x41 ", 2 * cs, " ", cs,
-                                               "' ", image));
+  CommandResult read = RunCommand(
+      absl::StrCat("qemu-io -c 'read -P 0x41 ", 2 * cs, " ", cs, "' ", image));
   EXPECT_EQ(read.exit_code, 0);
   EXPECT_THAT(read.out, ::testing::Not(HasSubstr("fail"))) << read.out;
 }
@@ -702,15 +780,19 @@ TEST_F(RoundTripTest, CompressedWriteAfterItsClusterWasFreedAndReused) {
 TEST_F(RoundTripTest, DISABLED_ChainStatusDepthPastShorterBackingFile) {
   const std::string base = TempPath("rt_depth.base.raw");
   const std::string image = TempPath("rt_depth.qcow2");
-  ASSERT_EQ(RunCommand(absl::StrCat("qemu-img create -q -f raw ", base, " 1M && "
-                                    "qemu-img create -q -f qcow2 -F raw -b ", base, " ",
-                                    image, " 2M"))
+  ASSERT_EQ(RunCommand(absl::StrCat("qemu-img create -q -f raw ", base,
+                                    " 1M && "
+                                    "qemu-img create -q -f qcow2 -F raw -b ",
+                                    base, " ", image, " 2M"))
                 .exit_code,
             0);
   CommandResult r = RunCommand("qemu-img map --output=json " + image);
-  EXPECT_THAT(r.out, HasSubstr("{ \"start\": 1048576, \"length\": 1048576, \"depth\": 0, "
-                               "\"present\": false, \"zero\": true, \"data\": false}"));
-  absl::StatusOr<std::unique_ptr<Qcow2Node>> node = env_.OpenQcow2(image, /*read_only=*/true);
+  EXPECT_THAT(
+      r.out,
+      HasSubstr("{ \"start\": 1048576, \"length\": 1048576, \"depth\": 0, "
+                "\"present\": false, \"zero\": true, \"data\": false}"));
+  absl::StatusOr<std::unique_ptr<Qcow2Node>> node =
+      env_.OpenQcow2(image, /*read_only=*/true);
   ASSERT_TRUE(node.ok()) << node.status();
   absl::StatusOr<io::ChainStatus> st =
       env_.Run(io::GetChainStatus(**node, 1 * kMiB, 1 * kMiB));
