@@ -263,11 +263,13 @@ absl::Status CreateQcow2Image(const std::string& filename,
                                              "image.")));
     }
     if (!backing_fmt.has_value()) {
-      return Named(filename,
-                   absl::InvalidArgumentError(absl::StrCat(
-                       "Backing file specified without backing format\n"
-                       "Detected format of ",
-                       info->format, ".")));
+      // qemu-img prints this hint without a final newline; the status
+      // has no message left for main to print.
+      streams.err << "imgtool: " << filename
+                  << ": Backing file specified without backing format\n"
+                     "Detected format of "
+                  << info->format << ".";
+      return absl::InvalidArgumentError("");
     }
     if (!values.Has("size")) values.SetNumber("size", info->size);
   } else if (backing.has_value() && !backing_fmt.has_value()) {

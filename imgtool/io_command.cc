@@ -1221,7 +1221,9 @@ bool Session::CmdInfo(const CommandDef&, std::vector<std::string>&) {
   }
   // The VM state area starts after the guest range the L1 table maps for
   // the virtual size (QEMU's qcow2_vm_state_offset).
-  const uint64_t l1_coverage = q->cluster_size() * (q->cluster_size() / 8);
+  const uint64_t l2_entry_bytes = q->extended_l2() ? 16 : 8;
+  const uint64_t l1_coverage =
+      q->cluster_size() * (q->cluster_size() / l2_entry_bytes);
   const uint64_t sectors_bytes = q->size() / kSectorSize * kSectorSize;
   const uint64_t vm_state =
       (sectors_bytes + l1_coverage - 1) / l1_coverage * l1_coverage;

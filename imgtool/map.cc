@@ -135,8 +135,13 @@ absl::StatusOr<MapEntry> GetEntry(OpenedImage& image, uint64_t offset,
     }
     io::BlockNode* backing = node->backing();
     if (backing == nullptr || offset >= SectorLength(*backing)) {
+      // Reads as zeroes; a host cluster reserved for the range (extended
+      // L2) still has its offset.
       e.zero = true;
       e.present = false;
+      e.has_offset = status.offset_valid;
+      e.offset = status.host_offset;
+      e.file = status.offset_valid ? status.file : nullptr;
       return e;
     }
     node = backing;

@@ -296,7 +296,7 @@ absl::Status CreateQcow2File(const std::string& filename,
        {"encryption", "encrypt.format", "encrypt.key-secret",
         "encrypt.cipher-alg", "encrypt.cipher-mode", "encrypt.ivgen-alg",
         "encrypt.ivgen-hash-alg", "encrypt.hash-alg", "encrypt.iter-time",
-        "data_file", "data_file_raw"}) {
+        "data_file"}) {
     if (values.Has(key)) {
       return absl::UnimplementedError(absl::StrCat(
           "The qcow2 option '", key, "' is not supported yet"));
@@ -326,6 +326,9 @@ absl::Status CreateQcow2File(const std::string& filename,
             : absl::InvalidArgumentError(absl::StrCat(
                   "Parameter 'compression-type' does not accept value '",
                   *compression, "'"));
+  }
+  if (values.Flag("data_file_raw")) {
+    late_error = absl::InvalidArgumentError("data-file-raw requires data-file");
   }
   if (values.Has("refcount_bits")) {
     if (values.Number("refcount_bits") > 64) {
