@@ -269,15 +269,6 @@ io::Task<absl::StatusOr<std::vector<MapEntry>>> ChainMap(io::BlockNode& top) {
     e.start = pos;
     e.length = cs.status.length;
     e.depth = cs.depth;
-    if (kCorrectChainStatusDepth && !cs.present && cs.depth > 0) {
-      // Past the end of a shorter backing node, qemu-img map reports the
-      // node above it (its block status says "zero" there); GetChainStatus
-      // reports the backing node's depth.
-      io::BlockNode* node = &top;
-      for (int i = 0; i < cs.depth && node != nullptr; ++i)
-        node = node->backing();
-      if (node != nullptr && pos >= node->size()) e.depth = cs.depth - 1;
-    }
     e.present = cs.present;
     e.zero = cs.status.zero;
     e.data = cs.status.data;

@@ -101,15 +101,6 @@ absl::StatusOr<std::vector<MapEntry>> ParseQemuMap(const std::string& json);
 // The map of `top` through io::GetChainStatus, merged the way qemu-img map
 // merges (same depth/present/zero/data, contiguous offsets in the same
 // file).
-//
-// Known difference: for a range past the end of a shorter backing node,
-// GetChainStatus reports that backing node's depth, qemu-img map the depth
-// of the node above it (QEMU's block status of a node whose backing file
-// ends before the offset is "zero"). While io/chain_status.cc has this,
-// ChainMap corrects the depth of such ranges (kCorrectChainStatusDepth)
-// so that the rest of the map is still compared; roundtrip_test's
-// DISABLED_ChainStatusDepthPastShorterBackingFile shows the difference.
-inline constexpr bool kCorrectChainStatusDepth = true;
 io::Task<absl::StatusOr<std::vector<MapEntry>>> ChainMap(io::BlockNode& top);
 
 // `qemu-img check --output=json` numbers.

@@ -774,10 +774,9 @@ TEST_F(RoundTripTest, CompressedWriteAfterItsClusterWasFreedAndReused) {
   EXPECT_THAT(read.out, ::testing::Not(HasSubstr("fail"))) << read.out;
 }
 
-// io::GetChainStatus past the end of a shorter backing file: qemu-img map
-// says depth 0 (the top image answers "zero, not present"), GetChainStatus
-// says depth 1. Enable once io/chain_status.cc reports the node above.
-TEST_F(RoundTripTest, DISABLED_ChainStatusDepthPastShorterBackingFile) {
+// io::GetChainStatus past the end of a shorter backing file: the top image
+// answers "zero, not present" at depth 0, as in qemu-img map.
+TEST_F(RoundTripTest, ChainStatusDepthPastShorterBackingFile) {
   const std::string base = TempPath("rt_depth.base.raw");
   const std::string image = TempPath("rt_depth.qcow2");
   ASSERT_EQ(RunCommand(absl::StrCat("qemu-img create -q -f raw ", base,
