@@ -22,6 +22,7 @@
 #include "base/status_macros.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
+#include "imgtool/progress.h"
 #include "io/aligned_buffer.h"
 #include "io/block_node.h"
 #include "io/chain_status.h"
@@ -67,48 +68,6 @@ const struct option kLongOptions[] = {
     {"image-opts", no_argument, nullptr, kImageOpts},
     {"force-share", no_argument, nullptr, 'U'},
     {nullptr, 0, nullptr, 0},
-};
-
-// qemu-img's progress line, as in convert.cc: "    (12.34/100%)\r" when the
-// value moved by more than `min_skip` points, or is 0 or 100, computed in
-// single precision as qemu-img does.
-class Progress {
- public:
-  Progress(bool enabled, float min_skip, std::ostream& out)
-      : enabled_(enabled), min_skip_(min_skip), out_(out) {}
-
-  void Print(float value, int max) {
-    float current = max == 0 ? value : current_ + value / 100 * max;
-    if (current > 100) current = 100;
-    current_ = current;
-    if (current > last_print_ + min_skip_ || current == 100 || current == 0) {
-      last_print_ = current_;
-      if (enabled_) {
-        char line[64];
-        std::snprintf(line, sizeof(line), "    (%3.2f/100%%)\r",
-                      static_cast<double>(current_));
-        out_ << line;
-        out_.flush();
-      }
-    }
-  }
-
-  // Progress by `bytes` out of `base` bytes.
-  void Advance(uint64_t bytes, uint64_t base) {
-    Print(static_cast<float>(bytes) / static_cast<float>(base) * 100, 100);
-  }
-
-  void End() {
-    if (enabled_) out_ << "\n";
-    out_.flush();
-  }
-
- private:
-  bool enabled_;
-  float min_skip_;
-  float current_ = 0;
-  float last_print_ = 0;
-  std::ostream& out_;
 };
 
 bool IsCacheMode(const std::string& name) {

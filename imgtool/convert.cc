@@ -37,6 +37,7 @@
 #include "base/status_macros.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
+#include "imgtool/progress.h"
 #include "imgtool/qcow2_create.h"
 #include "io/aligned_buffer.h"
 #include "io/block_node.h"
@@ -126,45 +127,6 @@ const struct option kLongOptions[] = {
     {"salvage", no_argument, nullptr, kSalvage},
     {"force-share", no_argument, nullptr, 'U'},
     {nullptr, 0, nullptr, 0},
-};
-
-// qemu-img's progress line ("    (12.34/100%)\r"), printed when the value
-// moved by more than `min_skip` points, or is 0 or 100. The arithmetic is
-// qemu-img's, in single precision, so the same lines appear.
-class Progress {
- public:
-  Progress(bool enabled, float min_skip, std::ostream& out)
-      : enabled_(enabled), min_skip_(min_skip), out_(out) {}
-
-  // `max` 0: `value` is the absolute percentage; otherwise `value` percent
-  // of `max` points are added.
-  void Print(float value, int max) {
-    float current = max == 0 ? value : current_ + value / 100 * max;
-    if (current > 100) current = 100;
-    current_ = current;
-    if (current > last_print_ + min_skip_ || current == 100 || current == 0) {
-      last_print_ = current_;
-      if (enabled_) {
-        char line[64];
-        std::snprintf(line, sizeof(line), "    (%3.2f/100%%)\r",
-                      static_cast<double>(current_));
-        out_ << line;
-        out_.flush();
-      }
-    }
-  }
-
-  void End() {
-    if (enabled_) out_ << "\n";
-    out_.flush();
-  }
-
- private:
-  bool enabled_;
-  float min_skip_;
-  float current_ = 0;
-  float last_print_ = 0;
-  std::ostream& out_;
 };
 
 // Cache modes QEMU accepts ("off" is "none"); the name for posix_file, or
