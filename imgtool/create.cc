@@ -39,7 +39,8 @@ constexpr char kHelp[] =
     "  -f FMT        image format: raw (default), file or qcow2\n"
     "  -o OPTIONS    comma-separated format options; '-o help' lists them\n"
     "  -q            quiet: no \"Formatting\" line\n"
-    "  -b BACKING    backing file of a qcow2 image (SIZE defaults to its size)\n"
+    "  -b BACKING    backing file of a qcow2 image (SIZE defaults to its "
+    "size)\n"
     "  -F FMT        format of the backing file (required with -b)\n"
     "  -u            do not open the backing file\n";
 

@@ -27,8 +27,8 @@ namespace {
 
 // Formats QEMU knows that imgtool does not implement yet.
 constexpr std::array<const char*, 13> kUnsupportedFormats = {
-    "qcow", "qed", "vmdk", "vdi", "vpc", "vhdx", "luks",
-    "dmg", "parallels", "bochs", "cloop", "vvfat", "host_device"};
+    "qcow", "qed",       "vmdk",  "vdi",   "vpc",   "vhdx",       "luks",
+    "dmg",  "parallels", "bochs", "cloop", "vvfat", "host_device"};
 
 constexpr char kQcowMagic[] = {'Q', 'F', 'I', '\xfb'};
 
@@ -213,8 +213,10 @@ absl::StatusOr<std::string> ProbeFormat(const std::string& filename) {
     if (n < 0) {
       const int error_number = errno;
       close(fd);
-      return ErrnoStatus(filename, "Could not read image for determining its "
-                         "format", error_number);
+      return ErrnoStatus(filename,
+                         "Could not read image for determining its "
+                         "format",
+                         error_number);
     }
     if (n == 0) break;
     got += static_cast<size_t>(n);
@@ -263,8 +265,7 @@ absl::Status CheckFormat(const std::string& format, bool for_create) {
                  : absl::StrCat("Unknown driver '", format, "'"));
 }
 
-absl::StatusOr<OpenedImage> OpenImage(const ImageSpec& spec,
-                                      std::ostream& err,
+absl::StatusOr<OpenedImage> OpenImage(const ImageSpec& spec, std::ostream& err,
                                       std::shared_ptr<io::Engine> engine) {
   const std::string& filename = spec.filename;
   if (spec.image_opts) {

@@ -39,12 +39,12 @@
 namespace imgtool::cli {
 
 struct ImageSpec {
-  std::string filename;          // as the user gave it (relative to cwd)
-  std::string format;            // -f; empty = probe
-  bool image_opts = false;       // filename is an --image-opts string
+  std::string filename;     // as the user gave it (relative to cwd)
+  std::string format;       // -f; empty = probe
+  bool image_opts = false;  // filename is an --image-opts string
   std::string cache = "writeback";
   bool read_only = true;
-  bool force_share = false;      // -U
+  bool force_share = false;  // -U
   // A read-only open that keeps writers out (QEMU's BDRV_O_NO_SHARE, used
   // for convert's sources unless -U); other read-only opens of raw images
   // share write. qcow2 images always keep writers out unless -U.
@@ -53,7 +53,7 @@ struct ImageSpec {
   // clusters the image does not allocate then read as zeroes.
   bool no_backing = false;
   io::EngineKind aio = io::EngineKind::kAuto;
-  int queue_depth = 64;          // requests the command keeps in flight
+  int queue_depth = 64;  // requests the command keeps in flight
 };
 
 struct OpenedImage {

@@ -73,7 +73,8 @@ constexpr char kHelp[] =
     "Runs qemu-io commands on an image (the lines of standard input if no -c "
     "is given).\n"
     "  -c, --cmd CMD          run CMD (may be repeated; run in order)\n"
-    "  -f, --format FMT       image format (raw, file); probed if absent\n"
+    "  -f, --format FMT       image format (raw, file, qcow2); probed if "
+    "absent\n"
     "  -r, --read-only        open the image read-only\n"
     "  -n, --nocache          short for -t none\n"
     "  -t, --cache MODE       none, writeback, writethrough (default), "
@@ -1229,8 +1230,8 @@ bool Session::CmdInfo(const CommandDef&, std::vector<std::string>&) {
       (sectors_bytes + l1_coverage - 1) / l1_coverage * l1_coverage;
   const bool v3 = q->header().version >= 3;
   auto flag = [](bool b) { return b ? "true" : "false"; };
-  out() << "cluster size: " << HumanBytes(static_cast<double>(q->cluster_size()))
-        << "\n"
+  out() << "cluster size: "
+        << HumanBytes(static_cast<double>(q->cluster_size())) << "\n"
         << "vm state offset: " << HumanBytes(static_cast<double>(vm_state))
         << "\n"
         << "Format specific information:\n"

@@ -1,5 +1,6 @@
-// RunMap called directly on files with a known layout: the exact lines
-// qemu-img 7.2 prints for them (human and JSON).
+// RunMap called directly on files with a known layout (raw files, qcow2
+// images and backing chains): the exact lines qemu-img 7.2 prints for them
+// (human and JSON).
 #include <unistd.h>
 
 #include <string>
@@ -26,6 +27,10 @@ class MapTest : public ::testing::Test {
   void SetUp() override { ASSERT_EQ(chdir(MakeTestDir().c_str()), 0); }
   static CommandResult Map(const std::vector<std::string>& args) {
     return testing::RunCommand(RunMap, args);
+  }
+  static CommandResult Run(CommandFn command,
+                           const std::vector<std::string>& args) {
+    return testing::RunCommand(command, args);
   }
   // 1 MiB with data at [64K, 128K) and [512K, 576K).
   static void MakeHoles() {
@@ -148,6 +153,75 @@ TEST_F(MapTest, Errors) {
   EXPECT_EQ(ExitCodeOf(r.status), 1);
   EXPECT_EQ(Map({"x.raw", "y.raw"}).status.message(),
             "Expecting one image file name");
+}
+
+// raw <- qcow2 <- qcow2, made with imgtool's create and io: depth counts
+// from the top, the File column names the file holding the data, a zero
+// cluster has no offset, and past the end of the shorter backing file the
+// image reads zeroes "not present" at the depth of the last image covering
+// it (as qemu-img 7.2 prints it on the same files).
+TEST_F(MapTest, Qcow2BackingChain) {
+  MakeSparseFile("base.raw", 1 << 20);
+  WriteBytes("base.raw", 0, 64 << 10, 'x');
+  ASSERT_TRUE(Run(RunCreate, {"-q", "-f", "qcow2", "-b", "base.raw", "-F",
+                              "raw", "mid.qcow2", "2M"})
+                  .status.ok());
+  ASSERT_TRUE(Run(RunIo, {"-c", "write -q -P 1 128k 64k", "-c",
+                          "write -q -z 256k 64k", "mid.qcow2"})
+                  .status.ok());
+  ASSERT_TRUE(Run(RunCreate, {"-q", "-f", "qcow2", "-b", "mid.qcow2", "-F",
+                              "qcow2", "top.qcow2"})
+                  .status.ok());
+  CommandResult r = Map({"top.qcow2"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.out, std::string(kHeader) +
+                       "0               0x10000         0               "
+                       "base.raw\n"
+                       "0x20000         0x10000         0x50000         "
+                       "mid.qcow2\n");
+  r = Map({"--output=json", "top.qcow2"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.out,
+            "[{ \"start\": 0, \"length\": 65536, \"depth\": 2, \"present\": "
+            "true, \"zero\": false, \"data\": true, \"offset\": 0},\n"
+            "{ \"start\": 65536, \"length\": 65536, \"depth\": 2, "
+            "\"present\": true, \"zero\": true, \"data\": false, "
+            "\"offset\": 65536},\n"
+            "{ \"start\": 131072, \"length\": 65536, \"depth\": 1, "
+            "\"present\": true, \"zero\": false, \"data\": true, "
+            "\"offset\": 327680},\n"
+            "{ \"start\": 196608, \"length\": 65536, \"depth\": 2, "
+            "\"present\": true, \"zero\": true, \"data\": false, "
+            "\"offset\": 196608},\n"
+            "{ \"start\": 262144, \"length\": 65536, \"depth\": 1, "
+            "\"present\": true, \"zero\": true, \"data\": false},\n"
+            "{ \"start\": 327680, \"length\": 720896, \"depth\": 2, "
+            "\"present\": true, \"zero\": true, \"data\": false, "
+            "\"offset\": 327680},\n"
+            "{ \"start\": 1048576, \"length\": 1048576, \"depth\": 1, "
+            "\"present\": false, \"zero\": true, \"data\": false}]\n");
+}
+
+// Compressed clusters have no host offset: human output stops with
+// qemu-img's error after the header; JSON leaves the offset out.
+TEST_F(MapTest, Qcow2CompressedClusters) {
+  MakeSparseFile("x.raw", 1 << 20);
+  WriteBytes("x.raw", 0, 64 << 10, 'x');
+  ASSERT_TRUE(
+      Run(RunConvert, {"-c", "-O", "qcow2", "x.raw", "c.qcow2"}).status.ok());
+  CommandResult r = Map({"c.qcow2"});
+  EXPECT_EQ(r.out, kHeader);
+  EXPECT_EQ(r.stderr_text(),
+            "imgtool: File contains external, encrypted or compressed "
+            "clusters.\n");
+  EXPECT_EQ(ExitCodeOf(r.status), 1);
+  r = Map({"--output=json", "c.qcow2"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.out,
+            "[{ \"start\": 0, \"length\": 65536, \"depth\": 0, \"present\": "
+            "true, \"zero\": false, \"data\": true},\n"
+            "{ \"start\": 65536, \"length\": 983040, \"depth\": 0, "
+            "\"present\": false, \"zero\": true, \"data\": false}]\n");
 }
 
 }  // namespace

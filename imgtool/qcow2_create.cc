@@ -84,8 +84,8 @@ constexpr OptionDesc kOptions[] = {
     {"refcount_bits", OptionType::kNumber,
      "Width of a reference count entry in bits", "16"},
     // The file protocol's own.
-    {"nocow", OptionType::kBool,
-     "Turn off copy-on-write (valid only on btrfs)", nullptr},
+    {"nocow", OptionType::kBool, "Turn off copy-on-write (valid only on btrfs)",
+     nullptr},
     {"extent_size_hint", OptionType::kSize,
      "Extent size hint for the image file, 0 to disable", nullptr},
 };
@@ -263,10 +263,18 @@ std::string Qcow2OptionHelp(bool with_protocol) {
   for (const OptionDesc* d : list) {
     const char* type = "";
     switch (d->type) {
-      case OptionType::kSize: type = "<size>"; break;
-      case OptionType::kNumber: type = "<num>"; break;
-      case OptionType::kBool: type = "<bool (on/off)>"; break;
-      case OptionType::kString: type = "<str>"; break;
+      case OptionType::kSize:
+        type = "<size>";
+        break;
+      case OptionType::kNumber:
+        type = "<num>";
+        break;
+      case OptionType::kBool:
+        type = "<bool (on/off)>";
+        break;
+      case OptionType::kString:
+        type = "<str>";
+        break;
     }
     char line[256];
     std::snprintf(line, sizeof(line), "  %-22s - %s\n",
@@ -298,8 +306,8 @@ absl::Status CreateQcow2File(const std::string& filename,
         "encrypt.ivgen-hash-alg", "encrypt.hash-alg", "encrypt.iter-time",
         "data_file"}) {
     if (values.Has(key)) {
-      return absl::UnimplementedError(absl::StrCat(
-          "The qcow2 option '", key, "' is not supported yet"));
+      return absl::UnimplementedError(
+          absl::StrCat("The qcow2 option '", key, "' is not supported yet"));
     }
   }
 

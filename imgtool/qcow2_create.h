@@ -41,7 +41,7 @@ class Qcow2CreateValues {
   bool Has(const std::string& key) const { return values_.count(key) != 0; }
   std::optional<std::string> Text(const std::string& key) const;
   uint64_t Number(const std::string& key) const;  // 0 if unset
-  bool Flag(const std::string& key) const;         // false if unset
+  bool Flag(const std::string& key) const;        // false if unset
 
   // qemu-img's "Formatting '<file>', fmt=qcow2 ..." line without newline:
   // every option that is set or has a default, in QEMU's list order; sizes

@@ -69,6 +69,41 @@ TEST_F(ResizeTest, GrowsKeepingData) {
   ExpectGrownFrom1M(3 << 20);
 }
 
+// qcow2: the header's size changes, data is kept; sizes must be whole
+// sectors; metadata preallocation is a qcow2 mode; no probing warning.
+TEST_F(ResizeTest, Qcow2) {
+  ASSERT_TRUE(testing::RunCommand(RunCreate, {"-q", "-f", "qcow2", "q.qcow2",
+                                              "1M"})
+                  .status.ok());
+  ASSERT_TRUE(testing::RunCommand(RunIo, {"-c", "write -q -P 7 0 64k",
+                                          "q.qcow2"})
+                  .status.ok());
+  auto virtual_size = [] {
+    const std::string head = ReadFile("q.qcow2").substr(24, 8);
+    uint64_t v = 0;
+    for (char c : head) v = (v << 8) | static_cast<uint8_t>(c);
+    return v;
+  };
+  CommandResult r = Resize({"q.qcow2", "+1M"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.out, "Image resized.\n");
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(virtual_size(), 2u << 20);
+  r = Resize({"q.qcow2", "+1000"});
+  EXPECT_EQ(r.stderr_text(),
+            "imgtool: The new size must be a multiple of 512\n");
+  EXPECT_EQ(Resize({"q.qcow2", "1M"}).stderr_text(), kShrinkError);
+  r = Resize({"--preallocation=metadata", "q.qcow2", "4M"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(virtual_size(), 4u << 20);
+  r = Resize({"--shrink", "q.qcow2", "64k"});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(virtual_size(), 64u << 10);
+  r = testing::RunCommand(RunIo, {"-c", "read -q -P 7 0 64k", "q.qcow2"});
+  EXPECT_TRUE(r.status.ok()) << r.out;
+  EXPECT_EQ(r.out, "");
+}
+
 TEST_F(ResizeTest, ProbedImageWarnsLikeQemuImg) {
   CommandResult r = Resize({"x.raw", "+1M"});
   ASSERT_TRUE(r.status.ok()) << r.status;

@@ -89,6 +89,11 @@ qio() { qemu-io "$@" >/dev/null || echo "SETUP FAILED: qemu-io $*"; }
   printf '\x02' | dd of=corrupt.qcow2 bs=1 seek=79 conv=notrunc status=none
   mk -o extended_l2=on,cluster_size=128k ext.qcow2 4M
   qio -c 'write -P 9 4k 4k' -c 'write -z 1M 16k' ext.qcow2
+  # Internal snapshots (info lists them; the other commands keep them).
+  cp c64k.qcow2 snap.qcow2
+  qemu-img snapshot -c first snap.qcow2
+  qio -c 'write -P 20 0 64k' snap.qcow2
+  qemu-img snapshot -c 'second one' snap.qcow2
   mk -o preallocation=metadata,cluster_size=4k pm.qcow2 3M
   qio -c 'write -P 8 8k 8k' pm.qcow2
   mk -o preallocation=falloc pf.qcow2 1M
@@ -119,7 +124,7 @@ qio() { qemu-io "$@" >/dev/null || echo "SETUP FAILED: qemu-io $*"; }
   truncate -s 2M plain.raw
 )
 qcow2_images="c512 c4k c64k c2M comp512 comp4k comp64k comp2M mixed v2 dirty
-  corrupt ext pm pf mid top sub/ov nofmt orphan badfmt mine mine-ov"
+  corrupt ext pm pf mid top sub/ov nofmt orphan badfmt mine mine-ov snap"
 
 echo "== info"
 for f in $qcow2_images; do
@@ -196,7 +201,8 @@ for args in "-O qcow2 c64k.qcow2 o.qcow2" "-O qcow2 comp64k.qcow2 o.qcow2" \
   "-O qcow2 -B gone.qcow2 -F qcow2 top.qcow2 o.qcow2" \
   "-O qcow2 -c -o preallocation=full c4k.qcow2 o.qcow2" "-O raw -c c4k.qcow2 o.raw" \
   "-O qcow2 -o help" "-O qcow2 -o help c4k.qcow2 o.qcow2" \
-  "-n -O qcow2 c4k.qcow2 c64k.qcow2" "-O qcow2 orphan.qcow2 o.qcow2"; do
+  "-n -O qcow2 c4k.qcow2 c64k.qcow2" "-O qcow2 orphan.qcow2 o.qcow2" \
+  "-O qcow2 snap.qcow2 o.qcow2"; do
   eval same_effect copy convert "$args"
 done
 # Out of order writes: same contents, layout may differ.
@@ -264,7 +270,8 @@ for args in "c64k.qcow2 16M" "c512.qcow2 +1M" "c64k.qcow2 +1000" "c64k.qcow2 100
   "v2.qcow2 8M" "--shrink mixed.qcow2 1M" "top.qcow2 10M" "--shrink top.qcow2 1M" \
   "dirty.qcow2 4M" "corrupt.qcow2 16M" "-f raw c64k.qcow2 16M" \
   "mine.qcow2 1G" "pm.qcow2 5M" "ext.qcow2 8M" "--shrink ext.qcow2 1M" \
-  "orphan.qcow2 2M" "-f qcow2 plain.raw 4M"; do
+  "orphan.qcow2 2M" "-f qcow2 plain.raw 4M" "snap.qcow2 16M" \
+  "--shrink snap.qcow2 1M"; do
   eval same_contents copy resize "$args"
 done
 
