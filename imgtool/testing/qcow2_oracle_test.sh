@@ -148,8 +148,8 @@ for f in $qcow2_images; do
   same_output "$D" map --output=json $f.qcow2
 done
 for f in c512 c64k comp4k mixed top sub/ov mine-ov; do
-  for start in 0 1000 65536 1048577 5000000; do
-    for len in "" 0 4097 1M; do
+  for start in 0 1000 1048577; do
+    for len in "" 0 4097; do
       same_output "$D" map --output=json --start-offset=$start \
         ${len:+--max-length=$len} $f.qcow2
     done
@@ -342,6 +342,8 @@ echo "== locked image"
 L="$WORK/locked"
 mkdir -p "$L"
 qemu-img create -q -f qcow2 "$L/in-use.qcow2" 1M
+truncate -s 1M "$L/src.raw"
+before=$(md5sum <"$L/in-use.qcow2")
 qemu-io -c 'sleep 8000' "$L/in-use.qcow2" >/dev/null 2>&1 &
 holder=$!
 for _ in $(seq 50); do
@@ -350,10 +352,14 @@ for _ in $(seq 50); do
 done
 for args in "info in-use.qcow2" "map in-use.qcow2" "info -U in-use.qcow2" \
   "map -U --output=json in-use.qcow2" "check in-use.qcow2" \
-  "resize in-use.qcow2 2M" "compare -U in-use.qcow2 in-use.qcow2"; do
+  "resize in-use.qcow2 2M" "compare -U in-use.qcow2 in-use.qcow2" \
+  "create -f qcow2 in-use.qcow2 1M" "convert -O qcow2 src.raw in-use.qcow2"; do
   eval same_output "$L" "$args"
 done
 kill "$holder" 2>/dev/null
 wait "$holder" 2>/dev/null
+checks=$((checks + 1))
+[[ "$(md5sum <"$L/in-use.qcow2")" == "$before" ]] ||
+  fail "the locked image was changed"
 
 finish
