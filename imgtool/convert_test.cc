@@ -1,4 +1,5 @@
-// RunConvert called directly on raw files with known layouts: the copy is
+// RunConvert called directly on raw files with known layouts (and qcow2
+// targets made from them): the copy is
 // byte-identical, stays sparse (holes, zero-filled data extents and zeroes
 // scattered through data become holes), zeroes are never written to a
 // target known to be zero, and the messages, progress lines and errors are
@@ -292,6 +293,55 @@ TEST_F(ConvertTest, Errors) {
   CommandResult r = Convert({"-t", "foo", "src.raw", "t.raw"});
   EXPECT_EQ(r.status.message(), "Invalid cache option: foo");
   EXPECT_TRUE(Exists("t.raw"));
+}
+
+// raw -> qcow2 -> raw (plain and compressed): the same bytes, and the
+// qcow2 target skips the zero ranges (a new qcow2 image reads as zeroes).
+TEST_F(ConvertTest, Qcow2RoundTrip) {
+  MakeScattered("src.raw");
+  for (const char* compress : {"", "-c"}) {
+    std::vector<std::string> args = {"-O", "qcow2", "src.raw", "q.qcow2"};
+    if (*compress != '\0') args.insert(args.begin(), compress);
+    CommandResult r = Convert(args);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(ReadFile("q.qcow2").substr(0, 4), "QFI\xfb");
+    CommandResult c = Compare({"-f", "raw", "-F", "qcow2", "src.raw",
+                               "q.qcow2"});
+    EXPECT_EQ(c.out, "Images are identical.\n") << compress;
+    r = Convert({"-f", "qcow2", "q.qcow2", "back.raw"});
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(ReadFile("back.raw"), ReadFile("src.raw")) << compress;
+  }
+  // Uncompressed: the 4 KiB at 0 and the 512 KiB of scattered data at
+  // 3 MiB take nine 64 KiB clusters; with the metadata, under 1 MiB.
+  ASSERT_TRUE(Convert({"-O", "qcow2", "src.raw", "p.qcow2"}).status.ok());
+  EXPECT_LT(FileSize("p.qcow2"), 1 * kMiB);
+}
+
+TEST_F(ConvertTest, Qcow2TargetErrors) {
+  MakeSparseFile("src.raw", 1 * kMiB);
+  CommandResult r = Convert({"-O", "qcow2", "-B", "base.raw", "src.raw",
+                             "d.qcow2"});
+  EXPECT_EQ(r.status.message(),
+            "Use of backing file requires explicit backing format");
+  r = Convert({"-O", "qcow2", "-o", "cluster_size=1000", "src.raw",
+               "d.qcow2"});
+  EXPECT_EQ(r.status.message(),
+            "d.qcow2: error while converting qcow2: Cluster size must be a "
+            "power of two between 512 and 2048k");
+  EXPECT_FALSE(Exists("d.qcow2"));
+  r = Convert({"-c", "src.raw", "d.raw"});
+  EXPECT_EQ(r.status.message(),
+            "Compression not supported for this file format");
+  r = Convert({"-O", "qcow2", "-c", "-o", "preallocation=full", "src.raw",
+               "d.qcow2"});
+  EXPECT_EQ(r.status.message(),
+            "Compression and preallocation not supported at the same time");
+  r = Convert({"-O", "qcow2", "-o", "help"});
+  EXPECT_THAT(r.out, HasSubstr("Supported qcow2 options:\n"
+                               "  backing_file=<str>     - File name of a "
+                               "base image\n"));
 }
 
 TEST_F(ConvertTest, OptionHelpListsTheCreateOptions) {
