@@ -1,0 +1,137 @@
+#include "benchmarks/suite.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "base/errno_status.h"
+
+ABSL_FLAG(bool, quick, false, "smoke-run sizes (about 10 s per suite)");
+ABSL_FLAG(std::string, imgtool_commit, "unknown",
+          "commit the binaries were built from (context key imgtool_commit)");
+
+extern char** environ;
+
+namespace imgtool::benchmarks {
+
+std::string BenchName(absl::string_view suite,
+                      const std::vector<Label>& labels) {
+  std::string name(suite);
+  for (const Label& l : labels) absl::StrAppend(&name, "/", l.first, ":", l.second);
+  return name;
+}
+
+std::string InitSuite(int argc, char** argv, absl::string_view usage) {
+  // Default --benchmark_min_time before the user's flags, so theirs win.
+  std::vector<char*> args;
+  args.push_back(argv[0]);
+  static char min_time[] = "--benchmark_min_time=0.05";
+  args.push_back(min_time);
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  int n = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  benchmark::Initialize(&n, args.data());
+  absl::SetProgramUsageMessage(usage);
+  std::vector<char*> rest = absl::ParseCommandLine(n, args.data());
+  if (rest.size() > 1) {
+    std::fprintf(stderr, "%s: unexpected argument '%s'\n", argv[0], rest[1]);
+    std::exit(1);
+  }
+  return argv[0];
+}
+
+bool Quick() { return absl::GetFlag(FLAGS_quick); }
+
+void AddSuiteContext(absl::string_view suite, absl::string_view filesystems) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  struct utsname uts = {};
+  uname(&uts);
+  double load[1] = {0};
+  getloadavg(load, 1);
+  benchmark::AddCustomContext("suite", std::string(suite));
+  benchmark::AddCustomContext("machine", host);
+  benchmark::AddCustomContext("kernel", uts.release);
+  benchmark::AddCustomContext("filesystems", std::string(filesystems));
+  benchmark::AddCustomContext("imgtool_commit",
+                              absl::GetFlag(FLAGS_imgtool_commit));
+#ifdef NDEBUG
+  benchmark::AddCustomContext("build", "opt");
+#else
+  benchmark::AddCustomContext("build", "fastbuild");
+#endif
+  benchmark::AddCustomContext("quick", Quick() ? "true" : "false");
+  benchmark::AddCustomContext("load_avg_start", absl::StrFormat("%.2f", load[0]));
+}
+
+absl::StatusOr<uint64_t> AllocatedBytes(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return ErrnoStatus(path, "stat", errno);
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv,
+                                       bool merge_stderr) {
+  char out_name[] = "/tmp/imgtool-bench-out-XXXXXX";
+  const int out_fd = mkstemp(out_name);
+  if (out_fd < 0) return ErrnoStatus(out_name, "mkstemp", errno);
+  unlink(out_name);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out_fd, STDOUT_FILENO);
+  if (merge_stderr) {
+    posix_spawn_file_actions_adddup2(&actions, out_fd, STDERR_FILENO);
+  }
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null",
+                                   O_RDONLY, 0);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid;
+  const int error =
+      posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (error != 0) {
+    close(out_fd);
+    return ErrnoStatus(argv[0], "posix_spawn", error);
+  }
+  int wstatus = 0;
+  while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  std::string out;
+  char buf[8192];
+  ssize_t got;
+  while ((got = pread(out_fd, buf, sizeof(buf), out.size())) > 0) {
+    out.append(buf, got);
+  }
+  close(out_fd);
+  if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) return out;
+  return absl::InternalError(absl::StrCat(
+      "`", absl::StrJoin(argv, " "), "` failed (",
+      WIFEXITED(wstatus) ? absl::StrCat("exit ", WEXITSTATUS(wstatus))
+                         : absl::StrCat("signal ", WTERMSIG(wstatus)),
+      "): ", absl::StripAsciiWhitespace(out)));
+}
+
+void RunSuite() {
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+}
+
+}  // namespace imgtool::benchmarks
