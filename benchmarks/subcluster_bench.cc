@@ -2,22 +2,25 @@
 // public subcluster measurement (shared/reference/subclusters.md §9,
 // "backing" rows) as a Google Benchmark on a real XFS loop mount.
 //
-//   BM_OverlayRandomWrites/cluster:C/extended_l2:E
+//   subcluster/fs:xfs/cluster:C/extended_l2:E   (suite `subcluster`)
 //       A fresh qcow2 overlay (cluster size C, extended L2 off/on) over a
 //       fully written raw backing file, opened with cache=none like
-//       `qemu-img bench -t none`, gets --count 4 KiB writes, 64 in flight,
-//       at offsets i * 4 KiB * 1021 modulo the virtual size (so they spread
+//       `qemu-img bench -t none`, gets N 4 KiB writes, 64 in flight, at
+//       offsets i * 4 KiB * 1021 modulo the virtual size (so they spread
 //       over the whole disk and almost all land in different clusters).
-//       Counters: `IOPS` (writes per second of the write phase) and
-//       `backing_read_bytes` (bytes the driver read from the backing file,
-//       i.e. copy-on-write traffic, per iteration). Overlay creation and
+//       N = min(--count, max(256, --cow_mib / C)) bounds the whole-cluster
+//       copies of big standard clusters (as subcluster_side_by_side.sh).
+//       Counters: `seconds` (the write phase), `IOPS` (N / seconds),
+//       `bytes_from_backing` (bytes the driver read from the backing file,
+//       i.e. copy-on-write traffic) and `writes` (N). Overlay creation and
 //       close are not timed.
 //
+// Result file contract: benchmarks/README.md ("Result files").
 // Run (root; the mount needs it):
-//   bazel run -c opt //benchmarks:subcluster_bench -- [--base_mib=256]
-//       [--count=2000] [--benchmark_format=json]
-// --base_mib sets the backing file and virtual disk size (default 256 MiB);
-// the mount is 3x that plus 512 MiB.
+//   bazel run //benchmarks:subcluster_bench -- [--base_mib=1024]
+//       [--count=4000] [--cow_mib=512] [--quick] [--benchmark_format=json]
+// --base_mib sets the backing file and virtual disk size; the mount is 3x
+// that plus 512 MiB. --quick: 64 MiB, 500 writes, --cow_mib 64.
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +38,9 @@
 #include "base/status_macros.h"
 #include "base/testing/loop_mount.h"
 #include "benchmark/benchmark.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "benchmarks/suite.h"
 #include "benchmarks/workloads.h"
 #include "io/aligned_buffer.h"
 #include "io/block_node.h"
@@ -46,6 +52,13 @@
 #include "qcow2/qcow2_node.h"
 #include "qcow2/qcow2_options.pb.h"
 
+ABSL_FLAG(uint64_t, base_mib, 1024,
+          "backing file and virtual disk size in MiB (--quick: 64)");
+ABSL_FLAG(int, count, 4000, "most 4 KiB writes per iteration (--quick: 500)");
+ABSL_FLAG(uint64_t, cow_mib, 512,
+          "writes per cell are at most this over the cluster size, at least "
+          "256 (--quick: 64)");
+
 namespace imgtool::benchmarks {
 namespace {
 
@@ -53,8 +66,9 @@ constexpr uint64_t kRequest = 4096;
 constexpr uint64_t kStep = kRequest * 1021;  // odd multiple: no repeats
 constexpr int kDepth = 64;
 
-uint64_t g_base_size = 256ull << 20;
-int g_count = 2000;
+uint64_t g_base_size = 0;
+int g_count = 0;
+uint64_t g_cow_bytes = 0;
 std::string g_dir;  // the XFS mount point
 std::string g_base;  // the raw backing file
 
@@ -205,9 +219,10 @@ absl::Status RandomWrites(io::Engine& engine, io::BlockNode& node, int count) {
   return s.error;
 }
 
-void BM_OverlayRandomWrites(benchmark::State& state) {
-  const uint64_t cluster_size = static_cast<uint64_t>(state.range(0));
-  const bool extended_l2 = state.range(1) != 0;
+void BM_OverlayRandomWrites(benchmark::State& state, uint64_t cluster_size,
+                            bool extended_l2) {
+  const int count = static_cast<int>(std::min<uint64_t>(
+      g_count, std::max<uint64_t>(256, g_cow_bytes / cluster_size)));
   const std::string path = g_dir + "/overlay.qcow2";
   uint64_t backing_read_bytes = 0;
   double seconds = 0;
@@ -223,7 +238,7 @@ void BM_OverlayRandomWrites(benchmark::State& state) {
     }
     const auto start = std::chrono::steady_clock::now();
     state.ResumeTiming();
-    st = RandomWrites(*overlay->engine, *overlay->node, g_count);
+    st = RandomWrites(*overlay->engine, *overlay->node, count);
     state.PauseTiming();
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                              start)
@@ -241,56 +256,25 @@ void BM_OverlayRandomWrites(benchmark::State& state) {
   }
   unlink(path.c_str());
   const double iterations = static_cast<double>(state.iterations());
-  state.counters["IOPS"] =
-      seconds > 0 ? iterations * g_count / seconds : 0.0;
-  state.counters["backing_read_bytes"] =
-      iterations > 0 ? backing_read_bytes / iterations : 0.0;
-  state.SetItemsProcessed(state.iterations() * g_count);
-}
-
-void Args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"cluster", "extended_l2"});
-  for (int64_t c = 4096; c <= (2 << 20); c *= 2) {
-    if (c == 8192) continue;  // the public table's sizes: 4k, 16k..2M
-    b->Args({c, 0});
-    if (c >= 16384) b->Args({c, 1});
-  }
-}
-
-BENCHMARK(BM_OverlayRandomWrites)
-    ->Apply(Args)
-    ->Iterations(3)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-
-absl::Status MakeBase(const std::string& path) {
-  ASSIGN_OR_RETURN(RawImage image, CreateAndOpenRaw(path, g_base_size, 0));
-  absl::Status st = WriteStrided(*image.engine, *image.node, 0, g_base_size,
-                                 1 << 20, 1 << 20, 8, 0xaa);
-  absl::Status closed = CloseRaw(image);
-  RETURN_IF_ERROR(st);
-  return closed;
+  if (iterations == 0 || seconds <= 0) return;
+  state.counters["seconds"] = seconds / iterations;
+  state.counters["IOPS"] = iterations * count / seconds;
+  state.counters["bytes_from_backing"] = backing_read_bytes / iterations;
+  state.counters["writes"] = count;
 }
 
 }  // namespace
 }  // namespace imgtool::benchmarks
 
 int main(int argc, char** argv) {
-  using imgtool::benchmarks::g_base_size;
-  using imgtool::benchmarks::g_count;
-  int kept = 1;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--base_mib=", 11) == 0) {
-      g_base_size = std::strtoull(argv[i] + 11, nullptr, 10) << 20;
-    } else if (std::strncmp(argv[i], "--count=", 8) == 0) {
-      g_count = std::atoi(argv[i] + 8);
-    } else {
-      argv[kept++] = argv[i];
-    }
-  }
-  argc = kept;
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  using namespace imgtool::benchmarks;
+  InitSuite(argc, argv,
+            "subcluster_bench: qcow2 cluster size x extended_l2, 4 KiB random "
+            "writes onto an overlay (root). Result file contract: "
+            "benchmarks/README.md");
+  g_base_size = (Quick() ? 64 : absl::GetFlag(FLAGS_base_mib)) << 20;
+  g_count = Quick() ? 500 : absl::GetFlag(FLAGS_count);
+  g_cow_bytes = (Quick() ? 64 : absl::GetFlag(FLAGS_cow_mib)) << 20;
   if (g_base_size < (4u << 20) || g_count < 1) {
     std::fprintf(stderr, "subcluster_bench: --base_mib >= 4, --count >= 1\n");
     return 1;
@@ -304,18 +288,32 @@ int main(int argc, char** argv) {
                  std::string(mount.status().ToString()).c_str());
     return 1;
   }
-  imgtool::benchmarks::g_dir = (*mount)->path();
-  imgtool::benchmarks::g_base = imgtool::benchmarks::g_dir + "/base.raw";
-  absl::Status st = imgtool::benchmarks::MakeBase(imgtool::benchmarks::g_base);
+  g_dir = (*mount)->path();
+  g_base = g_dir + "/base.raw";
+  absl::Status st = CreateFullRaw(g_base, g_base_size);
   if (!st.ok()) {
     std::fprintf(stderr, "subcluster_bench: backing file: %s\n",
                  std::string(st.ToString()).c_str());
     return 1;
   }
-  benchmark::AddCustomContext("base_bytes", std::to_string(g_base_size));
-  benchmark::AddCustomContext("writes_per_iteration", std::to_string(g_count));
-  benchmark::AddCustomContext("filesystem", "xfs (loop)");
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
+  // The public table's sizes: 4k, 16k..2M; extended L2 needs >= 16k.
+  for (uint64_t c = 4096; c <= (2u << 20); c *= 2) {
+    if (c == 8192) continue;
+    for (bool extended_l2 : {false, true}) {
+      if (extended_l2 && c < 16384) continue;
+      benchmark::RegisterBenchmark(
+          BenchName("subcluster", {{"fs", "xfs"},
+                                   {"cluster", absl::StrCat(c)},
+                                   {"extended_l2", extended_l2 ? "on" : "off"}})
+              .c_str(),
+          BM_OverlayRandomWrites, c, extended_l2)
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  AddSuiteContext("subcluster", "xfs");
+  benchmark::AddCustomContext("base_bytes", absl::StrCat(g_base_size));
+  benchmark::AddCustomContext("max_writes_per_iteration", absl::StrCat(g_count));
+  benchmark::AddCustomContext("cow_bytes", absl::StrCat(g_cow_bytes));
+  RunSuite();
   return 0;
 }

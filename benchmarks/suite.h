@@ -26,10 +26,10 @@ using Label = std::pair<std::string, std::string>;
 std::string BenchName(absl::string_view suite, const std::vector<Label>& labels);
 
 // Parses the command line: Google Benchmark's flags first (defaulting
-// --benchmark_min_time to 0.05 s unless given), then the suite's Abseil
-// flags (ABSL_FLAG in the suite's .cc, plus the shared --quick and
-// --imgtool_commit). Exits with a usage message on unknown flags or
-// positional arguments. Returns the program name.
+// --benchmark_min_time to 1 us unless given: one iteration per repetition),
+// then the suite's Abseil flags (ABSL_FLAG in the suite's .cc, plus the
+// shared --quick and --imgtool_commit). Exits with a usage message on
+// unknown flags or positional arguments. Returns the program name (argv[0]).
 std::string InitSuite(int argc, char** argv, absl::string_view usage);
 
 // True when --quick was given (smoke-run sizes).

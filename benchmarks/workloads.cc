@@ -117,4 +117,13 @@ absl::Status CloseRaw(RawImage& image) {
   return st;
 }
 
+absl::Status CreateFullRaw(const std::string& path, uint64_t size) {
+  ASSIGN_OR_RETURN(RawImage image, CreateAndOpenRaw(path, size, 0));
+  absl::Status st = WriteStrided(*image.engine, *image.node, 0, size, 1 << 20,
+                                 1 << 20, 8, 0xaa);
+  absl::Status closed = CloseRaw(image);
+  RETURN_IF_ERROR(st);
+  return closed;
+}
+
 }  // namespace imgtool::benchmarks

@@ -61,6 +61,11 @@ absl::StatusOr<RawImage> OpenRaw(const std::string& path,
 // Closes the node (errors are returned) and drops the engine.
 absl::Status CloseRaw(RawImage& image);
 
+// Creates `path` as a raw image of `size` bytes (no extent size hint) and
+// writes all of it with 0xaa in 1 MiB requests, 8 in flight: a backing file
+// or a fully allocated file to read and overwrite.
+absl::Status CreateFullRaw(const std::string& path, uint64_t size);
+
 }  // namespace imgtool::benchmarks
 
 #endif  // IMGTOOL_BENCHMARKS_WORKLOADS_H_

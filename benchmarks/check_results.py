@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Checks benchmark result files against the contract in benchmarks/README.md
+("Result files"): file name, context keys, benchmark names (labels per suite),
+counters per suite, repetitions and aggregates.
+
+Usage: check_results.py FILE.json...   (exit 0 if all follow it; else one line
+per problem on stderr, naming the file, and exit 1).
+"""
+import json
+import math
+import os
+import sys
+
+CONTEXT_KEYS = ["suite", "machine", "kernel", "filesystems", "imgtool_commit",
+                "build", "quick", "load_avg_start"]
+FILESYSTEMS = {"xfs", "ext4", "ext4_noextents"}
+# suite -> (label keys in order, function(labels) -> required counters)
+SUITES = {
+    "hint": (["fs", "hint", "op"],
+             lambda l: {"seconds", "MiB_per_s", "extents"} if l["op"] == "write"
+             else {"seconds", "extents", "answers"}),
+    "create_prealloc": (["fs", "fmt", "prealloc"],
+                        lambda l: {"seconds", "syscalls", "allocated_bytes"}),
+    "prealloc_filter": (["fs", "filter", "write"],
+                        lambda l: {"seconds", "MiB_per_s", "IOPS", "extents"}),
+    "subcluster": (["fs", "cluster", "extended_l2"],
+                   lambda l: {"seconds", "IOPS", "bytes_from_backing"}),
+    "engine": (["fs", "op", "engine", "depth", "tool"],
+               lambda l: {"seconds", "IOPS", "MiB_per_s"}),
+}
+AGGREGATES = {"mean", "median", "stddev", "cv"}
+GB_FIELDS = {"name", "family_index", "per_family_instance_index", "run_name",
+             "run_type", "repetitions", "repetition_index", "threads",
+             "aggregate_name", "aggregate_unit", "iterations", "real_time",
+             "cpu_time", "time_unit", "error_occurred", "error_message",
+             "label", "bytes_per_second", "items_per_second"}
+
+
+def check(path):
+    problems = []
+
+    def bad(msg):
+        problems.append(f"{path}: {msg}")
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        return [f"{path}: not readable JSON: {e}"]
+    ctx = data.get("context")
+    benches = data.get("benchmarks")
+    if not isinstance(ctx, dict) or not isinstance(benches, list):
+        return [f"{path}: needs a 'context' object and a 'benchmarks' list"]
+    for key in CONTEXT_KEYS:
+        if not isinstance(ctx.get(key), str) or not ctx.get(key):
+            bad(f"context key '{key}' missing or not a non-empty string")
+    suite = ctx.get("suite")
+    if suite not in SUITES:
+        return problems + [f"{path}: unknown suite {suite!r}"]
+    base = os.path.basename(path)
+    if base != f"{suite}-{ctx.get('machine')}.json":
+        bad(f"file name should be {suite}-{ctx.get('machine')}.json")
+    for fs in str(ctx.get("filesystems", "")).split(","):
+        if fs not in FILESYSTEMS:
+            bad(f"context filesystems: unknown filesystem {fs!r}")
+    if ctx.get("build") not in ("opt", "fastbuild"):
+        bad("context build must be opt or fastbuild")
+    if ctx.get("quick") not in ("true", "false"):
+        bad("context quick must be true or false")
+    if not benches:
+        bad("no benchmarks")
+    keys, counters_for = SUITES[suite]
+    runs = {}  # run_name -> [iterations, set of aggregates, repetitions]
+    for b in benches:
+        name, run_name = b.get("name", ""), b.get("run_name", "")
+        parts = run_name.split("/")
+        if parts[0] != suite:
+            bad(f"{name}: does not start with '{suite}/'")
+            continue
+        labels = {}
+        for p in parts[1:]:
+            k, sep, v = p.partition(":")
+            if not sep or not k or not v:
+                bad(f"{name}: part {p!r} is not key:value")
+            labels[k] = v
+        if [p.partition(":")[0] for p in parts[1:]] != keys:
+            bad(f"{name}: labels should be {'/'.join(keys)}")
+            continue
+        r = runs.setdefault(run_name, [0, set(), b.get("repetitions"), False])
+        if b.get("run_type") == "iteration":
+            r[0] += 1
+            if name != run_name:
+                bad(f"{name}: iteration name differs from run_name")
+        elif b.get("run_type") == "aggregate":
+            agg = b.get("aggregate_name")
+            r[1].add(agg)
+            if name != f"{run_name}_{agg}":
+                bad(f"{name}: aggregate name should be {run_name}_{agg}")
+            want_unit = "percentage" if agg == "cv" else "time"
+            if b.get("aggregate_unit") != want_unit:
+                bad(f"{name}: aggregate_unit should be {want_unit}")
+        else:
+            bad(f"{name}: run_type {b.get('run_type')!r}")
+        if b.get("error_occurred"):
+            r[3] = True
+            if not b.get("error_message"):
+                bad(f"{name}: error without error_message")
+            continue
+        counters = {k: v for k, v in b.items() if k not in GB_FIELDS}
+        for c in counters_for(labels):
+            v = counters.get(c)
+            if not isinstance(v, (int, float)) or not math.isfinite(v):
+                bad(f"{name}: counter '{c}' missing or not a finite number")
+            elif v < 0:
+                bad(f"{name}: counter '{c}' is negative")
+        for c, v in counters.items():
+            if not isinstance(v, (int, float)):
+                bad(f"{name}: field '{c}' is not a number")
+    for run_name, (iters, aggs, reps, error) in runs.items():
+        if error:
+            continue  # Google Benchmark stops repeating after an error
+        if reps is not None and iters and iters != reps:
+            bad(f"{run_name}: {iters} iteration entries, repetitions {reps}")
+        if reps is not None and reps > 1 and aggs != AGGREGATES:
+            bad(f"{run_name}: aggregates {sorted(aggs)}, want {sorted(AGGREGATES)}")
+    return problems
+
+
+def main(argv):
+    if len(argv) < 2:
+        print("usage: check_results.py FILE.json...", file=sys.stderr)
+        return 2
+    problems = [p for path in argv[1:] for p in check(path)]
+    for p in problems:
+        print(p, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

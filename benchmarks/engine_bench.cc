@@ -1,0 +1,268 @@
+// Suite `engine`: the I/O engines under posix_file::FileNode (io_uring and the
+// thread pool) at queue depths 1..256, 4 KiB O_DIRECT random reads and writes
+// on a fully written raw file on an XFS loop mount, against fio (io_uring
+// engine, same file, request size and depth) as the ceiling.
+//
+//   engine/fs:xfs/op:O/engine:E/depth:D/tool:imgtool
+//       per iteration: a fresh engine (kind E, queue depth D) and FileNode
+//       (cache=none), then D workers issue 4 KiB requests at random aligned
+//       offsets for --seconds; open and close are not timed.
+//   engine/fs:xfs/op:O/engine:io_uring/depth:D/tool:fio
+//       per iteration: `fio --ioengine=io_uring --iodepth=D --direct=1
+//       --bs=4k --rw=randO --time_based --runtime=--seconds` as a subprocess,
+//       figures from its --output-format=json.
+//   Counters: seconds (the measured run), IOPS, MiB_per_s.
+//
+// Result file contract: benchmarks/README.md ("Result files").
+// Run (root): bazel run //benchmarks:engine_bench -- [--file_mib=1024]
+//     [--seconds=1] [--quick] [--fio=fio]
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "base/status_macros.h"
+#include "base/testing/loop_mount.h"
+#include "benchmark/benchmark.h"
+#include "benchmarks/suite.h"
+#include "benchmarks/workloads.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "io/aligned_buffer.h"
+#include "io/block_node.h"
+#include "io/engine.h"
+#include "io/task.h"
+#include "posix_file/file_node.h"
+#include "posix_file/file_options.pb.h"
+
+ABSL_FLAG(uint64_t, file_mib, 1024, "size of the raw file in MiB (--quick: 64)");
+ABSL_FLAG(double, seconds, 1.0,
+          "run time of each measurement in seconds (--quick: 0.1)");
+ABSL_FLAG(std::string, fio, "fio", "the fio binary; empty: no fio entries");
+
+namespace imgtool::benchmarks {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kRequest = 4096;
+
+uint64_t g_file_size = 0;
+double g_seconds = 0;
+std::string g_path;
+
+struct RunState {
+  io::BlockNode* node = nullptr;
+  bool write = false;
+  uint64_t blocks = 0;  // file size / kRequest
+  Clock::time_point deadline;
+  uint64_t done = 0;
+  int running = 0;
+  absl::Status error;
+};
+
+io::Task<void> Worker(RunState* s, io::IoVec buf, uint64_t seed) {
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;  // xorshift64 state
+  while (s->error.ok() && Clock::now() < s->deadline) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const uint64_t offset = (x % s->blocks) * kRequest;
+    absl::Status st;
+    if (s->write) {
+      st = co_await s->node->Write(offset, buf);
+    } else {
+      st = co_await s->node->Read(offset, buf);
+    }
+    if (!st.ok() && s->error.ok()) s->error = std::move(st);
+    ++s->done;
+  }
+}
+
+// Runs `depth` workers for g_seconds; returns {seconds, requests}.
+absl::StatusOr<std::pair<double, uint64_t>> RunImgtool(io::EngineKind kind,
+                                                       int depth, bool write) {
+  ASSIGN_OR_RETURN(std::unique_ptr<io::Engine> engine,
+                   io::CreateEngine(kind, depth, nullptr));
+  posix_file::FileOpenOptions open;
+  open.set_filename(g_path);
+  open.set_cache("none");
+  ASSIGN_OR_RETURN(std::unique_ptr<posix_file::FileNode> node,
+                   posix_file::FileNode::Open(*engine, open, nullptr));
+  io::AlignedBuffer buffer(depth * kRequest);
+  std::memset(buffer.data(), 0x5a, buffer.size());
+  RunState s;
+  s.node = node.get();
+  s.write = write;
+  s.blocks = g_file_size / kRequest;
+  const Clock::time_point start = Clock::now();
+  s.deadline = start + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(g_seconds));
+  for (int i = 0; i < depth; ++i) {
+    ++s.running;
+    io::Spawn(Worker(&s, buffer.span().subspan(i * kRequest, kRequest), i + 1),
+              [&s] { --s.running; });
+  }
+  absl::Status st;
+  while (s.running > 0 && st.ok()) {
+    if (engine->in_flight() == 0) {
+      st = absl::InternalError("engine_bench: workers stalled");
+      break;
+    }
+    st = engine->Poll(/*wait=*/true);
+  }
+  const double seconds =
+      std::chrono::duration<double>(Clock::now() - start).count();
+  absl::Status closed = io::RunSync(*engine, node->Close());
+  RETURN_IF_ERROR(st);
+  RETURN_IF_ERROR(s.error);
+  RETURN_IF_ERROR(closed);
+  return std::make_pair(seconds, s.done);
+}
+
+const google::protobuf::Value* Field(const google::protobuf::Value& v,
+                                     const std::string& key) {
+  if (!v.has_struct_value()) return nullptr;
+  auto it = v.struct_value().fields().find(key);
+  return it == v.struct_value().fields().end() ? nullptr : &it->second;
+}
+
+// fio on g_path; returns {seconds, requests} from its JSON output.
+absl::StatusOr<std::pair<double, uint64_t>> RunFio(int depth, bool write) {
+  const std::string ms = absl::StrCat(static_cast<int64_t>(g_seconds * 1000));
+  ASSIGN_OR_RETURN(
+      std::string out,
+      RunCommand({absl::GetFlag(FLAGS_fio), "--name=engine",
+                  "--filename=" + g_path, write ? "--rw=randwrite" : "--rw=randread",
+                  "--bs=4k", "--direct=1", "--ioengine=io_uring",
+                  absl::StrCat("--iodepth=", depth),
+                  absl::StrCat("--size=", g_file_size), "--time_based",
+                  "--runtime=" + ms + "ms", "--randrepeat=0", "--norandommap",
+                  "--output-format=json"},
+                 /*merge_stderr=*/false));
+  const size_t brace = out.find('{');
+  google::protobuf::Value json;
+  if (brace == std::string::npos ||
+      !google::protobuf::util::JsonStringToMessage(out.substr(brace), &json)
+           .ok()) {
+    return absl::InternalError(absl::StrCat("fio: output is not JSON: ", out));
+  }
+  const google::protobuf::Value* jobs = Field(json, "jobs");
+  if (jobs == nullptr || !jobs->has_list_value() ||
+      jobs->list_value().values_size() != 1) {
+    return absl::InternalError("fio: JSON output has no single job");
+  }
+  const google::protobuf::Value& job = jobs->list_value().values(0);
+  const google::protobuf::Value* side = Field(job, write ? "write" : "read");
+  const google::protobuf::Value* ios = side ? Field(*side, "total_ios") : nullptr;
+  const google::protobuf::Value* runtime = Field(job, "job_runtime");
+  const google::protobuf::Value* error = Field(job, "error");
+  if (ios == nullptr || runtime == nullptr ||
+      (error != nullptr && error->number_value() != 0)) {
+    return absl::InternalError("fio: job failed or total_ios/job_runtime missing");
+  }
+  return std::make_pair(runtime->number_value() / 1000,
+                        static_cast<uint64_t>(ios->number_value()));
+}
+
+void BM_Engine(benchmark::State& state, bool fio, io::EngineKind kind,
+               int depth, bool write) {
+  double seconds = 0;
+  uint64_t requests = 0;
+  for (auto _ : state) {
+    absl::StatusOr<std::pair<double, uint64_t>> r =
+        fio ? RunFio(depth, write) : RunImgtool(kind, depth, write);
+    if (!r.ok()) {
+      state.SkipWithError(std::string(r.status().ToString()).c_str());
+      return;
+    }
+    seconds += r->first;
+    requests += r->second;
+  }
+  if (seconds <= 0) return;
+  state.counters["seconds"] = seconds / static_cast<double>(state.iterations());
+  state.counters["IOPS"] = requests / seconds;
+  state.counters["MiB_per_s"] = requests * kRequest / seconds / (1 << 20);
+}
+
+}  // namespace
+}  // namespace imgtool::benchmarks
+
+int main(int argc, char** argv) {
+  using namespace imgtool::benchmarks;
+  using imgtool::io::EngineKind;
+  InitSuite(argc, argv,
+            "engine_bench: io_uring vs threads, queue depth 1..256, 4 KiB "
+            "random O_DIRECT reads/writes on a raw file, and fio (root). "
+            "Result file contract: benchmarks/README.md");
+  g_file_size = (Quick() ? 64 : absl::GetFlag(FLAGS_file_mib)) << 20;
+  g_seconds = Quick() ? 0.1 : absl::GetFlag(FLAGS_seconds);
+  if (g_file_size < (1u << 20) || g_seconds <= 0) {
+    std::fprintf(stderr, "engine_bench: --file_mib >= 1, --seconds > 0\n");
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<imgtool::testing::LoopMount>> mount =
+      imgtool::testing::LoopMount::Create(imgtool::testing::FsKind::kXfs,
+                                          g_file_size + (512ull << 20));
+  if (!mount.ok()) {
+    std::fprintf(stderr, "engine_bench: cannot mount XFS: %s\n",
+                 std::string(mount.status().ToString()).c_str());
+    return 1;
+  }
+  g_path = (*mount)->path() + "/engine.raw";
+  absl::Status st = CreateFullRaw(g_path, g_file_size);
+  if (!st.ok()) {
+    std::fprintf(stderr, "engine_bench: %s\n", std::string(st.ToString()).c_str());
+    return 1;
+  }
+  const bool with_fio = !absl::GetFlag(FLAGS_fio).empty();
+  for (bool write : {false, true}) {
+    const char* op = write ? "randwrite" : "randread";
+    struct Engine {
+      bool fio;
+      EngineKind kind;
+      const char* engine;
+      const char* tool;
+    };
+    for (const Engine& e : {Engine{false, EngineKind::kIoUring, "io_uring", "imgtool"},
+                            Engine{false, EngineKind::kThreads, "threads", "imgtool"},
+                            Engine{true, EngineKind::kIoUring, "io_uring", "fio"}}) {
+      if (e.fio && !with_fio) continue;
+      for (int depth = 1; depth <= 256; depth *= 2) {
+        benchmark::RegisterBenchmark(
+            BenchName("engine", {{"fs", "xfs"},
+                                 {"op", op},
+                                 {"engine", e.engine},
+                                 {"depth", absl::StrCat(depth)},
+                                 {"tool", e.tool}})
+                .c_str(),
+            BM_Engine, e.fio, e.kind, depth, write)
+            ->Unit(benchmark::kMillisecond);
+      }
+    }
+  }
+  AddSuiteContext("engine", "xfs");
+  benchmark::AddCustomContext("file_bytes", absl::StrCat(g_file_size));
+  benchmark::AddCustomContext("request_bytes", absl::StrCat(kRequest));
+  benchmark::AddCustomContext("seconds_per_run", absl::StrCat(g_seconds));
+  if (with_fio) {
+    absl::StatusOr<std::string> version =
+        RunCommand({absl::GetFlag(FLAGS_fio), "--version"});
+    if (version.ok()) {
+      benchmark::AddCustomContext(
+          "fio_version", std::string(absl::StripAsciiWhitespace(*version)));
+    }
+  }
+  RunSuite();
+  return 0;
+}

@@ -1,0 +1,125 @@
+#!/bin/bash
+# Runs the benchmark suites and writes one JSON result file per suite and
+# machine, DIR/<suite>-<hostname>.json (contract: benchmarks/README.md,
+# "Result files"). Needs root: the suites make their own loop-mounted XFS and
+# ext4 filesystems.
+#
+#   bazel run //benchmarks:run -- [suite...] [--out DIR] [--quick] [--reps N]
+#       [-- extra Google Benchmark flags for every suite]
+#
+# Suites (all by default, in this order): hint create_prealloc prealloc_filter
+# subcluster engine. Defaults take about 15 minutes on 2 cores; --quick is a
+# smoke run of about 1-2 minutes (small sizes, 2 repetitions). DIR defaults to
+# ./bench-results (relative to where `bazel run` was called). Each file is
+# checked against the contract (check_results.py) after its suite ran.
+set -euo pipefail
+
+ALL_SUITES=(hint create_prealloc subcluster engine)  # + prealloc_filter when it lands
+binary_of() {
+  case "$1" in
+    hint) echo hint_bench ;;
+    create_prealloc) echo create_prealloc_bench ;;
+    prealloc_filter) echo prealloc_filter_bench ;;
+    subcluster) echo subcluster_bench ;;
+    engine) echo engine_bench ;;
+    *) return 1 ;;
+  esac
+}
+
+usage() {
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+# Runfiles: `bazel run` sets RUNFILES_DIR (or we sit next to <script>.runfiles).
+if [[ -z "${RUNFILES_DIR:-}" ]]; then
+  if [[ -d "$0.runfiles" ]]; then RUNFILES_DIR="$0.runfiles"; else RUNFILES_DIR="$PWD/.."; fi
+fi
+HERE="$RUNFILES_DIR/imgtool/benchmarks"
+[[ -d "$HERE" ]] || HERE="$(cd "$(dirname "$0")" && pwd)"
+IMGTOOL_BIN="$RUNFILES_DIR/imgtool/imgtool/imgtool"
+
+suites=()
+out=bench-results
+quick=0
+reps=""
+extra=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) [[ $# -ge 2 ]] || usage; out="$2"; shift 2 ;;
+    --out=*) out="${1#--out=}"; shift ;;
+    --quick) quick=1; shift ;;
+    --reps) [[ $# -ge 2 ]] || usage; reps="$2"; shift 2 ;;
+    --reps=*) reps="${1#--reps=}"; shift ;;
+    -h|--help) usage ;;
+    --) shift; extra=("$@"); break ;;
+    -*) echo "run: unknown flag '$1'" >&2; usage ;;
+    *)
+      binary_of "$1" >/dev/null || {
+        echo "run: unknown suite '$1' (suites: ${ALL_SUITES[*]})" >&2; exit 2; }
+      suites+=("$1"); shift ;;
+  esac
+done
+[[ ${#suites[@]} -gt 0 ]] || suites=("${ALL_SUITES[@]}")
+if [[ -z "$reps" ]]; then
+  if [[ $quick == 1 ]]; then reps=2; else reps=3; fi
+fi
+[[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "run: --reps must be a positive number" >&2; exit 2; }
+
+if [[ $(id -u) != 0 ]]; then
+  echo "run: the suites mount loop filesystems and need root" >&2
+  exit 1
+fi
+
+# Paths the user gave are relative to where `bazel run` was called.
+if [[ "$out" != /* && -n "${BUILD_WORKING_DIRECTORY:-}" ]]; then
+  out="$BUILD_WORKING_DIRECTORY/$out"
+fi
+mkdir -p "$out"
+
+commit=unknown
+src="${BUILD_WORKSPACE_DIRECTORY:-}"
+if [[ -n "$src" ]] && commit=$(git -C "$src" rev-parse --short HEAD 2>/dev/null); then
+  if [[ -n "$(git -C "$src" status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+    commit="$commit-dirty"
+  fi
+else
+  commit=unknown
+fi
+host=$(hostname)
+
+failed=()
+start_all=$SECONDS
+for suite in "${suites[@]}"; do
+  bin="$HERE/$(binary_of "$suite")"
+  file="$out/$suite-$host.json"
+  if [[ ! -x "$bin" ]]; then
+    echo "run: suite $suite: $bin is missing" >&2
+    failed+=("$suite")
+    continue
+  fi
+  args=(--imgtool_commit="$commit"
+        --benchmark_repetitions="$reps"
+        --benchmark_report_aggregates_only=false
+        --benchmark_out="$file" --benchmark_out_format=json)
+  [[ $quick == 1 ]] && args+=(--quick)
+  [[ $suite == create_prealloc ]] && args+=(--imgtool="$IMGTOOL_BIN")
+  echo "=== suite $suite -> $file"
+  start=$SECONDS
+  if ! "$bin" "${args[@]}" "${extra[@]}"; then
+    echo "run: suite $suite failed" >&2
+    failed+=("$suite")
+    continue
+  fi
+  if ! /usr/bin/python3 "$HERE/check_results.py" "$file"; then
+    echo "run: $file does not follow the result file contract" >&2
+    failed+=("$suite")
+    continue
+  fi
+  echo "=== suite $suite done in $((SECONDS - start)) s"
+done
+echo "=== all done in $((SECONDS - start_all)) s; results in $out"
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "run: failed suites: ${failed[*]}" >&2
+  exit 1
+fi

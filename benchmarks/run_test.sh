@@ -1,0 +1,87 @@
+#!/bin/bash
+# Runs `run.sh --quick hint create_prealloc` (root, loop mounts) and checks the
+# result files against the contract (check_results.py, which run.sh also
+# runs) and a few facts: the exact set of configurations, 2 repetitions with
+# their aggregates, and what the filesystems must show (the 1 MiB hint gives
+# far fewer extents on XFS than hint 0; falloc/full allocate the whole image,
+# off almost nothing).
+set -euo pipefail
+RUNFILES="${RUNFILES_DIR:-$TEST_SRCDIR}"
+HERE="$RUNFILES/imgtool/benchmarks"
+OUT="$TEST_TMPDIR/results"
+
+if [[ $(id -u) != 0 ]]; then
+  echo "run_test: needs root (loop mounts); skipped"
+  exit 0
+fi
+"$HERE/run.sh" --quick hint create_prealloc --out "$OUT"
+host=$(hostname)
+ls -l "$OUT"
+[[ $(ls "$OUT" | wc -l) == 2 ]] || { echo "want exactly 2 result files"; exit 1; }
+/usr/bin/python3 "$HERE/check_results.py" "$OUT/hint-$host.json" "$OUT/create_prealloc-$host.json"
+
+/usr/bin/python3 - "$OUT/hint-$host.json" "$OUT/create_prealloc-$host.json" <<'PY'
+import json, sys
+hint, create = (json.load(open(p)) for p in sys.argv[1:])
+fails = []
+def expect(cond, msg):
+    if not cond:
+        fails.append(msg)
+
+def runs(data):
+    out = {}
+    for b in data["benchmarks"]:
+        out.setdefault(b["run_name"], []).append(b)
+    return out
+
+def mean(data, run_name, counter):
+    for b in data["benchmarks"]:
+        if b["run_name"] == run_name and b.get("aggregate_name") == "mean":
+            return b[counter]
+    raise KeyError(run_name)
+
+for data in (hint, create):
+    expect(data["context"]["quick"] == "true", "context quick")
+    expect(data["context"]["imgtool_commit"] != "", "imgtool_commit")
+    for name, entries in runs(data).items():
+        kinds = sorted(b.get("aggregate_name", "iteration") for b in entries)
+        expect(kinds == ["cv", "iteration", "iteration", "mean", "median", "stddev"],
+               f"{name}: entries {kinds}")
+        for b in entries:
+            expect(not b.get("error_occurred"), f"{name}: {b.get('error_message')}")
+            if b["run_type"] == "iteration":
+                expect(b["iterations"] == 1, f"{name}: iterations {b['iterations']}")
+
+want = {f"hint/fs:{fs}/hint:{h}/op:{op}" for fs in ("xfs", "ext4")
+        for h in (0, 1048576, 8388608) for op in ("write", "map")}
+expect(set(runs(hint)) == want, f"hint names {sorted(set(runs(hint)) ^ want)}")
+want = {f"create_prealloc/fs:{fs}/fmt:{fmt}/prealloc:{p}"
+        for fs in ("xfs", "ext4", "ext4_noextents") for fmt in ("raw", "qcow2")
+        for p in ("off", "falloc", "full")}
+expect(set(runs(create)) == want, f"create names {sorted(set(runs(create)) ^ want)}")
+
+size = int(hint["context"]["image_bytes"])
+expect(size == 32 << 20, f"hint image_bytes {size}")
+# 32 MiB of 4 KiB writes every 8 KiB: hint 0 leaves thousands of extents on
+# XFS, the 1 MiB hint a few dozen at most.
+e0 = mean(hint, "hint/fs:xfs/hint:0/op:write", "extents")
+e1 = mean(hint, "hint/fs:xfs/hint:1048576/op:write", "extents")
+expect(e0 >= 10 * e1, f"xfs extents hint 0: {e0}, 1 MiB: {e1}")
+expect(e1 <= 64, f"xfs extents with the 1 MiB hint: {e1}")
+
+size = int(create["context"]["image_bytes"])
+for fs in ("xfs", "ext4", "ext4_noextents"):
+    off = mean(create, f"create_prealloc/fs:{fs}/fmt:raw/prealloc:off", "allocated_bytes")
+    expect(off <= 1 << 20, f"{fs} raw off allocates {off}")
+    for fmt in ("raw", "qcow2"):
+        for p in ("falloc", "full"):
+            a = mean(create, f"create_prealloc/fs:{fs}/fmt:{fmt}/prealloc:{p}",
+                     "allocated_bytes")
+            expect(a >= size, f"{fs} {fmt} {p} allocates {a} < {size}")
+        s = mean(create, f"create_prealloc/fs:{fs}/fmt:{fmt}/prealloc:off", "syscalls")
+        expect(s > 10, f"{fs} {fmt} off: {s} syscalls")
+for f in fails:
+    print("FAIL:", f)
+sys.exit(1 if fails else 0)
+PY
+echo PASS
