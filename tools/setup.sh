@@ -1,19 +1,34 @@
 #!/usr/bin/env bash
-# Installs every Debian package that imgtool's build, tests and benchmarks need.
+# Installs every Debian package that imgtool's build, tests and benchmarks need,
+# and the dashboard's npm packages (benchmarks/web, `npm ci`).
 # Idempotent: safe to re-run. Must run as root on Debian 12.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 packages=(
   bazel-bootstrap g++ pkg-config
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libbenchmark-tools
   liburing-dev libprotobuf-dev protobuf-compiler zlib1g-dev
   qemu-utils xfsprogs e2fsprogs util-linux strace fio hyperfine python3
+  chromium fonts-dejavu-core
 )
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm for the dashboard's Chart.js: Debian's unless a node/npm is
+# already there (e.g. another Node.js package that ships its own npm).
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# benchmarks/web/node_modules (git- and bazel-ignored), exactly as locked;
+# re-run only when package-lock.json changed since the last install.
+web=benchmarks/web
+if ! cmp -s "$web/package-lock.json" "$web/node_modules/.imgtool-installed-lock"; then
+  (cd "$web" && npm ci --no-audit --no-fund --loglevel=error)
+  cp "$web/package-lock.json" "$web/node_modules/.imgtool-installed-lock"
 fi

@@ -1,0 +1,198 @@
+"""Browser test of //benchmarks:dashboard: builds the page from the real
+result files in testdata/benchmarks (run1 and run2), opens it from disk in
+headless Debian Chromium and reads back the DOM (--dump-dom): every chart
+must have drawn the expected number of series and points, and no script
+error may have occurred. Saves a screenshot (dashboard.png) in
+TEST_UNDECLARED_OUTPUTS_DIR (bazel-testlogs/benchmarks/dashboard_test/
+test.outputs/outputs.zip).
+
+Needs /usr/bin/chromium and benchmarks/web/node_modules (tools/setup.sh).
+"""
+
+import html.parser
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+from benchmarks import dashboard
+from benchmarks import results
+
+_WS = os.path.join(os.environ.get("TEST_SRCDIR", ""),
+                   os.environ.get("TEST_WORKSPACE", ""))
+_CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+_RESULTS = ["testdata/benchmarks/run1", "testdata/benchmarks/run2"]
+
+# What each chart must show for the default metric of its suite, from the
+# files in testdata/benchmarks/run1 and run2 (2 runs: every series twice):
+# chart id -> (series, points).
+EXPECTED = {
+    "chart-hint-write": (4, 12),    # (xfs, ext4) x 2 runs; hints 0/1M/8M
+    "chart-hint-map": (4, 12),
+}
+
+
+class _DomReader(html.parser.HTMLParser):
+    """Collects the attributes of figures, the body and the error list."""
+
+    def __init__(self):
+        super().__init__()
+        self.figures = {}
+        self.body = {}
+        self.errors = []
+        self.scripts_with_src = []
+        self.links = []
+        self._in_errors = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "figure" and "chart" in (a.get("class") or ""):
+            self.figures[a.get("id")] = a
+        elif tag == "body":
+            self.body = a
+        elif tag == "ul" and a.get("id") == "errors":
+            self._in_errors = True
+        elif tag == "li" and self._in_errors:
+            self.errors.append("")
+        elif tag == "script" and a.get("src"):
+            self.scripts_with_src.append(a["src"])
+        elif tag in ("link", "img", "iframe") or (
+                tag == "a" and (a.get("href") or "").startswith("http")):
+            self.links.append((tag, a))
+
+    def handle_endtag(self, tag):
+        if tag == "ul":
+            self._in_errors = False
+
+    def handle_data(self, data):
+        if self._in_errors and self.errors:
+            self.errors[-1] += data
+
+
+def chromium(url, *extra, window="1280,1024"):
+    """Runs headless Chromium on url with the project's flags; stdout."""
+    profile = tempfile.mkdtemp(prefix="chromium-",
+                               dir=os.environ.get("TEST_TMPDIR"))
+    try:
+        proc = subprocess.run(
+            [_CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+             "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", "--user-data-dir=" + profile,
+             "--window-size=" + window, "--hide-scrollbars",
+             "--virtual-time-budget=5000"] + list(extra) + [url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120,
+            check=False)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    if proc.returncode != 0:
+        raise AssertionError("chromium exited %d: %s" % (
+            proc.returncode, proc.stderr.decode(errors="replace")[-2000:]))
+    return proc.stdout.decode("utf-8")
+
+
+def read_dom(path):
+    reader = _DomReader()
+    reader.feed(chromium("file://" + path, "--dump-dom"))
+    return reader
+
+
+class DashboardTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(_CHROMIUM):
+            raise AssertionError(_CHROMIUM + " missing: run tools/setup.sh")
+        cls.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        paths = results.expand(_RESULTS, _WS)
+        cls.suites = results.load_all(paths, _WS)
+        cls.page = dashboard.render_page(cls.suites, dashboard.find_chartjs(),
+                                         paths)
+        cls.path = os.path.join(cls.dir, "index.html")
+        with open(cls.path, "w", encoding="utf-8") as f:
+            f.write(cls.page)
+        cls.dom = read_dom(cls.path)
+
+    def test_every_chart_drew_its_series_and_points(self):
+        self.assertEqual(sorted(self.dom.figures), sorted(EXPECTED))
+        for cid, (series, points) in EXPECTED.items():
+            fig = self.dom.figures[cid]
+            self.assertEqual(
+                (fig.get("data-expected-series"),
+                 fig.get("data-expected-points")),
+                (str(series), str(points)), cid)
+            self.assertEqual(
+                (fig.get("data-rendered-series"),
+                 fig.get("data-rendered-points")),
+                (str(series), str(points)), cid)
+            # axes, lines/bars and legend: far more than a blank canvas
+            self.assertGreater(int(fig.get("data-painted-pixels", "0")),
+                               10000, cid)
+
+    def test_no_script_error(self):
+        self.assertEqual(self.dom.errors, [])
+        self.assertEqual(self.dom.body.get("data-status"), "rendered")
+        self.assertNotIn("data-errors", self.dom.body)
+
+    def test_page_is_self_contained(self):
+        # Read from the generated file, not the DOM: nothing is loaded from
+        # elsewhere, so the page works from disk without network.
+        reader = _DomReader()
+        reader.feed(self.page)
+        self.assertEqual(reader.scripts_with_src, [])
+        self.assertEqual(reader.links, [])
+        self.assertIn("Chart.js v4", self.page)
+
+    def test_tables_and_context_are_on_the_page(self):
+        for text in ["<caption>hint: seconds (s, lower is better)",
+                     "<th>imgtool_commit</th>"]:
+            self.assertTrue(text in self.page, text)
+
+    def test_metric_switch_redraws_and_errors_are_caught(self):
+        # The same page plus a script that switches the hint charts to
+        # extents and then throws: the page must redraw and record the
+        # error (so test_no_script_error would see one).
+        probe = os.path.join(self.dir, "probe.html")
+        script = (
+            "<script>"
+            "var s = document.querySelector('select[data-suite=hint]');"
+            "s.value = 'extents';"
+            "s.dispatchEvent(new Event('change'));"
+            "throw new Error('probe error');"
+            "</script></body>")
+        with open(probe, "w", encoding="utf-8") as f:
+            f.write(self.page.replace("</body>", script))
+        dom = read_dom(probe)
+        fig = dom.figures["chart-hint-write"]
+        self.assertEqual((fig.get("data-metric"),
+                          fig.get("data-rendered-series"),
+                          fig.get("data-rendered-points")),
+                         ("extents", "4", "12"))
+        self.assertEqual(len(dom.errors), 1)
+        self.assertIn("probe error", dom.errors[0])
+
+    def test_screenshot(self):
+        out_dir = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR", self.dir)
+        shot = os.path.join(out_dir, "dashboard.png")
+        chromium("file://" + self.path, "--screenshot=" + shot,
+                 window="1280,2400")
+        with open(shot, "rb") as f:
+            head = f.read(24)
+        self.assertEqual(head[:8], b"\x89PNG\r\n\x1a\n")
+        width = int.from_bytes(head[16:20], "big")
+        height = int.from_bytes(head[20:24], "big")
+        self.assertEqual((width, height), (1280, 2400))
+
+
+class FindChartjsTest(unittest.TestCase):
+
+    def test_missing_explicit_file_is_one_clear_error(self):
+        with self.assertRaises(dashboard.DashboardError) as cm:
+            dashboard.find_chartjs("/nonexistent/chart.umd.js")
+        self.assertEqual(str(cm.exception),
+                         "/nonexistent/chart.umd.js: Chart.js file not found")
+
+
+if __name__ == "__main__":
+    unittest.main()

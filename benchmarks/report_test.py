@@ -1,0 +1,183 @@
+"""Tests of //benchmarks:report: exact text on the real result files in
+testdata/benchmarks, and exact figures on small hand-made files.
+
+The expected text in report_test_expected.txt is the output of
+  bazel run //benchmarks:report -- testdata/benchmarks/run1 testdata/benchmarks/run2
+followed by
+  bazel run //benchmarks:report -- testdata/benchmarks/run1
+run from the workspace root (checked by hand against the JSON files).
+"""
+
+import contextlib
+import difflib
+import io
+import json
+import os
+import tempfile
+import unittest
+
+from benchmarks import report
+from benchmarks import results
+
+_WS = os.path.join(os.environ.get("TEST_SRCDIR", ""),
+                   os.environ.get("TEST_WORKSPACE", ""))
+
+
+def run_report(argv, cwd):
+    """Runs report.main with BUILD_WORKING_DIRECTORY=cwd: (rc, out, err)."""
+    out, err = io.StringIO(), io.StringIO()
+    old = os.environ.get("BUILD_WORKING_DIRECTORY")
+    os.environ["BUILD_WORKING_DIRECTORY"] = cwd
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = report.main(argv)
+    finally:
+        if old is None:
+            del os.environ["BUILD_WORKING_DIRECTORY"]
+        else:
+            os.environ["BUILD_WORKING_DIRECTORY"] = old
+    return rc, out.getvalue(), err.getvalue()
+
+
+def gb_entry(name, counters, run_type="iteration", aggregate=None, reps=3,
+             index=0):
+    """One Google Benchmark 1.7.1 JSON entry with user counters."""
+    e = {"name": name + ("_" + aggregate if aggregate else ""),
+         "run_name": name, "run_type": run_type, "repetitions": reps,
+         "threads": 1, "iterations": 1, "real_time": 5.0, "cpu_time": 1.0,
+         "time_unit": "ms"}
+    if aggregate:
+        e["aggregate_name"] = aggregate
+        e["aggregate_unit"] = "percentage" if aggregate == "cv" else "time"
+    else:
+        e["repetition_index"] = index
+    e.update(counters)
+    return e
+
+
+class ReportTextTest(unittest.TestCase):
+
+    def test_exact_text_on_testdata(self):
+        with open(os.path.join(_WS, "benchmarks",
+                               "report_test_expected.txt"),
+                  encoding="utf-8") as f:
+            expected = f.read()
+        rc1, two_runs, err1 = run_report(
+            ["testdata/benchmarks/run1", "testdata/benchmarks/run2"], _WS)
+        rc2, one_run, err2 = run_report(["testdata/benchmarks/run1"], _WS)
+        self.assertEqual((rc1, err1, rc2, err2), (0, "", 0, ""))
+        got = two_runs + one_run
+        if got != expected:
+            diff = "".join(difflib.unified_diff(
+                expected.splitlines(True), got.splitlines(True),
+                "report_test_expected.txt", "report output"))
+            self.fail("report text differs:\n" + diff)
+
+
+class ReportFiguresTest(unittest.TestCase):
+    maxDiff = None
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+
+    def write(self, name, benchmarks, **context):
+        ctx = {"host_name": "vm", "date": "2026-12-01T10:00:00+00:00"}
+        ctx.update(context)
+        with open(os.path.join(self.dir, name), "w") as f:
+            json.dump({"context": ctx, "benchmarks": benchmarks}, f)
+        return name
+
+    def test_mean_rsd_from_iterations_and_change_against_first(self):
+        # A: iterations only (no aggregates): 100, 110, 120 -> mean 110,
+        # sample stddev 10 (9.09 %); 50, 50 -> 50.0 ± 0 %.
+        # B: aggregates mean 121, stddev 2.42 (2 %); no 4k case.
+        on = "subcluster/fs:xfs/cluster:65536/extended_l2:on"
+        off = "subcluster/fs:xfs/cluster:4096/extended_l2:off"
+        a = self.write("subcluster-a.json", [
+            gb_entry(on, {"IOPS": v}, index=i)
+            for i, v in enumerate([100.0, 110.0, 120.0])] + [
+            gb_entry(off, {"IOPS": 50.0}, index=i, reps=2) for i in (0, 1)],
+            machine="a", imgtool_commit="1111111")
+        b = self.write("subcluster-b.json", [
+            gb_entry(on, {"IOPS": 121.0}, "aggregate", "mean"),
+            gb_entry(on, {"IOPS": 2.42}, "aggregate", "stddev")],
+            machine="b", imgtool_commit="2222222")
+        rc, out, err = run_report([a, b], self.dir)
+        self.assertEqual((rc, err), (0, ""))
+        self.assertEqual(out, (
+            "== subcluster: IOPS (higher is better)\n"
+            "   A: subcluster-a.json (a, commit 1111111, "
+            "2026-12-01T10:00:00+00:00)\n"
+            "   B: subcluster-b.json (b, commit 2222222, "
+            "2026-12-01T10:00:00+00:00)\n"
+            "   every row: fs:xfs\n"
+            "\n"
+            "                            A          B\n"
+            "--------------------------  ---------  --------\n"
+            "cluster:64k/extended_l2:on  110 ± 9%   121 ± 2%\n"
+            "                                       +10%\n"
+            "cluster:4k/extended_l2:off  50.0 ± 0%  -\n"))
+
+    def test_columns_by_key_with_errors_and_missing_cells(self):
+        name = self.write("create_prealloc-vm.json", [
+            gb_entry("create_prealloc/fs:xfs/prealloc:off",
+                     {"seconds": 0.002}, reps=1),
+            gb_entry("create_prealloc/fs:xfs/prealloc:full",
+                     {"seconds": 0.5}, reps=1),
+            gb_entry("create_prealloc/fs:ext4/prealloc:off",
+                     {"seconds": 0.004}, reps=1),
+            {"name": "create_prealloc/fs:ext4/prealloc:full",
+             "run_name": "create_prealloc/fs:ext4/prealloc:full",
+             "run_type": "iteration", "error_occurred": True,
+             "error_message": "No space left on device"},
+        ])
+        rc, out, _ = run_report([name, "--by", "prealloc"], self.dir)
+        self.assertEqual(rc, 0)
+        self.assertEqual(out, (
+            "== create_prealloc: seconds (s, lower is better)\n"
+            "   create_prealloc-vm.json (vm, 2026-12-01T10:00:00+00:00)\n"
+            "\n"
+            "         prealloc:off  prealloc:full\n"
+            "-------  ------------  -------------\n"
+            "fs:xfs   2 ms          500 ms\n"
+            "                       +24900%\n"
+            "fs:ext4  4 ms          ERROR\n"))
+
+    def test_percent_change_keeps_small_fractions(self):
+        self.assertEqual(results.percent_change(3.37e-6, 1.43e-3), "-99.8%")
+        self.assertEqual(results.percent_change(1.0, 100000.0), "-100.00%")
+        self.assertEqual(results.percent_change(0.0, 5.0), "-100%")
+        self.assertEqual(results.percent_change(5.0, 0.0), "--")
+        self.assertEqual(results.percent_change(105.0, 100.0), "+5%")
+
+    def test_bad_files_fail_with_one_line_naming_the_file(self):
+        with open(os.path.join(self.dir, "broken.json"), "w") as f:
+            f.write("{not json")
+        self.write("empty.json", [])
+        with open(os.path.join(self.dir, "list.json"), "w") as f:
+            f.write("[1, 2]")
+        cases = {
+            "broken.json": "report: broken.json: not JSON: ",
+            "empty.json": "report: empty.json: no benchmarks in the file\n",
+            "list.json": "report: list.json: not Google Benchmark JSON "
+                         "(no \"benchmarks\" list)\n",
+            "missing.json": "report: missing.json: cannot read: "
+                            "No such file or directory\n",
+        }
+        for name, message in cases.items():
+            rc, out, err = run_report([name], self.dir)
+            self.assertEqual((rc, out), (1, ""), name)
+            self.assertTrue(err.startswith(message), err)
+            self.assertEqual(err.count("\n"), 1, err)
+
+    def test_unknown_by_key_says_so(self):
+        name = self.write("hint-vm.json", [
+            gb_entry("hint/fs:xfs/hint:0/op:write", {"seconds": 1.0})])
+        rc, out, _ = run_report([name, "--by", "cluster"], self.dir)
+        self.assertEqual((rc, out),
+                         (0, "== hint: no key \"cluster\" in its benchmark "
+                          "names\n"))
+
+
+if __name__ == "__main__":
+    unittest.main()

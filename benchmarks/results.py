@@ -1,0 +1,624 @@
+"""Reads benchmark result files and builds the comparison tables.
+
+A result file is Google Benchmark's JSON output (`--benchmark_format=json`,
+see benchmarks/README.md "Result files"): a `context` object (Google
+Benchmark's own keys plus ours: suite, machine, kernel, filesystem(s),
+imgtool_commit) and a `benchmarks` list. Benchmark names are
+`<suite>/<key>:<value>/...`; Google Benchmark's own name parts
+(`iterations:3`, `repeats:5`, `real_time`, ...) are dropped. Every user
+counter (IOPS, MiB_per_s, extents, ...) is a metric. With repetitions the
+file holds aggregates (mean, stddev, cv) and those are used; without them
+mean and sample standard deviation are computed from the runs themselves.
+
+Used by report.py (text tables) and dashboard.py (HTML page); stdlib only.
+"""
+
+import json
+import math
+import os
+import statistics
+
+# Fields of a Google Benchmark run that are not user counters.
+_RUN_FIELDS = frozenset([
+    "name", "family_index", "per_family_instance_index", "run_name",
+    "run_type", "repetitions", "repetition_index", "threads", "iterations",
+    "real_time", "cpu_time", "time_unit", "aggregate_name", "aggregate_unit",
+    "label", "error_occurred", "error_message", "skipped", "big_o",
+    "rms", "complexity_n",
+])
+
+# Name parts that Google Benchmark appends and that are not a configuration.
+_GB_NAME_KEYS = frozenset([
+    "iterations", "repeats", "min_time", "min_warmup_time", "threads",
+])
+_GB_NAME_WORDS = frozenset(["real_time", "manual_time", "process_time"])
+
+# What each metric means: (unit shown, scale divisor, higher_is_better).
+_METRICS = {
+    "IOPS": ("IOPS", 1, True),
+    "MiB_per_s": ("MiB/s", 1, True),
+    "bytes_per_second": ("MiB/s", 1 << 20, True),
+    "items_per_second": ("items/s", 1, True),
+    "extents": ("extents", 1, False),
+    "syscalls": ("syscalls", 1, False),
+    "seconds": ("s", 1, False),
+    "answers": ("block status calls", 1, False),
+}
+
+
+# The order of metrics in reports: the user's figures first.
+_METRIC_ORDER = ["IOPS", "MiB_per_s", "seconds", "extents", "answers",
+                 "bytes_from_backing", "syscalls", "allocated_bytes"]
+
+
+def order_metrics(metrics):
+    """Known metrics in _METRIC_ORDER, then the others as found."""
+    known = [m for m in _METRIC_ORDER if m in metrics]
+    return known + [m for m in metrics if m not in known]
+
+
+class ResultError(Exception):
+    """A result file that cannot be read; the message names the file."""
+
+
+def metric_info(metric):
+    """Returns (unit, divisor, higher_is_better) for a metric name.
+
+    Byte counts (any metric whose name ends in `bytes`) are shown in MiB;
+    time metrics (`real_time (ms)`, `*_seconds`, `seconds`) are lower-better.
+    """
+    if metric in _METRICS:
+        return _METRICS[metric]
+    if metric.endswith("bytes"):
+        return ("MiB", 1 << 20, False)
+    if metric.startswith("real_time") or metric.endswith("seconds"):
+        return ("", 1, False)
+    if metric.endswith("_per_s") or metric.endswith("per_second"):
+        return ("", 1, True)
+    return ("", 1, False)
+
+
+def metric_title(metric):
+    """`IOPS (higher is better)`, `allocated_bytes (MiB, lower is better)`."""
+    unit, _, higher = metric_info(metric)
+    better = "higher is better" if higher else "lower is better"
+    if unit and unit != metric:
+        return "%s (%s, %s)" % (metric, unit, better)
+    return "%s (%s)" % (metric, better)
+
+
+class Stat(object):
+    """Mean and standard deviation of one metric over n repetitions."""
+
+    def __init__(self, mean, stddev, n):
+        self.mean = mean
+        self.stddev = stddev
+        self.n = n
+
+    def rsd_percent(self):
+        """Relative standard deviation in percent; None if undefined."""
+        if self.n < 2 or self.mean == 0:
+            return None
+        return abs(self.stddev / self.mean) * 100.0
+
+
+class Case(object):
+    """One configuration of a suite in one run: its keys and metrics."""
+
+    def __init__(self, config):
+        self.config = config  # list of (key, value) in name order
+        self.metrics = {}  # metric name -> Stat
+        self.error = None  # error message if the benchmark failed
+
+    def key(self):
+        return "/".join("%s:%s" % kv for kv in self.config)
+
+    def value(self, key):
+        for k, v in self.config:
+            if k == key:
+                return v
+        return None
+
+
+class Run(object):
+    """One result file: one suite on one machine at one commit."""
+
+    def __init__(self, path, suite, context):
+        self.path = path
+        self.suite = suite
+        self.context = context
+        self.cases = []  # in file order
+        self.metrics = []  # metric names in first-seen order
+        self.letter = ""  # column name in a report, set by assign_letters
+
+    def label(self):
+        """Short description: machine, commit and date from the context."""
+        ctx = self.context
+        parts = [str(ctx.get("machine") or ctx.get("host_name") or "?")]
+        commit = ctx.get("imgtool_commit")
+        if commit:
+            parts.append("commit " + str(commit)[:12])
+        if ctx.get("date"):
+            parts.append(str(ctx["date"]))
+        return ", ".join(parts)
+
+    def case(self, key):
+        for c in self.cases:
+            if c.key() == key:
+                return c
+        return None
+
+
+def parse_name(name):
+    """Splits `suite/k:v/k:v/...` into (suite, [(k, v), ...])."""
+    parts = name.split("/")
+    config = []
+    for i, part in enumerate(parts[1:]):
+        if part in _GB_NAME_WORDS:
+            continue
+        key, sep, value = part.partition(":")
+        if not sep:
+            key, value = "arg%d" % (i + 1), part
+        if key in _GB_NAME_KEYS:
+            continue
+        config.append((key, value))
+    return parts[0], config
+
+
+def _counters(entry):
+    out = {}
+    for k, v in entry.items():
+        if k in _RUN_FIELDS or isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)):
+            out[k] = float(v)
+    if not out and isinstance(entry.get("real_time"), (int, float)):
+        out["real_time (%s)" % entry.get("time_unit", "ns")] = float(
+            entry["real_time"])
+    return out
+
+
+def load(path, display_name=None):
+    """Reads one result file. Returns a list of Run, one per suite in it.
+
+    Raises ResultError naming the file if it is not Google Benchmark JSON.
+    """
+    name = display_name or path
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise ResultError("%s: cannot read: %s" % (name, e.strerror or e))
+    except ValueError as e:
+        raise ResultError("%s: not JSON: %s" % (name, e))
+    if (not isinstance(data, dict) or
+            not isinstance(data.get("benchmarks"), list) or
+            not isinstance(data.get("context", {}), dict)):
+        raise ResultError(
+            "%s: not Google Benchmark JSON (no \"benchmarks\" list)" % name)
+    context = data.get("context", {})
+    runs = {}  # suite -> Run
+    # run_name -> {"iter": [counters], "mean": {}, "stddev": {}, "error": str}
+    groups = {}
+    order = []
+    for entry in data["benchmarks"]:
+        if not isinstance(entry, dict) or not isinstance(
+                entry.get("name"), str):
+            raise ResultError("%s: a benchmark entry has no name" % name)
+        run_name = entry.get("run_name") or entry["name"]
+        if run_name not in groups:
+            groups[run_name] = {"iter": [], "agg": {}, "error": None}
+            order.append(run_name)
+        g = groups[run_name]
+        if entry.get("error_occurred"):
+            g["error"] = str(entry.get("error_message") or "error")
+            continue
+        if entry.get("run_type") == "aggregate":
+            g["agg"][entry.get("aggregate_name")] = (_counters(entry),
+                                                     entry.get("repetitions"))
+        else:
+            g["iter"].append(_counters(entry))
+    for run_name in order:
+        g = groups[run_name]
+        suite, config = parse_name(run_name)
+        if suite not in runs:
+            runs[suite] = Run(name, suite, context)
+        run = runs[suite]
+        case = Case(config)
+        case.error = g["error"]
+        if "mean" in g["agg"]:
+            means, reps = g["agg"]["mean"]
+            stddevs = g["agg"].get("stddev", ({}, reps))[0]
+            n = reps if isinstance(reps, int) else len(g["iter"]) or 1
+            for m, v in means.items():
+                case.metrics[m] = Stat(v, stddevs.get(m, 0.0), n)
+        elif g["iter"]:
+            metrics = []
+            for it in g["iter"]:
+                for m in it:
+                    if m not in metrics:
+                        metrics.append(m)
+            for m in metrics:
+                vals = [it[m] for it in g["iter"] if m in it]
+                sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+                case.metrics[m] = Stat(statistics.fmean(vals), sd, len(vals))
+        for m in case.metrics:
+            if m not in run.metrics:
+                run.metrics.append(m)
+        run.cases.append(case)
+    if not runs:
+        raise ResultError("%s: no benchmarks in the file" % name)
+    ctx_suite = context.get("suite")
+    if ctx_suite and len(runs) == 1 and ctx_suite not in runs:
+        raise ResultError("%s: context suite \"%s\" but benchmarks are \"%s\"" %
+                          (name, ctx_suite, next(iter(runs))))
+    return list(runs.values())
+
+
+def expand(paths, base_dir):
+    """Files as given; directories become their *.json files, sorted.
+    Paths stay as the user wrote them (relative to base_dir)."""
+    out = []
+    for p in paths:
+        full = os.path.join(base_dir, p)
+        if os.path.isdir(full):
+            names = sorted(n for n in os.listdir(full) if n.endswith(".json"))
+            if not names:
+                raise ResultError("%s: no .json files in the directory" % p)
+            out.extend(os.path.join(p, n) for n in names)
+        else:
+            out.append(p)
+    return out
+
+
+def load_all(paths, base_dir=None):
+    """Loads every file (relative paths against base_dir) into Runs,
+    grouped by suite in first-seen order: [(suite, [Run, ...]), ...]."""
+    suites = []
+    by_suite = {}
+    for p in paths:
+        full = p if base_dir is None else os.path.join(base_dir, p)
+        for run in load(full, display_name=p):
+            if run.suite not in by_suite:
+                by_suite[run.suite] = []
+                suites.append((run.suite, by_suite[run.suite]))
+            by_suite[run.suite].append(run)
+    for _, runs in suites:
+        for i, run in enumerate(runs):
+            run.letter = _letter(i)
+    return suites
+
+
+def _letter(i):
+    s = ""
+    i += 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        s = chr(ord("A") + r) + s
+    return s
+
+
+def sort_values(values):
+    """Sorts configuration values numerically when all are numbers, with
+    on/off and yes/no as 0/1; otherwise keeps first-seen order."""
+    def num(v):
+        low = v.lower()
+        if low in ("off", "no", "false"):
+            return 0.0
+        if low in ("on", "yes", "true"):
+            return 1.0
+        return _parse_size(v)
+    nums = [num(v) for v in values]
+    if all(n is not None for n in nums):
+        return [v for _, v in sorted(zip(nums, values), key=lambda p: p[0])]
+    return list(values)
+
+
+def _parse_size(v):
+    mult = 1
+    s = v
+    suffixes = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    if s and s[-1].lower() in suffixes:
+        mult = suffixes[s[-1].lower()]
+        s = s[:-1]
+    try:
+        return float(s) * mult
+    except ValueError:
+        return None
+
+
+def human_value(key, value):
+    """Cluster sizes and hints in bytes as `64k`, `1M`; others unchanged."""
+    if key in ("cluster", "cluster_size", "hint", "extent_size_hint",
+               "size", "request", "block_size", "bs"):
+        try:
+            n = int(value)
+        except ValueError:
+            return value
+        for unit, shift in (("G", 30), ("M", 20), ("k", 10)):
+            if n >= (1 << shift) and n % (1 << shift) == 0:
+                return "%d%s" % (n >> shift, unit)
+        return value
+    return value
+
+
+def format_number(x):
+    """1234567 -> `1,234,567`; 12.345 -> `12.3`; 0.01234 -> `0.0123`."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    a = abs(x)
+    if a >= 1000:
+        return "{:,.0f}".format(x)
+    if a >= 100:
+        return "%.0f" % x
+    if a >= 10:
+        return "%.1f" % x
+    if a == 0:
+        return "0"
+    return "%.3g" % x
+
+
+def format_seconds(x):
+    """0.337 -> `337 ms`, 3.4e-06 -> `3.40 µs`, 12.5 -> `12.5 s`."""
+    a = abs(x)
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if a >= scale:
+            return "%s %s" % (format_number(x / scale), unit)
+    if a == 0:
+        return "0 s"
+    return "%s ns" % format_number(x / 1e-9)
+
+
+def format_value(value, metric):
+    """A metric's value in its display unit (seconds auto-scaled)."""
+    if metric == "seconds" or metric.endswith("_seconds"):
+        return format_seconds(value)
+    _, div, _ = metric_info(metric)
+    return format_number(value / div)
+
+
+def format_cell(stat, metric):
+    """`21,505 ± 3%` (mean ± relative standard deviation)."""
+    text = format_value(stat.mean, metric)
+    rsd = stat.rsd_percent()
+    if rsd is not None:
+        text += " ± %d%%" % int(round(rsd))
+    return text
+
+
+def percent_change(value, first):
+    """Signed percentage change against the first column: `+12%`, `-3%`."""
+    if first == 0:
+        return "--" if value != 0 else "+0%"
+    pct = (value - first) / abs(first) * 100.0
+    if round(pct) == -100 and value != 0:
+        # keep a shrink to a small fraction visible: -99.8%, not -100%
+        text = "%+.1f%%" % pct
+        return text if text != "-100.0%" else "%+.2f%%" % pct
+    return "%+d%%" % int(round(pct))
+
+
+class Table(object):
+    """One comparison table: rows of cells and a difference line per row.
+
+    columns: header strings; rows: [(row_label, [cell or None], [diff or
+    None])]; legend: lines that explain the columns.
+    """
+
+    def __init__(self, suite, metric, title, columns, legend):
+        self.suite = suite
+        self.metric = metric
+        self.title = title
+        self.columns = columns
+        self.legend = legend
+        self.rows = []
+
+
+# The configuration key compared side by side when a suite has one run.
+SUITE_COLUMN_KEY = {
+    "subcluster": "extended_l2",
+    "hint": "hint",
+    "create_prealloc": "prealloc",
+    "prealloc_filter": "filter",
+    "engine": "tool",
+}
+
+
+def config_keys(runs):
+    """Every key of the benchmark names of these runs, first-seen order."""
+    keys = []
+    for run in runs:
+        for case in run.cases:
+            for k, _ in case.config:
+                if k not in keys:
+                    keys.append(k)
+    return keys
+
+
+def run_metrics(runs):
+    """Every metric of these runs, in order_metrics order."""
+    metrics = []
+    for run in runs:
+        for m in run.metrics:
+            if m not in metrics:
+                metrics.append(m)
+    return order_metrics(metrics)
+
+
+def add_arguments(parser):
+    """The command-line arguments report and dashboard share."""
+    parser.add_argument("results", nargs="+", metavar="RESULTS",
+                        help="Google Benchmark JSON files or directories")
+    parser.add_argument("--by", default=None,
+                        help="table columns: 'run' (one per file) or a key "
+                        "of the benchmark names, e.g. extended_l2")
+
+
+def column_key(suite, runs, by=None):
+    """`run` to compare runs (files); else the key whose values are the
+    columns. Default: `run` with more than one run of the suite, else the
+    suite's variant key, else the last key of the names."""
+    keys = config_keys(runs)
+    if by and by != "run":
+        return by if by in keys else None
+    if by == "run" or len(runs) > 1 or not keys:
+        return "run"
+    preferred = SUITE_COLUMN_KEY.get(suite)
+    if preferred in keys:
+        return preferred
+    return keys[-1]
+
+
+def build_tables(suite, runs, by=None, metrics=None):
+    """The comparison tables of one suite, one per metric."""
+    col_key = column_key(suite, runs, by)
+    if col_key is None:
+        return []
+    all_metrics = run_metrics(runs)
+    if metrics:
+        all_metrics = [m for m in all_metrics if m in metrics]
+    tables = []
+    for metric in all_metrics:
+        if col_key == "run":
+            tables.append(_table_by_run(suite, runs, metric))
+        else:
+            tables.extend(_tables_by_key(suite, runs, metric, col_key))
+    return tables
+
+
+def constant_keys(runs):
+    """Keys with one value in every case of these runs, in name order:
+    [(key, value)]. They are left out of row and series labels."""
+    seen = {}
+    order = []
+    count = 0
+    for run in runs:
+        for case in run.cases:
+            count += 1
+            for k, v in case.config:
+                if k not in seen:
+                    seen[k] = set()
+                    order.append(k)
+                seen[k].add(v)
+    out = []
+    for k in order:
+        present = sum(1 for r in runs for c in r.cases if c.value(k) is not None)
+        if len(seen[k]) == 1 and present == count and count > 1:
+            out.append((k, next(iter(seen[k]))))
+    return out
+
+
+def config_label(config, skip=()):
+    """`cluster:64k/extended_l2:on` without the keys in skip."""
+    parts = ["%s:%s" % (k, human_value(k, v)) for k, v in config
+             if k not in skip]
+    return "/".join(parts) if parts else "(all)"
+
+
+def _stats(case, metric):
+    if case is None:
+        return (None, None)
+    return (case.metrics.get(metric), case.error)
+
+
+def _row(cells_stats, metric):
+    cells, diffs = [], []
+    first = cells_stats[0][0]
+    for i, (stat, error) in enumerate(cells_stats):
+        if error is not None:
+            cells.append("ERROR")
+        elif stat is None:
+            cells.append(None)
+        else:
+            cells.append(format_cell(stat, metric))
+        if i == 0 or stat is None or first is None:
+            diffs.append(None)
+        else:
+            diffs.append(percent_change(stat.mean, first.mean))
+    return cells, diffs
+
+
+def _legend_constant(const):
+    if not const:
+        return []
+    return ["every row: " + config_label(const)]
+
+
+def _table_by_run(suite, runs, metric):
+    const = constant_keys(runs)
+    skip = set(k for k, _ in const)
+    legend = ["%s: %s (%s)" % (r.letter, r.path, r.label()) for r in runs]
+    t = Table(suite, metric, "%s: %s" % (suite, metric_title(metric)),
+              [r.letter for r in runs], legend + _legend_constant(const))
+    keys = []
+    configs = {}
+    for run in runs:
+        for case in run.cases:
+            if case.key() not in configs:
+                keys.append(case.key())
+                configs[case.key()] = case.config
+    for key in keys:
+        stats = [_stats(run.case(key), metric) for run in runs]
+        if all(s is None and e is None for s, e in stats):
+            continue
+        cells, diffs = _row(stats, metric)
+        t.rows.append((config_label(configs[key], skip), cells, diffs))
+    return t
+
+
+def _tables_by_key(suite, runs, metric, col_key):
+    tables = []
+    for run in runs:
+        const = constant_keys([run])
+        skip = set(k for k, _ in const) | {col_key}
+        values = []
+        rows = []  # row labels, first-seen order
+        cells = {}
+        for case in run.cases:
+            v = case.value(col_key)
+            if v is None:
+                continue
+            if v not in values:
+                values.append(v)
+            rest = config_label(case.config, skip)
+            if rest not in rows:
+                rows.append(rest)
+            cells[(rest, v)] = case
+        values = sort_values(values)
+        legend = ["%s (%s)" % (run.path, run.label())]
+        t = Table(suite, metric, "%s: %s" % (suite, metric_title(metric)),
+                  ["%s:%s" % (col_key, human_value(col_key, v))
+                   for v in values],
+                  legend + _legend_constant(
+                      [kv for kv in const if kv[0] != col_key]))
+        for rest in rows:
+            stats = [_stats(cells.get((rest, v)), metric) for v in values]
+            if all(s is None and e is None for s, e in stats):
+                continue
+            row_cells, diffs = _row(stats, metric)
+            t.rows.append((rest, row_cells, diffs))
+        tables.append(t)
+    return tables
+
+
+def table_to_text(t):
+    """A fixed-width text table, like QEMU's simplebench tables: each case
+    has a line of `mean ± rsd` cells and under it the change of each column
+    against the first."""
+    lines = ["== " + t.title]
+    lines.extend("   " + l for l in t.legend)
+    grid = [[""] + list(t.columns)]
+    for label, cells, diffs in t.rows:
+        grid.append([label] + [c if c is not None else "-" for c in cells])
+        if any(d is not None for d in diffs):
+            grid.append([""] + [d if d is not None else "" for d in diffs])
+    widths = [max(len(r[i]) for r in grid) for i in range(len(grid[0]))]
+    out = []
+    for n, r in enumerate(grid):
+        line = "  ".join(c.ljust(widths[i]) for i, c in enumerate(r))
+        out.append(line.rstrip())
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.extend(out)
+    return "\n".join(lines) + "\n"
