@@ -263,7 +263,7 @@ def _table_html(t):
                 up = bool(d) and d.startswith("+") and d != "+0%"
                 down = bool(d) and d.startswith("-") and d not in ("-0%",
                                                                    "--")
-                if up or down:
+                if (up or down) and higher is not None:
                     cls = ' class="%s"' % ("better" if up == higher
                                            else "worse")
                 out.append("<td%s>%s</td>" % (cls, _esc(d or "")))

@@ -33,7 +33,9 @@ _GB_NAME_KEYS = frozenset([
 ])
 _GB_NAME_WORDS = frozenset(["real_time", "manual_time", "process_time"])
 
-# What each metric means: (unit shown, scale divisor, higher_is_better).
+# What each metric means: (unit shown, scale divisor, higher_is_better);
+# higher_is_better None: a fact, not a score (e.g. the bytes preallocation
+# is meant to allocate).
 _METRICS = {
     "IOPS": ("IOPS", 1, True),
     "MiB_per_s": ("MiB/s", 1, True),
@@ -43,6 +45,8 @@ _METRICS = {
     "syscalls": ("syscalls", 1, False),
     "seconds": ("s", 1, False),
     "answers": ("block status calls", 1, False),
+    "allocated_bytes": ("MiB", 1 << 20, None),
+    "writes": ("writes", 1, None),
 }
 
 
@@ -62,10 +66,12 @@ class ResultError(Exception):
 
 
 def metric_info(metric):
-    """Returns (unit, divisor, higher_is_better) for a metric name.
+    """Returns (unit, divisor, higher_is_better) for a metric name;
+    higher_is_better is True, False or None (neither).
 
     Byte counts (any metric whose name ends in `bytes`) are shown in MiB;
-    time metrics (`real_time (ms)`, `*_seconds`, `seconds`) are lower-better.
+    time metrics (`real_time (ms)`, `*_seconds`, `seconds`) are lower-better;
+    unknown counters are neither.
     """
     if metric in _METRICS:
         return _METRICS[metric]
@@ -75,16 +81,19 @@ def metric_info(metric):
         return ("", 1, False)
     if metric.endswith("_per_s") or metric.endswith("per_second"):
         return ("", 1, True)
-    return ("", 1, False)
+    return ("", 1, None)
 
 
 def metric_title(metric):
-    """`IOPS (higher is better)`, `allocated_bytes (MiB, lower is better)`."""
+    """`IOPS (higher is better)`, `bytes_from_backing (MiB, lower is
+    better)`, `allocated_bytes (MiB)`."""
     unit, _, higher = metric_info(metric)
-    better = "higher is better" if higher else "lower is better"
+    notes = []
     if unit and unit != metric:
-        return "%s (%s, %s)" % (metric, unit, better)
-    return "%s (%s)" % (metric, better)
+        notes.append(unit)
+    if higher is not None:
+        notes.append("higher is better" if higher else "lower is better")
+    return "%s (%s)" % (metric, ", ".join(notes)) if notes else metric
 
 
 class Stat(object):
@@ -271,9 +280,15 @@ def expand(paths, base_dir):
     return out
 
 
+# Suites in the order of benchmarks/README.md; others follow, as found.
+SUITE_ORDER = ["hint", "create_prealloc", "prealloc_filter", "subcluster",
+               "engine"]
+
+
 def load_all(paths, base_dir=None):
     """Loads every file (relative paths against base_dir) into Runs,
-    grouped by suite in first-seen order: [(suite, [Run, ...]), ...]."""
+    grouped by suite: [(suite, [Run, ...]), ...], suites in SUITE_ORDER
+    and runs in the order of paths."""
     suites = []
     by_suite = {}
     for p in paths:
@@ -286,7 +301,9 @@ def load_all(paths, base_dir=None):
     for _, runs in suites:
         for i, run in enumerate(runs):
             run.letter = _letter(i)
-    return suites
+    known = [s for s in suites if s[0] in SUITE_ORDER]
+    known.sort(key=lambda s: SUITE_ORDER.index(s[0]))
+    return known + [s for s in suites if s[0] not in SUITE_ORDER]
 
 
 def _letter(i):
