@@ -62,7 +62,7 @@ while [[ $# -gt 0 ]]; do
 done
 [[ ${#suites[@]} -gt 0 ]] || suites=("${ALL_SUITES[@]}")
 if [[ -z "$reps" ]]; then
-  if [[ $quick == 1 ]]; then reps=2; else reps=3; fi
+  if [[ $quick == 1 ]]; then reps=2; else reps=5; fi
 fi
 [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "run: --reps must be a positive number" >&2; exit 2; }
 

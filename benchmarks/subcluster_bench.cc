@@ -40,6 +40,7 @@
 #include "benchmark/benchmark.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "benchmarks/qcow2_workloads.h"
 #include "benchmarks/suite.h"
 #include "benchmarks/workloads.h"
 #include "io/aligned_buffer.h"
@@ -48,7 +49,6 @@
 #include "io/task.h"
 #include "posix_file/file_node.h"
 #include "posix_file/file_options.pb.h"
-#include "qcow2/create.h"
 #include "qcow2/qcow2_node.h"
 #include "qcow2/qcow2_options.pb.h"
 
@@ -113,39 +113,6 @@ class CountingNode final : public io::BlockNode {
   uint64_t* read_bytes_;
 };
 
-absl::StatusOr<std::unique_ptr<posix_file::FileNode>> OpenFile(
-    io::Engine& engine, const std::string& path, bool read_only) {
-  posix_file::FileOpenOptions open;
-  open.set_filename(path);
-  open.set_cache("none");
-  open.set_read_only(read_only);
-  return posix_file::FileNode::Open(engine, open, nullptr);
-}
-
-// Writes a fresh overlay at `path` (what `qemu-img create -f qcow2 -b base
-// -F raw -o cluster_size=C,extended_l2=E` writes).
-absl::Status CreateOverlay(const std::string& path, uint64_t cluster_size,
-                           bool extended_l2) {
-  unlink(path.c_str());
-  posix_file::FileCreateOptions create;
-  create.set_size(0);
-  RETURN_IF_ERROR(posix_file::CreateFile(path, create, nullptr));
-  ASSIGN_OR_RETURN(std::unique_ptr<io::Engine> engine,
-                   io::CreateEngine(io::EngineKind::kAuto, kDepth, nullptr));
-  ASSIGN_OR_RETURN(std::unique_ptr<posix_file::FileNode> file,
-                   OpenFile(*engine, path, /*read_only=*/false));
-  qcow2::Qcow2CreateOptions options;
-  options.set_size(g_base_size);
-  options.set_cluster_size(cluster_size);
-  options.set_backing_file(g_base);
-  options.set_backing_fmt("raw");
-  options.set_extended_l2(extended_l2);
-  absl::Status st = io::RunSync(*engine, qcow2::CreateQcow2(*file, options));
-  absl::Status closed = io::RunSync(*engine, file->Close());
-  RETURN_IF_ERROR(st);
-  return closed;
-}
-
 struct Overlay {
   std::unique_ptr<io::Engine> engine;
   std::unique_ptr<qcow2::Qcow2Node> node;
@@ -158,13 +125,13 @@ absl::StatusOr<Overlay> OpenOverlay(const std::string& path,
                    io::CreateEngine(io::EngineKind::kAuto, kDepth, nullptr));
   io::Engine* engine = overlay.engine.get();
   ASSIGN_OR_RETURN(std::unique_ptr<posix_file::FileNode> file,
-                   OpenFile(*engine, path, /*read_only=*/false));
+                   OpenFileNode(*engine, path, /*read_only=*/false));
   qcow2::BackingOpener opener =
       [engine, backing_read_bytes](std::string filename, std::string format)
       -> io::Task<absl::StatusOr<std::unique_ptr<io::BlockNode>>> {
     (void)format;  // always raw here
     absl::StatusOr<std::unique_ptr<posix_file::FileNode>> base =
-        OpenFile(*engine, filename, /*read_only=*/true);
+        OpenFileNode(*engine, filename, /*read_only=*/true);
     if (!base.ok()) co_return base.status();
     co_return std::unique_ptr<io::BlockNode>(
         std::make_unique<CountingNode>(std::move(*base), backing_read_bytes));
@@ -228,7 +195,8 @@ void BM_OverlayRandomWrites(benchmark::State& state, uint64_t cluster_size,
   double seconds = 0;
   for (auto _ : state) {
     state.PauseTiming();
-    absl::Status st = CreateOverlay(path, cluster_size, extended_l2);
+    absl::Status st =
+        CreateQcow2Image(path, g_base_size, cluster_size, extended_l2, g_base);
     absl::StatusOr<Overlay> overlay =
         st.ok() ? OpenOverlay(path, &backing_read_bytes)
                 : absl::StatusOr<Overlay>(st);

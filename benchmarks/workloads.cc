@@ -97,16 +97,20 @@ absl::StatusOr<RawImage> CreateAndOpenRaw(const std::string& path,
   return OpenRaw(path);
 }
 
-absl::StatusOr<RawImage> OpenRaw(const std::string& path, bool read_only) {
-  RawImage image;
-  ASSIGN_OR_RETURN(image.engine,
-                   io::CreateEngine(io::EngineKind::kAuto, 64, nullptr));
+absl::StatusOr<std::unique_ptr<posix_file::FileNode>> OpenFileNode(
+    io::Engine& engine, const std::string& path, bool read_only) {
   posix_file::FileOpenOptions open;
   open.set_filename(path);
   open.set_cache("none");
   open.set_read_only(read_only);
-  ASSIGN_OR_RETURN(image.node,
-                   posix_file::FileNode::Open(*image.engine, open, nullptr));
+  return posix_file::FileNode::Open(engine, open, nullptr);
+}
+
+absl::StatusOr<RawImage> OpenRaw(const std::string& path, bool read_only) {
+  RawImage image;
+  ASSIGN_OR_RETURN(image.engine,
+                   io::CreateEngine(io::EngineKind::kAuto, 64, nullptr));
+  ASSIGN_OR_RETURN(image.node, OpenFileNode(*image.engine, path, read_only));
   return image;
 }
 

@@ -53,6 +53,10 @@ absl::StatusOr<RawImage> CreateAndOpenRaw(const std::string& path,
                                           uint64_t size,
                                           std::optional<uint64_t> hint);
 
+// Opens `path` as a file node with cache=none (O_DIRECT) on `engine`.
+absl::StatusOr<std::unique_ptr<posix_file::FileNode>> OpenFileNode(
+    io::Engine& engine, const std::string& path, bool read_only);
+
 // Opens an existing raw image the same way (cache=none, read-write unless
 // `read_only`).
 absl::StatusOr<RawImage> OpenRaw(const std::string& path,
