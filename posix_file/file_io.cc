@@ -377,7 +377,7 @@ absl::Status FileIo::ExtendTo(uint64_t end) {
 }
 
 io::Task<absl::Status> FileIo::WriteZeroes(uint64_t offset, uint64_t length,
-                                           bool may_unmap) {
+                                           bool may_unmap, bool allocate) {
   const uint64_t end = offset + length;
   if (!config_.regular_file) {
     // Block devices take fallocate only on whole logical blocks and never
@@ -406,7 +406,8 @@ io::Task<absl::Status> FileIo::WriteZeroes(uint64_t offset, uint64_t length,
                            length);
     if (r == 0) {
       r = co_await Fallocate(0, offset, length);
-      if (r == 0 || r == -EOPNOTSUPP) co_return ExtendTo(end);
+      if (r == 0 || (r == -EOPNOTSUPP && !allocate)) co_return ExtendTo(end);
+      if (r == -EOPNOTSUPP) co_return absl::UnimplementedError("write zeroes");
       co_return ErrnoStatus(config_.path, "fallocate", static_cast<int>(-r));
     }
     if (r != -EOPNOTSUPP) {

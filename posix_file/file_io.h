@@ -105,9 +105,11 @@ class FileIo {
   // Makes the range read as zeroes with fallocate (file-posix.md §4):
   // punch hole first if `may_unmap`, else ZERO_RANGE, else PUNCH_HOLE then
   // allocate, else allocate past EOF. kUnimplemented when none works (the
-  // caller writes zero buffers).
+  // caller writes zero buffers). A punched hole that cannot be allocated
+  // counts as done, unless `allocate` (the range must end up allocated):
+  // then it is kUnimplemented.
   io::Task<absl::Status> WriteZeroes(uint64_t offset, uint64_t length,
-                                     bool may_unmap);
+                                     bool may_unmap, bool allocate = false);
 
   // Punches a hole (PUNCH_HOLE|KEEP_SIZE). kUnimplemented if unsupported.
   io::Task<absl::Status> Discard(uint64_t offset, uint64_t length);

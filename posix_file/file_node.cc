@@ -236,6 +236,7 @@ struct FileNode::State {
   bool locked = false;  // image locks are held on fd
   internal::LockingMode locking = internal::LockingMode::kAuto;
   uint8_t held = 0;  // internal::Perm bits locked on bytes 100 + bit
+  bool share_all = false;  // others may write and resize (no 2xx bytes)
   int flush_errno = 0;       // sticky fdatasync failure (without O_DIRECT)
   uint64_t write_gen = 0;    // bumped by every change
   uint64_t flushed_gen = 0;  // write_gen covered by the last good flush
@@ -331,6 +332,7 @@ absl::StatusOr<std::unique_ptr<FileNode>> FileNode::Open(
   state->locked = *locked;
   state->locking = locking;
   state->held = perms.held;
+  state->share_all = share_all;
   return std::unique_ptr<FileNode>(
       new FileNode(path, read_only, std::move(state)));
 }
@@ -390,6 +392,8 @@ absl::StatusOr<uint64_t> FileNode::ExtentCount() const {
 
 int FileNode::fd() const { return state_->fd; }
 
+bool FileNode::shares_write_or_resize() const { return state_->share_all; }
+
 io::Task<absl::Status> FileNode::DoRead(uint64_t offset, io::IoVec buf) {
   co_return co_await state_->io.Read(offset, buf);
 }
@@ -404,6 +408,19 @@ io::Task<absl::Status> FileNode::DoWriteZeroes(uint64_t offset, uint64_t length,
   ++state_->write_gen;
   state_->ForgetExtent(offset, length);
   co_return co_await state_->io.WriteZeroes(offset, length, flags.may_unmap);
+}
+
+io::Task<absl::Status> FileNode::WriteZeroesAllocated(uint64_t offset,
+                                                      uint64_t length) {
+  if (read_only()) {
+    co_return absl::FailedPreconditionError(
+        absl::StrFormat("%s: image is read-only", filename()));
+  }
+  if (length == 0) co_return absl::OkStatus();
+  ++state_->write_gen;
+  state_->ForgetExtent(offset, length);
+  co_return co_await state_->io.WriteZeroes(offset, length, /*may_unmap=*/false,
+                                            /*allocate=*/true);
 }
 
 io::Task<absl::Status> FileNode::DoDiscard(uint64_t offset, uint64_t length) {

@@ -81,6 +81,24 @@ class FileNode : public io::BlockNode {
 
   int fd() const;
 
+  // True if other openers may write to or resize the file while this node
+  // is open (share_all_with_others or force_share in FileOpenOptions), so
+  // the file's length can change behind the node's back. False for the
+  // default read-write open, which denies both (lock bytes 201 and 203;
+  // another writer gets `Failed to get "write" lock`): what the
+  // preallocate filter needs to own the end of the file.
+  bool shares_write_or_resize() const;
+
+  // Write zeroes that must leave the range allocated, by fallocate only
+  // (ZERO_RANGE, else punch hole + allocate, else allocate past the end of
+  // the file; file-posix.md §4), growing the file if the range ends past it:
+  // the preallocate filter's request (QEMU: write zeroes with NO_FALLBACK).
+  // kUnimplemented where the filesystem cannot allocate (ext4 without
+  // extents), after which the range still reads as zeroes but may be a
+  // hole; never writes zero buffers. Other errors as WriteZeroes.
+  io::Task<absl::Status> WriteZeroesAllocated(uint64_t offset,
+                                              uint64_t length);
+
  protected:
   io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override;
   io::Task<absl::Status> DoWrite(uint64_t offset, io::ConstIoVec data) override;

@@ -320,6 +320,14 @@ TEST_F(FileNodeFsTest, Ext4WithoutExtentsFallocWritesEachBlockOnceNoReads) {
   ASSERT_TRUE(st.ok());
   EXPECT_FALSE(st->data);
   EXPECT_EQ(st->length, 16384u);
+  // Zeroes that must be allocated (the preallocate filter's) cannot be:
+  // kUnimplemented, and the file does not grow.
+  EXPECT_EQ(Run(node->WriteZeroesAllocated(12 << 20, 1 << 20)).code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(node->size(), 12u << 20);
+  struct stat fst;
+  ASSERT_EQ(stat(path.c_str(), &fst), 0);
+  EXPECT_EQ(static_cast<uint64_t>(fst.st_size), 12u << 20);
   EXPECT_TRUE(Run(node->Close()).ok());
 }
 

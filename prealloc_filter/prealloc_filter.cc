@@ -1,0 +1,363 @@
+#include "prealloc_filter/prealloc_filter.h"
+
+#include <sys/xattr.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "base/align.h"
+#include "base/status_macros.h"
+#include "posix_file/file_node.h"
+
+namespace imgtool::prealloc_filter {
+namespace {
+
+constexpr char kMarkerName[] = "user.imgtool.preallocate";
+// Offsets and lengths stay below 2^63 (io::BlockNode's limit).
+constexpr uint64_t kMaxEnd = uint64_t{1} << 63;
+
+// The crash marker on `fd` ("<data end> <file end>"), if it has a valid one.
+std::optional<std::pair<uint64_t, uint64_t>> ReadMarker(int fd) {
+  char buf[64];
+  const ssize_t n = fgetxattr(fd, kMarkerName, buf, sizeof(buf) - 1);
+  if (n <= 0) return std::nullopt;
+  std::vector<absl::string_view> parts =
+      absl::StrSplit(absl::string_view(buf, static_cast<size_t>(n)), ' ');
+  std::pair<uint64_t, uint64_t> v;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &v.first) ||
+      !absl::SimpleAtoi(parts[1], &v.second)) {
+    return std::nullopt;
+  }
+  return v;
+}
+
+}  // namespace
+
+absl::Status ValidateOptions(const PreallocFilterOptions& options,
+                             uint64_t child_request_alignment) {
+  const uint64_t align = options.has_prealloc_align()
+                             ? options.prealloc_align()
+                             : kDefaultPreallocAlign;
+  if (align % 512 != 0) {
+    return absl::InvalidArgumentError(
+        "prealloc-align parameter of preallocate filter is not aligned to 512");
+  }
+  if (child_request_alignment == 0 || align % child_request_alignment != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "prealloc-align parameter of preallocate filter is not aligned to "
+        "underlying node request alignment (%u)",
+        child_request_alignment));
+  }
+  return absl::OkStatus();
+}
+
+io::Task<absl::StatusOr<std::unique_ptr<PreallocFilterNode>>>
+OpenPreallocFilter(std::unique_ptr<io::BlockNode> file,
+                   const PreallocFilterOptions& options) {
+  auto* file_node = dynamic_cast<posix_file::FileNode*>(file.get());
+  const uint64_t request_alignment =
+      file_node != nullptr ? std::max<uint64_t>(file_node->request_alignment(), 1)
+                           : 1;
+  absl::Status valid = ValidateOptions(options, request_alignment);
+  if (!valid.ok()) {
+    (void)co_await file->Close();
+    co_return valid;
+  }
+  const uint64_t align = std::max(
+      options.has_prealloc_align() ? options.prealloc_align()
+                                   : kDefaultPreallocAlign,
+      request_alignment);
+  const uint64_t size = options.has_prealloc_size() ? options.prealloc_size()
+                                                    : kDefaultPreallocSize;
+  // §3: the state is valid only while the filter owns write and resize.
+  const bool active =
+      !file->read_only() &&
+      (file_node == nullptr || !file_node->shares_write_or_resize());
+  std::unique_ptr<PreallocFilterNode> node(new PreallocFilterNode(
+      std::move(file), active, request_alignment, align, size));
+  if (!active) co_return node;
+  node->InitState();
+  if (file_node == nullptr) co_return node;
+  node->file_node_ = file_node;
+  node->fd_ = file_node->fd();
+
+  // Crash recovery: the last user was killed with a preallocation out.
+  // A file whose length is not the one recorded was changed since (by an
+  // opener without the filter): the marker says nothing about it then.
+  std::optional<std::pair<uint64_t, uint64_t>> marker = ReadMarker(node->fd_);
+  if (!marker.has_value()) co_return node;
+  node->marker_ = *marker;
+  const uint64_t file_size = node->file_->size();
+  if (marker->second != file_size || marker->first > file_size) {
+    co_return node;
+  }
+  uint64_t data_end = marker->first;
+  for (uint64_t pos = data_end; pos < file_size;) {
+    absl::StatusOr<io::BlockStatus> st =
+        co_await node->file_->GetBlockStatus(pos, file_size - pos);
+    if (!st.ok()) {
+      (void)co_await node->file_->Close();
+      co_return st.status();
+    }
+    pos += st->length;
+    if (st->data) data_end = pos;
+  }
+  node->data_end_ = data_end;
+  node->zero_start_ = data_end;
+  node->file_end_ = file_size;
+  co_return node;
+}
+
+PreallocFilterNode::PreallocFilterNode(std::unique_ptr<io::BlockNode> file,
+                                       bool active, uint64_t request_alignment,
+                                       uint64_t align, uint64_t prealloc_size)
+    : io::BlockNode(file->filename(), file->read_only()),
+      file_(std::move(file)),
+      active_(active),
+      request_alignment_(request_alignment),
+      align_(align),
+      prealloc_size_(prealloc_size) {}
+
+PreallocFilterNode::~PreallocFilterNode() = default;
+
+uint64_t PreallocFilterNode::size() const {
+  if (active_ && data_end_.has_value()) return *data_end_;
+  return active_ ? FileLength() : file_->size();
+}
+
+absl::StatusOr<uint64_t> PreallocFilterNode::AllocatedSize() const {
+  return file_->AllocatedSize();
+}
+
+uint64_t PreallocFilterNode::FileLength() const {
+  return RoundUpTo(file_->size(), 512);
+}
+
+void PreallocFilterNode::InitState() {
+  if (!data_end_.has_value()) {
+    data_end_ = FileLength();
+    zero_start_ = *data_end_;
+    if (!file_end_.has_value()) file_end_ = *data_end_;
+  }
+}
+
+void PreallocFilterNode::SetMarker(uint64_t data_end, uint64_t file_end) {
+  const std::pair<uint64_t, uint64_t> value(data_end, file_end);
+  if (fd_ < 0 || marker_ == value) return;
+  const std::string text = absl::StrCat(data_end, " ", file_end);
+  if (fsetxattr(fd_, kMarkerName, text.data(), text.size(), 0) == 0) {
+    marker_ = value;
+  }
+}
+
+void PreallocFilterNode::RemoveMarker() {
+  if (fd_ < 0 || !marker_.has_value()) return;
+  if (fremovexattr(fd_, kMarkerName) == 0 || errno == ENODATA) {
+    marker_.reset();
+  }
+}
+
+io::Task<void> PreallocFilterNode::WaitForPrealloc() {
+  while (prealloc_ != nullptr) co_await prealloc_->done.Wait();
+}
+
+io::Task<std::list<PreallocFilterNode::Inflight>::iterator>
+PreallocFilterNode::BeginRequest(uint64_t offset, uint64_t length) {
+  // Aligned out like the file will issue it (O_DIRECT padding).
+  const uint64_t start = RoundDownTo(offset, request_alignment_);
+  const uint64_t end = RoundUpTo(offset + length, request_alignment_);
+  auto it = inflight_.insert(inflight_.end(), Inflight{start, end});
+  // A running preallocation extends the file: whatever reaches past its
+  // start waits (QEMU: serialising up to the end of the file).
+  while (prealloc_ != nullptr && end > prealloc_->start) {
+    co_await prealloc_->done.Wait();
+  }
+  co_return it;
+}
+
+io::Task<bool> PreallocFilterNode::HandleWrite(uint64_t offset,
+                                               uint64_t length,
+                                               bool merge_zero) {
+  if (!active_) co_return false;
+  InitState();
+  const uint64_t end = offset + length;
+  if (end <= *data_end_) {
+    // Not in QEMU: data now ends at `end`, so [.., end) is no longer a
+    // known-zero tail.
+    if (!merge_zero && end > *zero_start_) zero_start_ = end;
+    co_return false;
+  }
+  data_end_ = end;
+  if (!merge_zero) zero_start_ = end;
+  if (!file_end_.has_value()) file_end_ = FileLength();
+  if (end <= *file_end_) co_return merge_zero && offset >= *zero_start_;
+
+  // The write reaches past the file end: preallocate ahead of it.
+  const uint64_t start = RoundUpTo(
+      merge_zero ? std::min(offset, *file_end_) : *file_end_,
+      request_alignment_);
+  const uint64_t base = std::max(start, end);
+  if (prealloc_size_ > kMaxEnd - base) co_return false;
+  const uint64_t prealloc_end = RoundUpTo(base + prealloc_size_, align_);
+  if (prealloc_end > kMaxEnd || prealloc_end <= start) co_return false;
+  merge_zero = merge_zero && start <= offset;
+
+  // NO_WAIT (§8): never wait for other requests, never zero under them.
+  bool busy = prealloc_ != nullptr;
+  for (const Inflight& r : inflight_) {
+    if (r.end > start) busy = true;
+  }
+  if (busy) {
+    file_end_.reset();
+    ++file_end_epoch_;
+    co_return false;
+  }
+
+  SetMarker(*data_end_, prealloc_end);
+  prealloc_ = std::make_unique<Prealloc>();
+  prealloc_->start = start;
+  prealloc_->end = prealloc_end;
+  const uint64_t epoch = file_end_epoch_;
+  // Write zeroes with NO_FALLBACK: allocated by fallocate, never zero
+  // buffers (§4.5, §7).
+  absl::Status st;
+  if (file_node_ != nullptr) {
+    st = co_await file_node_->WriteZeroesAllocated(start, prealloc_end - start);
+  } else {
+    io::WriteZeroesFlags flags;
+    flags.no_fallback = true;
+    st = co_await file_->WriteZeroes(start, prealloc_end - start, flags);
+  }
+  std::unique_ptr<Prealloc> done = std::move(prealloc_);
+  if (st.ok() && epoch == file_end_epoch_) {
+    file_end_ = prealloc_end;
+  } else {
+    // Failed (unsupported, no space, ...): retried on the next extending
+    // write; or others went past it meanwhile: re-read the length.
+    file_end_.reset();
+    ++file_end_epoch_;
+  }
+  done->done.Set();
+  co_return st.ok() && merge_zero;
+}
+
+io::Task<absl::Status> PreallocFilterNode::DoRead(uint64_t offset,
+                                                  io::IoVec buf) {
+  co_return co_await file_->Read(offset, buf);
+}
+
+io::Task<absl::Status> PreallocFilterNode::DoWrite(uint64_t offset,
+                                                   io::ConstIoVec data) {
+  if (!active_) co_return co_await file_->Write(offset, data);
+  (void)co_await HandleWrite(offset, data.size(), /*merge_zero=*/false);
+  auto it = co_await BeginRequest(offset, data.size());
+  absl::Status st = co_await file_->Write(offset, data);
+  inflight_.erase(it);
+  co_return st;
+}
+
+io::Task<absl::Status> PreallocFilterNode::DoWriteZeroes(
+    uint64_t offset, uint64_t length, io::WriteZeroesFlags flags) {
+  if (!active_) co_return co_await file_->WriteZeroes(offset, length, flags);
+  const bool merged = co_await HandleWrite(offset, length, !flags.may_unmap);
+  if (merged) co_return absl::OkStatus();
+  auto it = co_await BeginRequest(offset, length);
+  absl::Status st = co_await file_->WriteZeroes(offset, length, flags);
+  inflight_.erase(it);
+  co_return st;
+}
+
+io::Task<absl::Status> PreallocFilterNode::DoDiscard(uint64_t offset,
+                                                     uint64_t length) {
+  if (!active_) co_return co_await file_->Discard(offset, length);
+  auto it = co_await BeginRequest(offset, length);
+  absl::Status st = co_await file_->Discard(offset, length);
+  inflight_.erase(it);
+  co_return st;
+}
+
+io::Task<absl::Status> PreallocFilterNode::DoFlush() {
+  co_return co_await file_->Flush();
+}
+
+io::Task<absl::Status> PreallocFilterNode::DoTruncate(
+    uint64_t size, io::PreallocMode prealloc) {
+  if (!active_) co_return co_await file_->Truncate(size, prealloc);
+  co_await WaitForPrealloc();
+  InitState();
+  if (size > *data_end_) {
+    if (!file_end_.has_value()) file_end_ = FileLength();
+    if (prealloc == io::PreallocMode::kFalloc) {
+      // Already allocated by the filter: it becomes the user's.
+      if (size <= *file_end_) {
+        data_end_ = size;
+        if (marker_.has_value()) SetMarker(size, *file_end_);
+        co_return absl::OkStatus();
+      }
+    } else if (*file_end_ > *data_end_) {
+      // Drop the filter's preallocation first, so that `off` stays sparse
+      // and `full` really writes.
+      absl::Status st = co_await file_->Truncate(*data_end_, io::PreallocMode::kOff);
+      if (!st.ok()) {
+        file_end_.reset();
+        ++file_end_epoch_;
+        co_return st;
+      }
+      file_end_ = *data_end_;
+    }
+    data_end_ = size;
+  }
+  absl::Status st = co_await file_->Truncate(size, prealloc);
+  if (!st.ok()) {
+    data_end_.reset();
+    zero_start_.reset();
+    file_end_.reset();
+    ++file_end_epoch_;
+    co_return st;
+  }
+  data_end_ = size;
+  zero_start_ = size;
+  file_end_ = size;
+  if (marker_.has_value()) SetMarker(size, size);
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::StatusOr<io::BlockStatus>> PreallocFilterNode::DoGetBlockStatus(
+    uint64_t offset, uint64_t max_length) {
+  if (offset >= file_->size()) {
+    // Data end raised by a write still in flight: nothing there yet.
+    io::BlockStatus status;
+    status.length = max_length;
+    status.zero = true;
+    co_return status;
+  }
+  co_return co_await file_->GetBlockStatus(offset, max_length);
+}
+
+io::Task<absl::Status> PreallocFilterNode::Close() {
+  if (active_) {
+    co_await WaitForPrealloc();
+    if (data_end_.has_value()) {
+      if (!file_end_.has_value()) file_end_ = FileLength();
+      bool trimmed = true;
+      if (*data_end_ < *file_end_) {
+        // Errors are ignored, as QEMU: the image is still valid.
+        absl::Status st =
+            co_await file_->Truncate(*data_end_, io::PreallocMode::kOff);
+        trimmed = st.ok();
+        if (trimmed) file_end_ = *data_end_;
+      }
+      if (trimmed) RemoveMarker();
+    }
+  }
+  co_return co_await file_->Close();
+}
+
+}  // namespace imgtool::prealloc_filter
