@@ -241,9 +241,12 @@ def _esc(s):
     return html.escape(str(s), quote=True)
 
 
-def _table_html(t):
+def _table_html(t, shown):
+    """A comparison table; hidden unless `shown` (the page shows the tables
+    of the metric the suite's selector has chosen)."""
     _, _, higher = results.metric_info(t.metric)
-    out = ['<table class="cmp"><caption>%s' % _esc(t.title)]
+    out = ['<table class="cmp" data-metric="%s"%s><caption>%s' % (
+        _esc(t.metric), "" if shown else " hidden", _esc(t.title))]
     for line in t.legend:
         out.append('<div class="legend">%s</div>' % _esc(line))
     out.append('</caption><thead><tr><th></th>')
@@ -365,9 +368,12 @@ def render_page(suites, chartjs_path, paths, by=None, now=None):
                 '<figcaption></figcaption></figure>' %
                 (_esc(chart["id"]), _esc(suite), n_series, n_points))
         body.append("</div>")
-        body.append("<details open><summary>comparison tables</summary>")
+        body.append('<details class="tables"><summary>comparison table '
+                    "(the chosen metric; runs or variants side by side)"
+                    "</summary>")
         tables = results.build_tables(suite, runs, by=by)
-        body.extend(_table_html(t) for t in tables)
+        body.extend(_table_html(t, t.metric == sm["default_metric"])
+                    for t in tables)
         body.append("</details>")
         body.append("<details><summary>machine and context</summary>%s"
                     "</details>" % _context_html(runs))

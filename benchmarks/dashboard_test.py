@@ -28,8 +28,17 @@ _RESULTS = ["testdata/benchmarks/run1", "testdata/benchmarks/run2"]
 # files in testdata/benchmarks/run1 and run2 (2 runs: every series twice):
 # chart id -> (series, points).
 EXPECTED = {
-    "chart-hint-write": (4, 12),    # (xfs, ext4) x 2 runs; hints 0/1M/8M
+    # bars: (xfs, ext4) x 2 runs over hints 0/1M/8M
+    "chart-hint-write": (4, 12),
     "chart-hint-map": (4, 12),
+    # bars: (xfs, ext4, ext4_noextents) x 2 runs over prealloc off/falloc/full
+    "chart-create_prealloc-raw": (6, 18),
+    "chart-create_prealloc-qcow2": (6, 18),
+    # lines: extended_l2 off (4k, 16k..2M: 9 sizes) and on (8 sizes) x 2 runs
+    "chart-subcluster": (4, 34),
+    # lines: io_uring, threads, fio (ceiling) x 2 runs over depths 1..256 (9)
+    "chart-engine-randread": (6, 54),
+    "chart-engine-randwrite": (6, 54),
 }
 
 
@@ -43,6 +52,8 @@ class _DomReader(html.parser.HTMLParser):
         self.errors = []
         self.scripts_with_src = []
         self.links = []
+        self.tables = []  # (section id, metric, hidden)
+        self._section = None
         self._in_errors = False
 
     def handle_starttag(self, tag, attrs):
@@ -51,6 +62,11 @@ class _DomReader(html.parser.HTMLParser):
             self.figures[a.get("id")] = a
         elif tag == "body":
             self.body = a
+        elif tag == "section":
+            self._section = a.get("id")
+        elif tag == "table" and a.get("class") == "cmp":
+            self.tables.append((self._section, a.get("data-metric"),
+                                "hidden" in a))
         elif tag == "ul" and a.get("id") == "errors":
             self._in_errors = True
         elif tag == "li" and self._in_errors:
@@ -144,9 +160,20 @@ class DashboardTest(unittest.TestCase):
         self.assertEqual(reader.links, [])
         self.assertIn("Chart.js v4", self.page)
 
+    def test_each_suite_shows_the_table_of_its_chosen_metric(self):
+        shown = [(sec, m) for sec, m, hidden in self.dom.tables if not hidden]
+        self.assertEqual(shown, [("suite-hint", "seconds"),
+                                 ("suite-create_prealloc", "seconds"),
+                                 ("suite-subcluster", "IOPS"),
+                                 ("suite-engine", "IOPS")])
+        self.assertEqual(len(self.dom.tables), 4 + 3 + 4 + 3)
+
     def test_tables_and_context_are_on_the_page(self):
         for text in ["<caption>hint: seconds (s, lower is better)",
-                     "<th>imgtool_commit</th>"]:
+                     "<caption>subcluster: IOPS (higher is better)",
+                     "<caption>engine: IOPS (higher is better)",
+                     "<caption>create_prealloc: allocated_bytes (MiB)",
+                     "<th>imgtool_commit</th><td>bad69fb</td><td>0aaa615</td>"]:
             self.assertTrue(text in self.page, text)
 
     def test_metric_switch_redraws_and_errors_are_caught(self):
@@ -169,6 +196,9 @@ class DashboardTest(unittest.TestCase):
                           fig.get("data-rendered-series"),
                           fig.get("data-rendered-points")),
                          ("extents", "4", "12"))
+        shown = [m for sec, m, hidden in dom.tables
+                 if sec == "suite-hint" and not hidden]
+        self.assertEqual(shown, ["extents"])
         self.assertEqual(len(dom.errors), 1)
         self.assertIn("probe error", dom.errors[0])
 
@@ -176,13 +206,13 @@ class DashboardTest(unittest.TestCase):
         out_dir = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR", self.dir)
         shot = os.path.join(out_dir, "dashboard.png")
         chromium("file://" + self.path, "--screenshot=" + shot,
-                 window="1280,2400")
+                 window="1280,3000")
         with open(shot, "rb") as f:
             head = f.read(24)
         self.assertEqual(head[:8], b"\x89PNG\r\n\x1a\n")
         width = int.from_bytes(head[16:20], "big")
         height = int.from_bytes(head[20:24], "big")
-        self.assertEqual((width, height), (1280, 2400))
+        self.assertEqual((width, height), (1280, 3000))
 
 
 class FindChartjsTest(unittest.TestCase):

@@ -1,11 +1,10 @@
 """Tests of //benchmarks:report: exact text on the real result files in
-testdata/benchmarks, and exact figures on small hand-made files.
+testdata/benchmarks (run1: commit bad69fb, run2: commit 0aaa615), and exact
+figures on small hand-made files.
 
-The expected text in report_test_expected.txt is the output of
-  bazel run //benchmarks:report -- testdata/benchmarks/run1 testdata/benchmarks/run2
-followed by
-  bazel run //benchmarks:report -- testdata/benchmarks/run1
-run from the workspace root (checked by hand against the JSON files).
+report_test_expected.txt holds commands (`$ report ARGS`, run from the
+workspace root as `bazel run //benchmarks:report -- ARGS`), each followed by
+its exact output (checked by hand against the JSON files).
 """
 
 import contextlib
@@ -13,6 +12,7 @@ import difflib
 import io
 import json
 import os
+import shlex
 import tempfile
 import unittest
 
@@ -62,11 +62,14 @@ class ReportTextTest(unittest.TestCase):
                                "report_test_expected.txt"),
                   encoding="utf-8") as f:
             expected = f.read()
-        rc1, two_runs, err1 = run_report(
-            ["testdata/benchmarks/run1", "testdata/benchmarks/run2"], _WS)
-        rc2, one_run, err2 = run_report(["testdata/benchmarks/run1"], _WS)
-        self.assertEqual((rc1, err1, rc2, err2), (0, "", 0, ""))
-        got = two_runs + one_run
+        commands = [l[len("$ report "):] for l in expected.splitlines()
+                    if l.startswith("$ report ")]
+        self.assertGreaterEqual(len(commands), 3)
+        got = ""
+        for args in commands:
+            rc, out, err = run_report(shlex.split(args), _WS)
+            self.assertEqual((rc, err), (0, ""), args)
+            got += "$ report %s\n%s" % (args, out)
         if got != expected:
             diff = "".join(difflib.unified_diff(
                 expected.splitlines(True), got.splitlines(True),

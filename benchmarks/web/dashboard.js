@@ -47,7 +47,7 @@
       if (groups.indexOf(s.group) < 0) groups.push(s.group);
       if (runs.indexOf(s.run) < 0) runs.push(s.run);
       var run = runs.indexOf(s.run);
-      var color = s.ceiling ? '#222222' :
+      var color = s.ceiling ? (run === 0 ? '#222222' : '#999999') :
           PALETTE[groups.indexOf(s.group) % PALETTE.length];
       var ds = {
         label: s.label,
@@ -130,7 +130,13 @@
         interaction: {mode: 'nearest', intersect: false},
         plugins: {
           title: {display: true, text: chart.title + ' — ' + title},
-          legend: {position: 'bottom'},
+          // lines: the legend shows each line's colour and dash pattern
+          legend: {
+            position: 'bottom',
+            labels: chart.kind === 'line' ?
+                {usePointStyle: true, pointStyle: 'line', pointStyleWidth: 36} :
+                {},
+          },
           tooltip: {
             callbacks: {
               label: function (ctx) {
@@ -172,6 +178,13 @@
       var chosen = metric || chart.default_metric;
       draw(suite, chart, chosen);
     });
+    if (metric) {
+      // the comparison tables of the chosen metric only
+      var section = document.getElementById('suite-' + suite.suite);
+      section.querySelectorAll('table.cmp').forEach(function (table) {
+        table.hidden = table.getAttribute('data-metric') !== metric;
+      });
+    }
   }
 
   model.suites.forEach(function (suite) {
