@@ -79,8 +79,10 @@ def find_chartjs(explicit=None):
         candidates.append(os.path.join(ws, "benchmarks", "web", _CHARTJS))
     lock = os.path.join(_WEB, "package-lock.json")
     if os.path.exists(lock):
-        candidates.append(
-            os.path.join(os.path.dirname(os.path.realpath(lock)), _CHARTJS))
+        beside = os.path.join(os.path.dirname(os.path.realpath(lock)),
+                              _CHARTJS)
+        if beside not in candidates:
+            candidates.append(beside)
     for c in candidates:
         if os.path.isfile(c):
             return c
@@ -102,8 +104,9 @@ def _chart_spec(suite, runs):
         varying = [k for k in keys if k not in const]
         spec["x"] = varying[-1] if varying else (keys[-1] if keys else None)
         spec["x_title"] = spec["x"] or ""
-    if spec.get("facet") not in keys or spec.get("facet") == spec["x"]:
-        spec["facet"] = None
+    if (spec.get("facet") not in keys or spec.get("facet") == spec["x"] or
+            spec.get("facet") in const):
+        spec["facet"] = None  # one value: one chart
     return spec
 
 
@@ -131,8 +134,9 @@ def _series_for(cases_by_run, spec, labels, metric, skip, multi_run):
                 case = g["cases"].get(raw_x)
                 stat = case.metrics.get(metric) if case else None
                 if case is not None and case.error is not None:
-                    errors.append("%s=%s: %s" % (
-                        x_key, results.human_value(x_key, raw_x), case.error))
+                    errors.append("%s%s: %s" % (
+                        run.letter + ": " if multi_run else "",
+                        results.config_label(case.config), case.error))
                 if stat is None or not _finite(stat.mean):
                     data.append(None)
                     rsd.append(None)

@@ -10,6 +10,7 @@ Needs /usr/bin/chromium and benchmarks/web/node_modules (tools/setup.sh).
 """
 
 import html.parser
+import json
 import os
 import shutil
 import subprocess
@@ -53,13 +54,20 @@ class _DomReader(html.parser.HTMLParser):
         self.scripts_with_src = []
         self.links = []
         self.tables = []  # (section id, metric, hidden)
+        self.captions = {}  # figure id -> figcaption text
         self._section = None
+        self._figure = None
+        self._in_caption = False
         self._in_errors = False
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
         if tag == "figure" and "chart" in (a.get("class") or ""):
             self.figures[a.get("id")] = a
+            self._figure = a.get("id")
+        elif tag == "figcaption" and self._figure:
+            self._in_caption = True
+            self.captions[self._figure] = ""
         elif tag == "body":
             self.body = a
         elif tag == "section":
@@ -80,8 +88,12 @@ class _DomReader(html.parser.HTMLParser):
     def handle_endtag(self, tag):
         if tag == "ul":
             self._in_errors = False
+        elif tag == "figcaption":
+            self._in_caption = False
 
     def handle_data(self, data):
+        if self._in_caption:
+            self.captions[self._figure] += data
         if self._in_errors and self.errors:
             self.errors[-1] += data
 
@@ -213,6 +225,64 @@ class DashboardTest(unittest.TestCase):
         width = int.from_bytes(head[16:20], "big")
         height = int.from_bytes(head[20:24], "big")
         self.assertEqual((width, height), (1280, 3000))
+
+
+def gb_entry(name, counters, aggregate=None, index=0):
+    """One Google Benchmark JSON entry (2 repetitions)."""
+    e = {"name": name + ("_" + aggregate if aggregate else ""),
+         "run_name": name,
+         "run_type": "aggregate" if aggregate else "iteration",
+         "repetitions": 2, "iterations": 1, "real_time": 1.0,
+         "cpu_time": 1.0, "time_unit": "ms"}
+    if aggregate:
+        e["aggregate_name"] = aggregate
+    else:
+        e["repetition_index"] = index
+    e.update(counters)
+    return e
+
+
+class FailuresAndUnknownSuitesTest(unittest.TestCase):
+    """A failed configuration is a gap plus a caption, not a zero; a suite
+    the dashboard has no chart plan for still gets a bar chart."""
+
+    def test_page(self):
+        d = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        prealloc = [gb_entry("create_prealloc/fs:ext4/fmt:raw/prealloc:" + p,
+                             {"seconds": 0.01 * (i + 1)}, index=r)
+                    for i, p in enumerate(["off", "falloc"]) for r in (0, 1)]
+        prealloc.append({
+            "name": "create_prealloc/fs:ext4/fmt:raw/prealloc:full",
+            "run_name": "create_prealloc/fs:ext4/fmt:raw/prealloc:full",
+            "run_type": "iteration", "error_occurred": True,
+            "error_message": "No space left on device"})
+        other = [gb_entry("mysuite/size:%d/mode:%s" % (n, m),
+                          {"widgets": float(n)}, index=0)
+                 for n in (1, 2, 3) for m in ("a", "b")]
+        for name, entries in (("create_prealloc-x.json", prealloc),
+                              ("mysuite-x.json", other)):
+            with open(os.path.join(d, name), "w") as f:
+                json.dump({"context": {"machine": "x"}, "benchmarks": entries},
+                          f)
+        paths = results.expand(["."], d)
+        page = dashboard.render_page(results.load_all(paths, d),
+                                     dashboard.find_chartjs(), paths)
+        path = os.path.join(d, "index.html")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(page)
+        dom = read_dom(path)
+        self.assertEqual(dom.errors, [])
+        raw = dom.figures["chart-create_prealloc"]
+        self.assertEqual((raw.get("data-rendered-series"),
+                          raw.get("data-rendered-points")), ("1", "2"))
+        self.assertEqual(dom.captions["chart-create_prealloc"],
+                         "Failed configurations: fs:ext4/fmt:raw/"
+                         "prealloc:full: No space left on device")
+        mine = dom.figures["chart-mysuite"]
+        # x: the last varying key (mode a/b), series: size 1/2/3
+        self.assertEqual((mine.get("data-rendered-series"),
+                          mine.get("data-rendered-points")), ("3", "6"))
+        self.assertIn('<td class="error">ERROR</td>', page)
 
 
 class FindChartjsTest(unittest.TestCase):

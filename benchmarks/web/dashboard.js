@@ -114,7 +114,7 @@
     }
     var errors = [];
     m.series.forEach(function (s) {
-      s.errors.forEach(function (e) { errors.push(s.label + ' ' + e); });
+      s.errors.forEach(function (e) { errors.push(e); });
     });
     caption.textContent = errors.length ?
         'Failed configurations: ' + errors.join('; ') : '';
