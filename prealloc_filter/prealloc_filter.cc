@@ -1,5 +1,8 @@
 #include "prealloc_filter/prealloc_filter.h"
 
+#include <linux/fiemap.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/xattr.h>
 
 #include <algorithm>
@@ -13,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/align.h"
+#include "base/errno_status.h"
 #include "base/status_macros.h"
 #include "posix_file/file_node.h"
 
@@ -36,6 +40,44 @@ std::optional<std::pair<uint64_t, uint64_t>> ReadMarker(int fd) {
     return std::nullopt;
   }
   return v;
+}
+
+// The end of the last extent of `fd` past `from` that holds written data,
+// according to FIEMAP after a sync (FIEMAP_FLAG_SYNC: dirty pages are
+// written and their unwritten extents converted first); fallocate'd, never
+// written extents (FIEMAP_EXTENT_UNWRITTEN) and holes do not count. Not
+// SEEK_DATA: it reports unwritten extents as data once anyone has read them
+// into the page cache. 0 if there is none.
+absl::StatusOr<uint64_t> LastWrittenEnd(int fd, const std::string& path,
+                                        uint64_t from, uint64_t file_size) {
+  constexpr uint32_t kBatch = 256;
+  std::vector<uint8_t> buf(sizeof(struct fiemap) +
+                           kBatch * sizeof(struct fiemap_extent));
+  auto* fm = reinterpret_cast<struct fiemap*>(buf.data());
+  uint64_t end = 0;
+  uint64_t pos = from;
+  while (pos < file_size) {
+    std::fill(buf.begin(), buf.end(), 0);
+    fm->fm_start = pos;
+    fm->fm_length = file_size - pos;
+    fm->fm_flags = FIEMAP_FLAG_SYNC;
+    fm->fm_extent_count = kBatch;
+    if (ioctl(fd, FS_IOC_FIEMAP, fm) != 0) {
+      return ErrnoStatus(path, "FIEMAP", errno);
+    }
+    if (fm->fm_mapped_extents == 0) break;
+    bool last = false;
+    for (uint32_t i = 0; i < fm->fm_mapped_extents; ++i) {
+      const struct fiemap_extent& e = fm->fm_extents[i];
+      if ((e.fe_flags & FIEMAP_EXTENT_UNWRITTEN) == 0) {
+        end = std::max<uint64_t>(end, e.fe_logical + e.fe_length);
+      }
+      pos = std::max<uint64_t>(pos, e.fe_logical + e.fe_length);
+      if ((e.fe_flags & FIEMAP_EXTENT_LAST) != 0) last = true;
+    }
+    if (last) break;
+  }
+  return std::min(end, file_size);
 }
 
 }  // namespace
@@ -98,17 +140,13 @@ OpenPreallocFilter(std::unique_ptr<io::BlockNode> file,
   if (marker->second != file_size || marker->first > file_size) {
     co_return node;
   }
-  uint64_t data_end = marker->first;
-  for (uint64_t pos = data_end; pos < file_size;) {
-    absl::StatusOr<io::BlockStatus> st =
-        co_await node->file_->GetBlockStatus(pos, file_size - pos);
-    if (!st.ok()) {
-      (void)co_await node->file_->Close();
-      co_return st.status();
-    }
-    pos += st->length;
-    if (st->data) data_end = pos;
+  absl::StatusOr<uint64_t> written = LastWrittenEnd(
+      node->fd_, node->file_->filename(), marker->first, file_size);
+  if (!written.ok()) {
+    (void)co_await node->file_->Close();
+    co_return written.status();
   }
+  const uint64_t data_end = std::max(marker->first, *written);
   node->data_end_ = data_end;
   node->zero_start_ = data_end;
   node->file_end_ = file_size;

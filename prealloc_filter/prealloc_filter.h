@@ -37,8 +37,9 @@
 //    started; Close() removes it after truncating. Opening a file that still
 //    has it (the last user was killed) and is still exactly <file end> long
 //    takes as data end the largest of <data end> and the end of the last
-//    data extent (SEEK_DATA/SEEK_HOLE: fallocate'd, never written space is a
-//    hole there), so the next Close() trims the stale tail. QEMU leaves
+//    written extent (FIEMAP after a sync: fallocate'd, never written space
+//    is an unwritten extent), so the next Close() trims the stale tail.
+//    QEMU leaves
 //    such a tail for good. Only for posix_file::FileNode children; if the
 //    filesystem refuses user xattrs nothing is recorded.
 //
