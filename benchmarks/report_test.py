@@ -146,6 +146,28 @@ class ReportFiguresTest(unittest.TestCase):
             "                       +24900%\n"
             "fs:ext4  4 ms          ERROR\n"))
 
+    def test_nan_counters_read_as_no_value(self):
+        # Google Benchmark writes a bare NaN for 0/0 (e.g. the cv of a zero
+        # mean). A NaN stddev gives no ± part; a metric whose only value is
+        # a NaN mean gets no table.
+        name = "subcluster/fs:xfs/cluster:65536/extended_l2:on"
+        text = json.dumps({"context": {}, "benchmarks": [
+            gb_entry(name, {"IOPS": 5.0, "odd": "NaN"}, "aggregate", "mean"),
+            gb_entry(name, {"IOPS": "NaN", "odd": 1.0}, "aggregate",
+                     "stddev")]})
+        with open(os.path.join(self.dir, "nan.json"), "w") as f:
+            f.write(text.replace('"NaN"', "NaN"))
+        rc, out, err = run_report(["nan.json", "--by", "extended_l2"],
+                                  self.dir)
+        self.assertEqual((rc, err), (0, ""))
+        self.assertEqual(out, (
+            "== subcluster: IOPS (higher is better)\n"
+            "   nan.json (?)\n"
+            "\n"
+            "                    extended_l2:on\n"
+            "------------------  --------------\n"
+            "fs:xfs/cluster:64k  5\n"))
+
     def test_percent_change_keeps_small_fractions(self):
         self.assertEqual(results.percent_change(3.37e-6, 1.43e-3), "-99.8%")
         self.assertEqual(results.percent_change(1.0, 100000.0), "-100.00%")

@@ -105,8 +105,10 @@ class Stat(object):
         self.n = n
 
     def rsd_percent(self):
-        """Relative standard deviation in percent; None if undefined."""
-        if self.n < 2 or self.mean == 0:
+        """Relative standard deviation in percent; None if undefined (one
+        repetition, zero mean, or a NaN in the file)."""
+        if (self.n < 2 or self.mean == 0 or math.isnan(self.mean) or
+                math.isnan(self.stddev)):
             return None
         return abs(self.stddev / self.mean) * 100.0
 
@@ -207,7 +209,9 @@ def load(path, display_name=None):
             "%s: not Google Benchmark JSON (no \"benchmarks\" list)" % name)
     context = data.get("context", {})
     runs = {}  # suite -> Run
-    # run_name -> {"iter": [counters], "mean": {}, "stddev": {}, "error": str}
+    # run_name -> {"iter": [counters of each repetition],
+    #              "agg": {aggregate_name: (counters, repetitions)},
+    #              "error": error_message or None}
     groups = {}
     order = []
     for entry in data["benchmarks"]:
@@ -500,7 +504,7 @@ def build_tables(suite, runs, by=None, metrics=None):
             tables.append(_table_by_run(suite, runs, metric))
         else:
             tables.extend(_tables_by_key(suite, runs, metric, col_key))
-    return tables
+    return [t for t in tables if t.rows]
 
 
 def constant_keys(runs):
@@ -533,9 +537,13 @@ def config_label(config, skip=()):
 
 
 def _stats(case, metric):
+    """(Stat or None, error or None) of one cell; a NaN mean is no value."""
     if case is None:
         return (None, None)
-    return (case.metrics.get(metric), case.error)
+    stat = case.metrics.get(metric)
+    if stat is not None and (math.isnan(stat.mean) or math.isinf(stat.mean)):
+        stat = None
+    return (stat, case.error)
 
 
 def _row(cells_stats, metric):
