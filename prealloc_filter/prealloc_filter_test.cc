@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "io/block_node.h"
 #include "io/engine.h"
+#include "io/sync.h"
 #include "io/task.h"
 #include "posix_file/file_node.h"
 #include "posix_file/file_options.pb.h"
@@ -386,6 +387,127 @@ TEST_F(PreallocFilterTest, ConcurrentExtendingWritesAllLand) {
     EXPECT_EQ(Read(*file, offsets[i], kLen), data[i]) << "write " << i;
   }
   ASSERT_TRUE(Run(file->Close()).ok());
+}
+
+// Forwards to a FileNode; writes wait at a gate until it opens. Not a
+// FileNode itself: the filter uses plain no-fallback write zeroes on it.
+class GatedNode : public io::BlockNode {
+ public:
+  explicit GatedNode(std::unique_ptr<io::BlockNode> inner)
+      : io::BlockNode(inner->filename(), inner->read_only()),
+        inner_(std::move(inner)) {}
+  uint64_t size() const override { return inner_->size(); }
+  io::Task<absl::Status> Close() override { return inner_->Close(); }
+  io::Event gate;
+  int zero_writes = 0;
+  bool fail_zeroes = false;  // write zeroes fail with ENOSPC
+
+ protected:
+  io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override {
+    return inner_->Read(offset, buf);
+  }
+  io::Task<absl::Status> DoWrite(uint64_t offset,
+                                 io::ConstIoVec data) override {
+    co_await gate.Wait();
+    co_return co_await inner_->Write(offset, data);
+  }
+  io::Task<absl::Status> DoWriteZeroes(uint64_t offset, uint64_t length,
+                                       io::WriteZeroesFlags flags) override {
+    ++zero_writes;
+    if (fail_zeroes) {
+      co_return absl::ResourceExhaustedError("No space left on device");
+    }
+    co_return co_await inner_->WriteZeroes(offset, length, flags);
+  }
+  io::Task<absl::Status> DoFlush() override { return inner_->Flush(); }
+  io::Task<absl::Status> DoTruncate(uint64_t size,
+                                    io::PreallocMode mode) override {
+    return inner_->Truncate(size, mode);
+  }
+  io::Task<absl::StatusOr<io::BlockStatus>> DoGetBlockStatus(
+      uint64_t offset, uint64_t max_length) override {
+    return inner_->GetBlockStatus(offset, max_length);
+  }
+
+ private:
+  std::unique_ptr<io::BlockNode> inner_;
+};
+
+TEST_F(PreallocFilterTest, PreallocationNeverWaitsForWritesInFlight) {
+  // §8 NO_WAIT: a write past the file end is in flight (held at the gate;
+  // its own preallocation failed). The next extending write must neither
+  // wait for it nor zero under it: its preallocation is skipped, and it
+  // completes on its own.
+  MakeFile(0);
+  auto gated = std::make_unique<GatedNode>(OpenFile(false));
+  GatedNode* gate = gated.get();
+  auto node = Run(OpenPreallocFilter(std::move(gated), {}));
+  ASSERT_TRUE(node.ok()) << node.status();
+  gate->gate.Set();
+  ASSERT_TRUE(Write(**node, 0, 4096).ok());  // preallocates [0, 129 MiB)
+  EXPECT_EQ(gate->zero_writes, 1);
+  ASSERT_EQ(FileLength(path_), 129 * kMiB);
+
+  gate->gate = io::Event();  // closed again
+  gate->fail_zeroes = true;  // as on a filesystem that is full
+  const std::vector<uint8_t> far = Pattern(65536, 5);
+  bool far_done = false;
+  io::Spawn((*node)->Write(200 * kMiB, far), [&](absl::Status st) {
+    EXPECT_TRUE(st.ok()) << st;
+    far_done = true;
+  });
+  ASSERT_FALSE(far_done);  // held at the gate, past the file end
+  EXPECT_EQ(gate->zero_writes, 2);  // its preallocation, failed
+  EXPECT_EQ((*node)->file_end(), std::nullopt);
+  gate->fail_zeroes = false;
+
+  // Would preallocate from 129 MiB, over the held write: skipped instead.
+  bool near_done = false;
+  io::Spawn((*node)->WriteZeroes(300 * kMiB, 4096, {}), [&](absl::Status st) {
+    EXPECT_TRUE(st.ok()) << st;
+    near_done = true;
+  });
+  while (!near_done) ASSERT_TRUE(engine_->Poll(true).ok());
+  EXPECT_FALSE(far_done);
+  EXPECT_EQ(gate->zero_writes, 3);  // the forwarded zero write only
+  EXPECT_EQ(FileLength(path_), 300 * kMiB + 4096);
+  EXPECT_EQ((*node)->file_end(), std::nullopt);  // re-read next time
+  gate->gate.Set();
+  while (!far_done) ASSERT_TRUE(engine_->Poll(true).ok());
+  EXPECT_EQ((*node)->size(), 300 * kMiB + 4096);
+  // The next extending write preallocates again, from the real end.
+  ASSERT_TRUE(Write(**node, 300 * kMiB + 4096, 4096).ok());
+  EXPECT_EQ(gate->zero_writes, 4);
+  EXPECT_EQ(FileLength(path_), 429 * kMiB);
+  EXPECT_EQ(Read(**node, 200 * kMiB, 65536), far);
+  EXPECT_EQ(Read(**node, 0, 4096), Pattern(4096, 2));
+  ASSERT_TRUE(Run((*node)->Close()).ok());
+  EXPECT_EQ(FileLength(path_), 300 * kMiB + 8192);
+}
+
+TEST_F(PreallocFilterTest, WritesPastARunningPreallocationWaitForIt) {
+  // The preallocation extends the file: a write that reaches past its start
+  // must not run concurrently with it (it could be zeroed, or lost on XFS).
+  MakeFile(0);
+  auto node = Open();
+  ASSERT_NE(node, nullptr);
+  const std::vector<uint8_t> a = Pattern(65536, 11), b = Pattern(65536, 12);
+  int done = 0;
+  io::Spawn(node->Write(0, a), [&](absl::Status st) {
+    EXPECT_TRUE(st.ok());
+    ++done;
+  });
+  io::Spawn(node->Write(65536, b), [&](absl::Status st) {
+    EXPECT_TRUE(st.ok());
+    ++done;
+  });
+  while (done < 2) ASSERT_TRUE(engine_->Poll(true).ok());
+  EXPECT_EQ(Read(*node, 0, 65536), a);
+  EXPECT_EQ(Read(*node, 65536, 65536), b);
+  // One preallocation (the second write's was skipped: one was running).
+  EXPECT_EQ(FileLength(path_), 129 * kMiB);
+  ASSERT_TRUE(Run(node->Close()).ok());
+  EXPECT_EQ(FileLength(path_), 131072u);
 }
 
 TEST_F(PreallocFilterTest, ReopenAfterAnUncleanCloseTrimsTheStaleTail) {
