@@ -48,39 +48,6 @@ int DecodeCodePoint(const std::string& s, size_t* pos) {
   return cp;
 }
 
-// QEMU's JSON string quoting: the short escapes for " \ \b \f \n \r \t,
-// \uXXXX (upper-case hex) for other control characters and everything
-// outside printable ASCII, surrogate pairs beyond the BMP, U+FFFD for
-// invalid UTF-8.
-void AppendQuoted(const std::string& s, std::string* out) {
-  out->push_back('"');
-  size_t pos = 0;
-  while (pos < s.size()) {
-    int cp = DecodeCodePoint(s, &pos);
-    switch (cp) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      default:
-        if (cp < 0) cp = 0xFFFD;
-        if (cp > 0xFFFF) {
-          absl::StrAppendFormat(out, "\\u%04X\\u%04X",
-                                0xD800 + ((cp - 0x10000) >> 10),
-                                0xDC00 + ((cp - 0x10000) & 0x3FF));
-        } else if (cp < 0x20 || cp >= 0x7F) {
-          absl::StrAppendFormat(out, "\\u%04X", cp);
-        } else {
-          out->push_back(static_cast<char>(cp));
-        }
-    }
-  }
-  out->push_back('"');
-}
-
 class Printer {
  public:
   explicit Printer(std::string* out) : out_(*out) {}
@@ -100,7 +67,7 @@ class Printer {
         continue;
       }
       StartMember(&first, level + 1);
-      AppendQuoted(field->json_name(), &out_);
+      AppendJsonString(field->json_name(), &out_);
       out_ += ": ";
       if (field->is_map()) {
         PrintMap(message, field, level + 1);
@@ -163,7 +130,7 @@ class Printer {
     bool first = true;
     for (const auto& [key, entry] : entries) {
       StartMember(&first, level + 1);
-      AppendQuoted(key, &out_);
+      AppendJsonString(key, &out_);
       out_ += ": ";
       PrintValue(*entry, entry->GetDescriptor()->map_value(), -1, level + 1);
     }
@@ -214,7 +181,7 @@ class Printer {
         const auto* value = rep ? r->GetRepeatedEnum(message, field, index)
                                 : r->GetEnum(message, field);
         std::string quoted;
-        AppendQuoted(value->name(), &quoted);
+        AppendJsonString(value->name(), &quoted);
         return quoted;
       }
       case FieldDescriptor::CPPTYPE_STRING:
@@ -239,7 +206,7 @@ class Printer {
             index >= 0
                 ? r->GetRepeatedStringReference(message, field, index, &scratch)
                 : r->GetStringReference(message, field, &scratch);
-        AppendQuoted(value, &out_);
+        AppendJsonString(value, &out_);
         return;
       }
       default:
@@ -251,6 +218,39 @@ class Printer {
 };
 
 }  // namespace
+
+// QEMU's JSON string quoting: the short escapes for " \ \b \f \n \r \t,
+// \uXXXX (upper-case hex) for other control characters and everything
+// outside printable ASCII, surrogate pairs beyond the BMP, U+FFFD for
+// invalid UTF-8.
+void AppendJsonString(const std::string& s, std::string* out) {
+  out->push_back('"');
+  size_t pos = 0;
+  while (pos < s.size()) {
+    int cp = DecodeCodePoint(s, &pos);
+    switch (cp) {
+      case '"': *out += "\\\""; break;
+      case '\\': *out += "\\\\"; break;
+      case '\b': *out += "\\b"; break;
+      case '\f': *out += "\\f"; break;
+      case '\n': *out += "\\n"; break;
+      case '\r': *out += "\\r"; break;
+      case '\t': *out += "\\t"; break;
+      default:
+        if (cp < 0) cp = 0xFFFD;
+        if (cp > 0xFFFF) {
+          absl::StrAppendFormat(out, "\\u%04X\\u%04X",
+                                0xD800 + ((cp - 0x10000) >> 10),
+                                0xDC00 + ((cp - 0x10000) & 0x3FF));
+        } else if (cp < 0x20 || cp >= 0x7F) {
+          absl::StrAppendFormat(out, "\\u%04X", cp);
+        } else {
+          out->push_back(static_cast<char>(cp));
+        }
+    }
+  }
+  out->push_back('"');
+}
 
 std::string PrintJson(const google::protobuf::Message& message, int indent) {
   std::string out;

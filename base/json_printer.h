@@ -17,6 +17,12 @@ namespace imgtool {
 // `indent` levels of 4 spaces (for messages nested in arrays).
 std::string PrintJson(const google::protobuf::Message& message, int indent = 0);
 
+// Appends `s` to `out` as a JSON string the way QEMU quotes strings: the
+// short escapes for " \\ \b \f \n \r \t, \uXXXX (upper-case hex) for other
+// control characters and everything outside printable ASCII, surrogate
+// pairs beyond the BMP, U+FFFD for invalid UTF-8.
+void AppendJsonString(const std::string& s, std::string* out);
+
 }  // namespace imgtool
 
 #endif  // IMGTOOL_BASE_JSON_PRINTER_H_

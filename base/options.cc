@@ -460,4 +460,16 @@ absl::StatusOr<NodeOptions> ParseJsonFilename(absl::string_view text) {
   return root;
 }
 
+absl::StatusOr<bool> ParseBoolOption(absl::string_view name,
+                                     absl::string_view value) {
+  if (value == "on" || value == "yes" || value == "true" || value == "y") {
+    return true;
+  }
+  if (value == "off" || value == "no" || value == "false" || value == "n") {
+    return false;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("Parameter '", name, "' expects 'on' or 'off'"));
+}
+
 }  // namespace imgtool

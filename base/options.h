@@ -31,6 +31,11 @@ using OptionList = std::vector<std::pair<std::string, std::string>>;
 absl::StatusOr<OptionList> ParseOptionString(absl::string_view text,
                                              absl::string_view implied_key = "");
 
+// QEMU's boolean option values: on/yes/true/y and off/no/false/n.
+// kInvalidArgument "Parameter '<name>' expects 'on' or 'off'" otherwise.
+absl::StatusOr<bool> ParseBoolOption(absl::string_view name,
+                                     absl::string_view value);
+
 // Options of one node and its children, from dotted keys:
 // "driver=qcow2,file.driver=file,file.filename=x" gives
 // {values: {driver: qcow2}, children: {file: {values: {driver: file,

@@ -217,3 +217,21 @@ TEST(ParseJsonFilenameTest, Errors) {
 
 }  // namespace
 }  // namespace imgtool
+
+namespace imgtool {
+namespace {
+
+TEST(ParseBoolOptionTest, TakesQemusSpellings) {
+  for (const char* on : {"on", "yes", "true", "y"}) {
+    EXPECT_TRUE(*ParseBoolOption("x", on)) << on;
+  }
+  for (const char* off : {"off", "no", "false", "n"}) {
+    EXPECT_FALSE(*ParseBoolOption("x", off)) << off;
+  }
+  EXPECT_EQ(ParseBoolOption("lazy_refcounts", "maybe").status().message(),
+            "Parameter 'lazy_refcounts' expects 'on' or 'off'");
+  EXPECT_FALSE(ParseBoolOption("x", "ON").ok());
+}
+
+}  // namespace
+}  // namespace imgtool

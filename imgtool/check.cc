@@ -22,12 +22,12 @@
 #include "base/errno_status.h"
 #include "base/json_printer.h"
 #include "base/status_macros.h"
+#include "base/options.h"
+#include "block/registry.h"
 #include "imgtool/check_result.pb.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
 #include "io/engine.h"
-#include "posix_file/file_node.h"
-#include "posix_file/file_options.pb.h"
 
 namespace imgtool::cli {
 namespace {
@@ -223,8 +223,9 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
     return absl::InvalidArgumentError(
         absl::StrCat("Invalid source cache option: ", cache));
   }
-  if (image_opts) {
-    return absl::UnimplementedError("--image-opts is not supported yet");
+  if (image_opts && !format.empty()) {
+    return absl::InvalidArgumentError(
+        "--image-opts and --format are mutually exclusive");
   }
   const bool read_only = repair == qcow2::RepairMode::kNone;
   if (force_share && !read_only) {
@@ -233,25 +234,52 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
                             "force-share=on can only be used with read-only "
                             "images"));
   }
-  if (!format.empty() && format != "qcow2") {
-    if (absl::Status st = CheckFormat(format, /*for_create=*/false); !st.ok()) {
-      return CouldNotOpen(filename, st);
+  // The checker works on the file below the qcow2 node (any chain the
+  // options name, e.g. qcow2 over preallocate over file), never on an open
+  // qcow2 node: corrupt images must stay checkable.
+  absl::StatusOr<NodeOptions> options =
+      block::ImageOptions(filename, format, image_opts);
+  if (!options.ok()) return CouldNotOpen(filename, options.status());
+  if (auto it = options->values.find("driver"); it != options->values.end()) {
+    format = it->second;
+  }
+  if (!format.empty() && block::FindDriver(format) == nullptr) {
+    return CouldNotOpen(filename, CheckFormat(format, /*for_create=*/false));
+  }
+  NodeOptions file_options;
+  if (format == "file") {
+    file_options = *options;
+  } else {
+    auto it = options->children.find("file");
+    if (options->values.count("file") != 0 || it == options->children.end()) {
+      // The registry words these errors.
+      file_options = *options;
+    } else {
+      file_options = it->second;
+      if (file_options.values.count("driver") == 0 &&
+          file_options.values.count("filename") != 0) {
+        file_options.values["driver"] = "file";
+      }
     }
   }
 
   ASSIGN_OR_RETURN(std::unique_ptr<io::Engine> engine,
                    io::CreateEngine(io::EngineKind::kAuto, 1, &streams.err));
-  posix_file::FileOpenOptions options;
-  options.set_filename(filename);
-  options.set_cache(cache);
-  options.set_read_only(read_only);
-  options.set_force_share(force_share);
-  std::ostringstream warnings;
-  absl::StatusOr<std::unique_ptr<posix_file::FileNode>> file =
-      posix_file::FileNode::Open(*engine, options, &warnings);
-  PrintWarnings(warnings.str(), streams.err);
-  if (!file.ok()) return CouldNotOpen(filename, file.status());
-  posix_file::FileNode& node = **file;
+  block::OpenSettings settings;
+  settings.engine = engine.get();
+  settings.cache = cache;
+  settings.read_only = read_only;
+  settings.force_share = force_share;
+  settings.raw_shares_write = false;
+  settings.no_backing = true;
+  settings.err = &streams.err;
+  settings.warn = [&streams](absl::string_view warnings) {
+    PrintWarnings(warnings, streams.err);
+  };
+  absl::StatusOr<block::OpenedGraph> graph = io::RunSync(
+      *engine, block::OpenGraph(std::move(file_options), std::move(settings)));
+  if (!graph.ok()) return CouldNotOpen(filename, graph.status());
+  io::BlockNode& node = *graph->node;
   auto close = [&]() { return io::RunSync(*engine, node.Close()); };
 
   if (format.empty()) {
@@ -276,6 +304,15 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
              "restrictions.\n";
     }
     format = *probed;
+    options->values["driver"] = format;
+  }
+  if (format != "file") {
+    if (absl::Status st = block::CheckNodeOptions(*options, read_only,
+                                                  /*no_backing=*/false);
+        !st.ok()) {
+      close().IgnoreError();
+      return CouldNotOpen(filename, st);
+    }
   }
   if (format != "qcow2") {
     RETURN_IF_ERROR(close());
@@ -288,7 +325,8 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
     // a backing file that cannot be opened fails the check.
     ImageSpec chain;
     chain.filename = filename;
-    chain.format = "qcow2";
+    chain.format = image_opts ? "" : "qcow2";
+    chain.image_opts = image_opts;
     chain.cache = cache;
     chain.read_only = true;
     chain.force_share = true;

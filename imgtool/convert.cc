@@ -151,18 +151,6 @@ bool IsValidOptionList(const std::string& text) {
   return trailing % 2 == 0;
 }
 
-absl::StatusOr<bool> ParseBool(const std::string& name,
-                               const std::string& value) {
-  if (value == "on" || value == "yes" || value == "true" || value == "y") {
-    return true;
-  }
-  if (value == "off" || value == "no" || value == "false" || value == "n") {
-    return false;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("Parameter '", name, "' expects 'on' or 'off'"));
-}
-
 // Applies one -o argument to the create options of a raw target. `size` is
 // checked but later replaced by the sources' total, as qemu-img does.
 absl::Status ApplyCreateOptions(const std::string& text,
@@ -173,7 +161,7 @@ absl::Status ApplyCreateOptions(const std::string& text,
     if (key == "size") {
       RETURN_IF_ERROR(ParseSizeOption(key, value).status());
     } else if (key == "nocow") {
-      ASSIGN_OR_RETURN(bool nocow, ParseBool(key, value));
+      ASSIGN_OR_RETURN(bool nocow, ParseBoolOption(key, value));
       options->set_nocow(nocow);
     } else if (key == "preallocation") {
       options->set_preallocation(value);
@@ -989,7 +977,9 @@ absl::Status Convert(ConvertArgs a,
   }
   ImageSpec spec;
   spec.filename = target_name;
-  spec.format = target_format;
+  // With --target-image-opts only an explicit -O clashes (qemu-img's
+  // "--image-opts and --format are mutually exclusive").
+  spec.format = a.target_image_opts ? a.target_format : target_format;
   spec.image_opts = a.target_image_opts;
   spec.cache = *cache;
   spec.read_only = false;

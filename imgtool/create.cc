@@ -88,18 +88,6 @@ struct CreateOptionValues {
   std::optional<uint64_t> extent_size_hint;
 };
 
-absl::StatusOr<bool> ParseBool(const std::string& name,
-                               const std::string& value) {
-  if (value == "on" || value == "yes" || value == "true" || value == "y") {
-    return true;
-  }
-  if (value == "off" || value == "no" || value == "false" || value == "n") {
-    return false;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("Parameter '", name, "' expects 'on' or 'off'"));
-}
-
 // Splits an -o argument at its single commas (",," stays, as an escaped
 // comma inside a value). Each item is parsed on its own so that a key
 // given twice is not an error: as in qemu-img, the last value wins.
@@ -134,7 +122,7 @@ absl::Status ApplyOptions(const std::string& text, CreateOptionValues* v) {
     if (key == "size") {
       ASSIGN_OR_RETURN(v->size, ParseSizeOption(key, value));
     } else if (key == "nocow") {
-      ASSIGN_OR_RETURN(v->nocow_value, ParseBool(key, value));
+      ASSIGN_OR_RETURN(v->nocow_value, ParseBoolOption(key, value));
       v->nocow = value;
     } else if (key == "preallocation") {
       v->preallocation = value;

@@ -1,10 +1,15 @@
-// Opening images for imgtool commands: the engine, the protocol node and the
-// format node stacked on it. Raw images are the `file` node itself; qcow2
-// images are a qcow2::Qcow2Node over it, with their backing chain opened
+// Opening images for imgtool commands: the engine and the block graph of
+// the image, built by the driver registry (block/registry.h) from the
+// options the command line gives: `-f qcow2 IMG` is the short form of
+// --image-opts driver=qcow2,file.driver=file,file.filename=IMG, a json:{...}
+// filename is QEMU's JSON pseudo-protocol, and --image-opts strings name
+// any chain the registry knows (qcow2 over preallocate over file, ...).
+// Raw images are the `file` node itself; qcow2 images are a
+// qcow2::Qcow2Node over their file, with their backing chain opened
 // read-only below them.
 //
-// Format probing (no -f): a file starting with the qcow2 magic (version 2 or
-// 3) is qcow2, one with the qcow (version 1) magic is refused as not
+// Format probing (no driver): a file starting with the qcow2 magic (version
+// 2 or 3) is qcow2, one with the qcow (version 1) magic is refused as not
 // supported, anything else is raw; qemu-img's three-line raw probing warning
 // goes to `err` when a probed raw image is opened for writing (never for
 // backing files, which are read-only).
@@ -26,6 +31,7 @@
 #define IMGTOOL_IMGTOOL_IMAGE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -41,7 +47,9 @@ namespace imgtool::cli {
 struct ImageSpec {
   std::string filename;     // as the user gave it (relative to cwd)
   std::string format;       // -f; empty = probe
-  bool image_opts = false;  // filename is an --image-opts string
+  // `filename` is an --image-opts string (QEMU's option syntax; `format`
+  // must then be empty).
+  bool image_opts = false;
   std::string cache = "writeback";
   bool read_only = true;
   bool force_share = false;  // -U
@@ -61,19 +69,34 @@ struct OpenedImage {
   // destroyed before it.
   std::shared_ptr<io::Engine> engine;
   std::unique_ptr<io::BlockNode> node;   // the top node (owns its children)
-  std::string format;                    // "raw", "file" or "qcow2"
-  posix_file::FileNode* file = nullptr;  // the top protocol node, not owned
-  qcow2::Qcow2Node* qcow2 = nullptr;     // `node` if format is "qcow2"
+  // Driver of the top node: "raw", "file", "qcow2" or "preallocate".
+  std::string format;
+  // QEMU's name of the image (info's `image:`): the file name, or
+  // json:{...} for chains a file name cannot rebuild (block/registry.h).
+  std::string display_name;
+  // The same for every node of the graph; see NodeName.
+  std::map<const io::BlockNode*, std::string> node_names;
+  // The protocol node at the bottom of the top node's file chain; not owned.
+  posix_file::FileNode* file = nullptr;
+  qcow2::Qcow2Node* qcow2 = nullptr;  // `node` if format is "qcow2"
 };
 
-// Opens the image. Errors name the file: "Could not open '<file>': <cause>"
-// as qemu-img words it (a backing file's error reads "Could not open
-// '<top>': Could not open backing file: <cause>"). `engine`: the engine of
+// Opens the image. Errors name the file (the --image-opts string or json:
+// filename as given): "Could not open '<file>': <cause>" as qemu-img words
+// it (a backing file's error reads "Could not open '<top>': Could not open
+// backing file: <cause>"; option errors as block/registry.h lists them).
+// kInvalidArgument "--image-opts and --format are mutually exclusive" if
+// spec has both. `engine`: the engine of
 // images already open for the same command, or null to create one for
 // spec.aio and spec.queue_depth (its fallback notice goes to `err`).
 absl::StatusOr<OpenedImage> OpenImage(
     const ImageSpec& spec, std::ostream& err,
     std::shared_ptr<io::Engine> engine = nullptr);
+
+// The name QEMU gives `node` of the image's graph (map's File column):
+// json:{...} for filter nodes such as preallocate, else its file name.
+const std::string& NodeName(const OpenedImage& image,
+                            const io::BlockNode* node);
 
 // Closes the node (flushing it, then its backing chain) and returns the
 // first error. The engine stays (others may share it).
@@ -92,10 +115,6 @@ uint64_t VirtualSize(const OpenedImage& image);
 // anything else is kInvalidArgument "Unknown file format '<fmt>'" (create)
 // or "Unknown driver '<fmt>'" (open), as qemu-img words them.
 absl::Status CheckFormat(const std::string& format, bool for_create);
-
-// The format of `filename` from its first bytes ("qcow2", "qcow" or "raw"),
-// as qemu-img probes it; errors of open(2)/pread(2) name the file.
-absl::StatusOr<std::string> ProbeFormat(const std::string& filename);
 
 // QEMU's path_combine() for backing file names: `backing` resolved against
 // the directory of `image` ("sub/ov.qcow2" + "base.raw" -> "sub/base.raw");

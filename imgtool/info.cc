@@ -294,7 +294,7 @@ absl::Status RunInfo(const std::vector<std::string>& args, Streams streams) {
     spec.filename = *next;
     ASSIGN_OR_RETURN(OpenedImage image, OpenImage(spec, streams.err, engine));
     engine = image.engine;
-    absl::StatusOr<ImageInfo> described = Describe(image, spec.filename);
+    absl::StatusOr<ImageInfo> described = Describe(image, image.display_name);
     absl::Status closed = CloseImage(image);
     RETURN_IF_ERROR(described.status());
     RETURN_IF_ERROR(closed);
@@ -304,6 +304,7 @@ absl::Status RunInfo(const std::vector<std::string>& args, Streams streams) {
     if (backing_chain && info.has_full_backing_filename()) {
       next = info.full_backing_filename();
       spec.format = info.backing_filename_format();
+      spec.image_opts = false;  // backing files are named by file name
     }
   }
 

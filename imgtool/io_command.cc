@@ -311,14 +311,18 @@ class Session {
     discard_ignored_ = discard_ignored;
     absl::StatusOr<OpenedImage> image = OpenImage(spec, streams_.err);
     if (!image.ok()) {
-      // qemu-io words it "can't open device F: <cause>", without the
-      // "Could not open 'F': " that qemu-img puts before the cause.
+      // qemu-io words it "can't open device F: <cause>" ("can't open:
+      // <cause>" for --image-opts), without the "Could not open 'F': "
+      // that qemu-img puts before the cause.
       absl::string_view cause = image.status().message();
       absl::ConsumePrefix(
           &cause, absl::StrCat("Could not open '", spec.filename, "': "));
       return absl::Status(
           image.status().code(),
-          absl::StrCat("can't open device ", spec.filename, ": ", cause));
+          spec.image_opts
+              ? absl::StrCat("can't open: ", cause)
+              : absl::StrCat("can't open device ", spec.filename, ": ",
+                             cause));
     }
     image_ = *std::move(image);
     return absl::OkStatus();

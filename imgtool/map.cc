@@ -67,7 +67,8 @@ struct MapEntry {
 };
 
 // qemu-img's rule: same flags, same file, and contiguous host offsets.
-bool Mergeable(const MapEntry& curr, const MapEntry& next) {
+bool Mergeable(const OpenedImage& image, const MapEntry& curr,
+               const MapEntry& next) {
   if (curr.length == 0) return false;
   if (curr.zero != next.zero || curr.data != next.data ||
       curr.depth != next.depth || curr.present != next.present ||
@@ -75,7 +76,8 @@ bool Mergeable(const MapEntry& curr, const MapEntry& next) {
       curr.has_offset != next.has_offset) {
     return false;
   }
-  if (curr.file != nullptr && curr.file->filename() != next.file->filename()) {
+  if (curr.file != nullptr &&
+      NodeName(image, curr.file) != NodeName(image, next.file)) {
     return false;
   }
   if (curr.has_offset && curr.offset + curr.length != next.offset) {
@@ -156,8 +158,8 @@ std::string Hex(uint64_t v) {
 }
 
 // Prints one entry; `last` says whether another follows (JSON separator).
-absl::Status DumpEntry(const MapEntry& e, bool json, bool last,
-                       std::ostream& out) {
+absl::Status DumpEntry(const OpenedImage& image, const MapEntry& e, bool json,
+                       bool last, std::ostream& out) {
   if (json) {
     out << "{ \"start\": " << e.start << ", \"length\": " << e.length
         << ", \"depth\": " << e.depth
@@ -175,7 +177,7 @@ absl::Status DumpEntry(const MapEntry& e, bool json, bool last,
   }
   if (e.data && !e.zero) {
     out << Hex(e.start) << Hex(e.length) << Hex(e.has_offset ? e.offset : 0)
-        << (e.file != nullptr ? e.file->filename() : "") << "\n";
+        << (e.file != nullptr ? NodeName(image, e.file) : "") << "\n";
   }
   return absl::OkStatus();
 }
@@ -264,18 +266,18 @@ absl::Status RunMap(const std::vector<std::string>& args, Streams streams) {
                        next.status().message()));
       break;
     }
-    if (Mergeable(curr, *next)) {
+    if (Mergeable(image, curr, *next)) {
       curr.length += next->length;
       continue;
     }
     if (curr.length > 0) {
-      status = DumpEntry(curr, json, /*last=*/false, streams.out);
+      status = DumpEntry(image, curr, json, /*last=*/false, streams.out);
       if (!status.ok()) break;
     }
     curr = *next;
   }
   if (status.ok()) {
-    status = DumpEntry(curr, json, /*last=*/true, streams.out);
+    status = DumpEntry(image, curr, json, /*last=*/true, streams.out);
     if (json) streams.out << "]\n";
   }
   streams.out.flush();

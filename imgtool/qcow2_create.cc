@@ -98,18 +98,6 @@ const OptionDesc* FindOption(const std::string& name) {
   return nullptr;
 }
 
-absl::StatusOr<bool> ParseBool(const std::string& name,
-                               const std::string& value) {
-  if (value == "on" || value == "yes" || value == "true" || value == "y") {
-    return true;
-  }
-  if (value == "off" || value == "no" || value == "false" || value == "n") {
-    return false;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("Parameter '", name, "' expects 'on' or 'off'"));
-}
-
 // QEMU's number options: strtoull with base 0 ("-1" wraps), nothing after.
 absl::StatusOr<uint64_t> ParseNumber(const std::string& name,
                                      const std::string& value) {
@@ -184,7 +172,7 @@ absl::Status Qcow2CreateValues::Apply(const std::string& text) {
           break;
         }
         case OptionType::kBool: {
-          ASSIGN_OR_RETURN(v.flag, ParseBool(key, value));
+          ASSIGN_OR_RETURN(v.flag, ParseBoolOption(key, value));
           break;
         }
         case OptionType::kString:

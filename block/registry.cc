@@ -1,0 +1,735 @@
+#include "block/registry.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "base/errno_status.h"
+#include "base/json_printer.h"
+#include "base/size.h"
+#include "base/status_macros.h"
+#include "google/protobuf/message.h"
+#include "posix_file/file_options.pb.h"
+#include "qcow2/check.h"
+#include "qcow2/qcow2_options.pb.h"
+
+namespace imgtool::block {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+constexpr std::array<const char*, 13> kUnsupportedDrivers = {
+    "qcow", "qed",       "vmdk",  "vdi",   "vpc",   "vhdx",       "luks",
+    "dmg",  "parallels", "bochs", "cloop", "vvfat", "host_device"};
+
+constexpr char kQcowMagic[] = {'Q', 'F', 'I', '\xfb'};
+
+// Keys every driver takes (QEMU's block layer options).
+constexpr std::array<const char*, 5> kGenericKeys = {
+    "driver", "node-name", "read-only", "auto-read-only", "force-share"};
+
+const std::vector<Driver>& Drivers() {
+  static const std::vector<Driver>* drivers = [] {
+    auto* d = new std::vector<Driver>;
+    d->push_back(Driver{
+        .name = "file",
+        .kind = DriverKind::kProtocol,
+        .options = posix_file::FileOpenOptions::descriptor(),
+        .keys = {"filename", "locking"},
+        // One engine serves the whole command (imgtool's -i), and the page
+        // cache is not dropped behind QEMU's back here.
+        .ignored_keys = {"aio", "aio-max-batch", "drop-cache",
+                         "x-check-cache-dropped"},
+        .unsupported_keys = {"pr-manager"},
+    });
+    d->push_back(Driver{
+        .name = "raw",
+        .kind = DriverKind::kFormat,
+        .unsupported_keys = {"offset", "size"},
+        .has_file_child = true,
+    });
+    d->push_back(Driver{
+        .name = "qcow2",
+        .kind = DriverKind::kFormat,
+        .options = qcow2::Qcow2OpenOptions::descriptor(),
+        .keys = {"l2-cache-size", "refcount-cache-size", "lazy-refcounts"},
+        // Metadata overlap checks and freeing idle cache entries only guard
+        // and trim memory; imgtool's caches live as long as the command.
+        .ignored_keys = {"overlap-check", "cache-clean-interval"},
+        .unsupported_keys = {"cache-size", "l2-cache-entry-size",
+                             "pass-discard-request", "pass-discard-snapshot",
+                             "pass-discard-other", "data-file", "encrypt"},
+        .has_file_child = true,
+    });
+    return d;
+  }();
+  return *drivers;
+}
+
+bool Contains(const std::vector<std::string>& list, absl::string_view key) {
+  return std::find(list.begin(), list.end(), key) != list.end();
+}
+
+// The cache mode of a node as QEMU's three flags.
+struct Cache {
+  bool direct = false;
+  bool no_flush = false;
+  bool writethrough = false;
+};
+
+Cache CacheFromMode(const std::string& mode) {
+  Cache c;
+  c.direct = mode == "none" || mode == "directsync";
+  c.writethrough = mode == "writethrough" || mode == "directsync";
+  c.no_flush = mode == "unsafe";
+  return c;
+}
+
+std::string CacheMode(const Cache& c) {
+  if (c.direct) return c.writethrough ? "directsync" : "none";
+  if (c.no_flush) return "unsafe";
+  return c.writethrough ? "writethrough" : "writeback";
+}
+
+// A file of a chain, to refuse backing files that loop.
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool operator==(const FileId&) const = default;
+};
+
+// Where a node sits: the top of a graph, the `file` child of a format or
+// filter, or a backing file.
+enum class Slot { kTop, kFile, kBacking };
+
+// What one subtree is opened with.
+struct Context {
+  std::shared_ptr<const OpenSettings> settings;
+  std::shared_ptr<std::map<const io::BlockNode*, std::string>> names;
+  bool read_only = true;
+  bool force_share = false;
+  Cache cache;
+  bool share_all = false;   // the file under a raw format
+  bool is_backing = false;  // no probing warning
+  std::vector<FileId> ancestors;
+};
+
+struct Opened {
+  std::unique_ptr<io::BlockNode> node;
+  const Driver* driver = nullptr;
+  std::string exact_filename;  // QEMU's exact_filename; "" if none
+  std::string json;            // QEMU's full_open_options as JSON
+  posix_file::FileNode* file = nullptr;
+  qcow2::Qcow2Node* qcow2 = nullptr;
+  std::vector<FileId> files;  // the files of this subtree (not backing)
+};
+
+std::string DisplayName(const Opened& o) {
+  return o.exact_filename.empty() ? absl::StrCat("json:", o.json)
+                                  : o.exact_filename;
+}
+
+// A driver's node over its `file` child, named as QEMU's
+// bdrv_refresh_filename names it: the child's file name if the child is a
+// protocol node and this is not a filter, else JSON.
+void NameOver(const Opened& child, Opened* out) {
+  if (child.driver->kind == DriverKind::kProtocol &&
+      out->driver->kind != DriverKind::kFilter) {
+    out->exact_filename = child.exact_filename;
+  }
+  std::string quoted;
+  AppendJsonString(out->driver->name, &quoted);
+  out->json = absl::StrCat("{\"driver\": ", quoted, ", \"file\": ",
+                           child.json, "}");
+}
+
+// posix_file says "<file>: Could not open: <strerror>" when open(2) fails;
+// QEMU's file driver says "Could not open '<file>': <strerror>".
+absl::Status FileError(const std::string& filename, const absl::Status& st) {
+  const int error_number = StatusErrno(st);
+  if (error_number != 0 &&
+      st.message() == absl::StrCat(filename, ": Could not open: ",
+                                   std::strerror(error_number))) {
+    return absl::Status(st.code(),
+                        absl::StrCat("Could not open '", filename,
+                                     "': ", std::strerror(error_number)));
+  }
+  return st;
+}
+
+// The first key of a subtree, dotted ("foo.bar"), for unknown-option errors.
+std::string FirstKey(const std::string& prefix, const NodeOptions& node) {
+  if (!node.values.empty()) {
+    return absl::StrCat(prefix, ".", node.values.begin()->first);
+  }
+  if (!node.children.empty()) {
+    const auto& [name, child] = *node.children.begin();
+    return FirstKey(absl::StrCat(prefix, ".", name), child);
+  }
+  return prefix;
+}
+
+// `file=<name>` names a node by its node name or device, which imgtool
+// commands never have.
+absl::Status NodeReferenceError(const std::string& name) {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "Cannot find device='%s' nor node-name='%s'", name, name));
+}
+
+absl::Status UnknownOption(const Driver& driver, const std::string& key) {
+  if (driver.kind == DriverKind::kProtocol) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Block protocol '", driver.name,
+                     "' doesn't support the option '", key, "'"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("Block format '", driver.name,
+                   "' does not support the option '", key, "'"));
+}
+
+// The key of `node` (values, then children) that `driver` does not take, if
+// any. `consumed` are the children and other keys this node took.
+std::optional<std::string> FindUnknownKey(
+    const Driver& driver, const NodeOptions& node,
+    const std::vector<std::string>& consumed) {
+  for (const auto& [key, value] : node.values) {
+    const bool generic =
+        std::find(kGenericKeys.begin(), kGenericKeys.end(), key) !=
+        kGenericKeys.end();
+    if (!generic && !Contains(driver.keys, key) &&
+        !Contains(driver.ignored_keys, key) && !Contains(consumed, key)) {
+      return key;
+    }
+  }
+  for (const auto& [name, child] : node.children) {
+    if (name == "cache") {
+      for (const auto& [key, value] : child.values) {
+        if (key != "direct" && key != "no-flush") {
+          return absl::StrCat("cache.", key);
+        }
+      }
+      if (!child.children.empty()) return FirstKey("cache", child);
+      continue;
+    }
+    if (!Contains(consumed, name)) return FirstKey(name, child);
+  }
+  return std::nullopt;
+}
+
+// The filename at the bottom of the `file` chain of `node`, if any.
+std::optional<std::string> LeafFilename(const NodeOptions& node) {
+  const NodeOptions* n = &node;
+  while (true) {
+    auto filename = n->values.find("filename");
+    if (filename != n->values.end()) return filename->second;
+    auto file = n->children.find("file");
+    if (file == n->children.end()) return std::nullopt;
+    n = &file->second;
+  }
+}
+
+// The options every driver takes: read-only, force-share, auto-read-only
+// (accepted, without effect: imgtool never reopens), cache.direct and
+// cache.no-flush.
+struct GenericOptions {
+  bool read_only = false;
+  bool force_share = false;
+  std::optional<bool> direct;
+  std::optional<bool> no_flush;
+};
+
+absl::StatusOr<GenericOptions> ParseGenericOptions(const NodeOptions& node) {
+  GenericOptions g;
+  for (const char* key : {"read-only", "force-share", "auto-read-only"}) {
+    auto it = node.values.find(key);
+    if (it == node.values.end()) continue;
+    ASSIGN_OR_RETURN(bool on, ParseBoolOption(key, it->second));
+    if (std::string(key) == "read-only") g.read_only = on;
+    if (std::string(key) == "force-share") g.force_share = on;
+  }
+  if (auto it = node.children.find("cache"); it != node.children.end()) {
+    for (const char* key : {"direct", "no-flush"}) {
+      auto v = it->second.values.find(key);
+      if (v == it->second.values.end()) continue;
+      ASSIGN_OR_RETURN(bool on,
+                       ParseBoolOption(absl::StrCat("cache.", key), v->second));
+      (std::string(key) == "direct" ? g.direct : g.no_flush) = on;
+    }
+  }
+  return g;
+}
+
+// kUnimplemented for QEMU options imgtool does not implement; adds the
+// generic keys it accepts with their default value (discard=ignore,
+// detect-zeroes=off) to `consumed`.
+absl::Status CheckUnsupportedKeys(const Driver& driver,
+                                  const NodeOptions& node, bool no_backing,
+                                  std::vector<std::string>* consumed) {
+  if (driver.name == "qcow2" && !no_backing &&
+      (node.values.count("backing") != 0 ||
+       node.children.count("backing") != 0)) {
+    return absl::UnimplementedError(
+        "Block format 'qcow2' option 'backing' is not supported yet");
+  }
+  for (const std::string& key : driver.unsupported_keys) {
+    if (node.values.count(key) != 0 || node.children.count(key) != 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          "Block ",
+          driver.kind == DriverKind::kProtocol ? "protocol '" : "format '",
+          driver.name, "' option '", key, "' is not supported yet"));
+    }
+  }
+  for (const char* key : {"discard", "detect-zeroes"}) {
+    auto it = node.values.find(key);
+    if (it == node.values.end()) continue;
+    if (it->second != "off" && it->second != "ignore") {
+      return absl::UnimplementedError(absl::StrCat(
+          "Option '", key, "=", it->second, "' is not supported yet"));
+    }
+    consumed->push_back(key);
+  }
+  return absl::OkStatus();
+}
+
+io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
+                                          Slot slot);
+
+io::Task<absl::StatusOr<Opened>> OpenFile(const Driver& driver,
+                                          NodeOptions node, Context ctx) {
+  posix_file::FileOpenOptions options;
+  CO_RETURN_IF_ERROR(FillDriverOptions(driver, node, &options));
+  for (const char* key : {"locking", "aio"}) {
+    auto it = node.values.find(key);
+    if (it == node.values.end()) continue;
+    const std::string& v = it->second;
+    const bool valid = std::string(key) == "locking"
+                           ? (v == "auto" || v == "on" || v == "off")
+                           : (v == "threads" || v == "native" ||
+                              v == "io_uring");
+    if (!valid) {
+      co_return absl::InvalidArgumentError(
+          absl::StrCat("invalid parameter value: ", v));
+    }
+  }
+  const std::string filename = options.filename();
+  if (filename.empty()) {
+    co_return absl::InvalidArgumentError(
+        "The 'file' block driver requires a file name");
+  }
+  struct stat st;
+  std::optional<FileId> id;
+  if (stat(filename.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) {
+      co_return absl::InvalidArgumentError(absl::StrCat(
+          "'file' driver requires '", filename, "' to be a regular file"));
+    }
+    id = FileId{st.st_dev, st.st_ino};
+    if (std::find(ctx.ancestors.begin(), ctx.ancestors.end(), *id) !=
+        ctx.ancestors.end()) {
+      co_return absl::InvalidArgumentError(absl::StrCat(
+          "Backing file '", filename, "' creates an infinite loop."));
+    }
+  }
+  options.set_cache(CacheMode(ctx.cache));
+  options.set_read_only(ctx.read_only);
+  options.set_force_share(ctx.force_share);
+  options.set_share_all_with_others(ctx.share_all);
+  std::ostringstream warnings;
+  absl::StatusOr<std::unique_ptr<posix_file::FileNode>> file =
+      posix_file::FileNode::Open(*ctx.settings->engine, options, &warnings);
+  if (ctx.settings->warn && !warnings.str().empty()) {
+    ctx.settings->warn(warnings.str());
+  }
+  if (!file.ok()) co_return FileError(filename, file.status());
+  Opened out;
+  out.driver = &driver;
+  out.file = file->get();
+  out.node = *std::move(file);
+  out.exact_filename = filename;
+  std::string quoted;
+  AppendJsonString(filename, &quoted);
+  out.json = absl::StrCat("{\"driver\": \"file\", \"filename\": ", quoted, "}");
+  if (id.has_value()) out.files.push_back(*id);
+  co_return out;
+}
+
+// Opens a backing file of a qcow2 node: `filename` as the qcow2 node
+// resolved it, `format` as stored in the image ("" = probe).
+io::Task<absl::StatusOr<std::unique_ptr<io::BlockNode>>> OpenBacking(
+    Context ctx, std::string filename, std::string format) {
+  NodeOptions options;
+  if (absl::StartsWith(filename, "json:")) {
+    CO_ASSIGN_OR_RETURN(options, ParseJsonFilename(filename));
+  } else {
+    NodeOptions& file = options.children["file"];
+    file.values["driver"] = "file";
+    file.values["filename"] = filename;
+  }
+  if (!format.empty()) options.values["driver"] = format;
+  ctx.read_only = true;
+  ctx.share_all = false;
+  ctx.is_backing = true;
+  CO_ASSIGN_OR_RETURN(Opened opened,
+                      co_await OpenNode(std::move(options), ctx,
+                                        Slot::kBacking));
+  (*ctx.names)[opened.node.get()] = DisplayName(opened);
+  co_return std::move(opened.node);
+}
+
+io::Task<absl::StatusOr<Opened>> OpenQcow2(const Driver& driver,
+                                           NodeOptions node, Context ctx,
+                                           Opened child) {
+  qcow2::Qcow2OpenOptions options;
+  CO_RETURN_IF_ERROR(FillDriverOptions(driver, node, &options));
+  std::ostream* err = ctx.settings->err;
+  qcow2::RefcountRepairer repair = [err](io::BlockNode& f) {
+    return qcow2::RebuildRefcounts(f, err);
+  };
+  qcow2::BackingOpener opener;
+  if (!ctx.settings->no_backing) {
+    Context backing = ctx;
+    backing.ancestors.insert(backing.ancestors.end(), child.files.begin(),
+                             child.files.end());
+    opener = [backing](std::string filename, std::string format) {
+      return OpenBacking(backing, std::move(filename), std::move(format));
+    };
+  }
+  Opened out;
+  out.driver = &driver;
+  out.file = child.file;
+  out.files = child.files;
+  NameOver(child, &out);
+  // Named locals, not temporaries in the co_await expression: GCC 12
+  // destroys some of those twice.
+  std::unique_ptr<io::BlockNode> file = std::move(child.node);
+  CO_ASSIGN_OR_RETURN(
+      std::unique_ptr<qcow2::Qcow2Node> q,
+      co_await qcow2::Qcow2Node::Open(std::move(file), std::move(options),
+                                      std::move(opener), std::move(repair)));
+  out.qcow2 = q.get();
+  out.node = std::move(q);
+  co_return out;
+}
+
+io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
+                                          Slot slot) {
+  // 1. The driver: named, implied by a filename (a `file` child is a
+  // protocol node), or probed from the first bytes of the file below.
+  std::string driver_name;
+  bool probed = false;
+  if (auto it = node.values.find("driver"); it != node.values.end()) {
+    driver_name = it->second;
+    if (FindDriver(driver_name) == nullptr) {
+      if (IsUnsupportedQemuDriver(driver_name)) {
+        co_return absl::UnimplementedError(
+            absl::StrCat("Format '", driver_name, "' is not supported yet"));
+      }
+      co_return absl::InvalidArgumentError(
+          absl::StrCat("Unknown driver '", driver_name, "'"));
+    }
+  }
+  const auto node_reference = node.values.find("file");
+  if (driver_name.empty()) {
+    if (node_reference != node.values.end()) {
+      co_return NodeReferenceError(node_reference->second);
+    }
+    if (slot == Slot::kFile && node.values.count("filename") != 0) {
+      driver_name = "file";
+    } else if (node.children.count("file") != 0) {
+      std::optional<std::string> leaf = LeafFilename(node);
+      absl::StatusOr<std::string> guess =
+          leaf.has_value() ? ProbeFormat(*leaf)
+                           : absl::StatusOr<std::string>("raw");
+      // Files that cannot be read are opened as raw, which says why.
+      driver_name = guess.ok() ? *guess : "raw";
+      probed = true;
+      if (driver_name == "qcow") {
+        co_return absl::UnimplementedError(
+            "Format 'qcow' is not supported yet");
+      }
+    } else {
+      co_return absl::InvalidArgumentError(
+          "Must specify either driver or file");
+    }
+  }
+  const Driver& driver = *FindDriver(driver_name);
+
+  // 2. The options every node takes.
+  CO_ASSIGN_OR_RETURN(GenericOptions generic, ParseGenericOptions(node));
+  if (generic.read_only && !ctx.read_only) {
+    co_return absl::FailedPreconditionError("Block node is read-only");
+  }
+  if (generic.force_share) {
+    if (!ctx.read_only) {
+      co_return absl::InvalidArgumentError(
+          "force-share=on can only be used with read-only images");
+    }
+    ctx.force_share = true;
+  }
+  if (generic.direct.has_value()) ctx.cache.direct = *generic.direct;
+  if (generic.no_flush.has_value()) ctx.cache.no_flush = *generic.no_flush;
+
+  // 3. Children first.
+  std::vector<std::string> consumed;  // children and keys taken here
+  std::optional<Opened> file_child;
+  if (driver.has_file_child) {
+    if (node_reference != node.values.end()) {
+      co_return NodeReferenceError(node_reference->second);
+    }
+    auto it = node.children.find("file");
+    if (it == node.children.end()) {
+      co_return absl::InvalidArgumentError(
+          "A block device must be specified for \"file\"");
+    }
+    consumed.push_back("file");
+    Context child_ctx = ctx;
+    child_ctx.share_all = driver.name == "raw" && ctx.share_all;
+    CO_ASSIGN_OR_RETURN(Opened opened,
+                        co_await OpenNode(it->second, child_ctx, Slot::kFile));
+    (*ctx.names)[opened.node.get()] = DisplayName(opened);
+    file_child = std::move(opened);
+  }
+  CO_RETURN_IF_ERROR(
+      CheckUnsupportedKeys(driver, node, ctx.settings->no_backing, &consumed));
+
+  // 4. The node itself.
+  absl::StatusOr<Opened> opened;
+  if (driver.name == "file") {
+    opened = co_await OpenFile(driver, node, ctx);
+  } else if (driver.name == "raw") {
+    Opened out;
+    out.driver = &driver;
+    out.file = file_child->file;
+    out.files = file_child->files;
+    NameOver(*file_child, &out);
+    out.node = std::move(file_child->node);
+    if (probed && !ctx.read_only && !ctx.is_backing) {
+      // qemu-img warns only when a probed raw image is opened for writing.
+      *ctx.settings->err
+          << "WARNING: Image format was not specified for '"
+          << DisplayName(*file_child)
+          << "' and probing guessed raw.\n"
+             "         Automatically detecting the format is dangerous for "
+             "raw images, write operations on block 0 will be restricted.\n"
+             "         Specify the 'raw' format explicitly to remove the "
+             "restrictions.\n";
+    }
+    opened = std::move(out);
+  } else if (driver.name == "qcow2") {
+    opened = co_await OpenQcow2(driver, node, ctx, *std::move(file_child));
+  } else {
+    co_return absl::InternalError(
+        absl::StrCat("driver '", driver.name, "' has no open function"));
+  }
+  if (!opened.ok()) co_return opened.status();
+
+  // 5. Keys nobody took.
+  if (std::optional<std::string> unknown =
+          FindUnknownKey(driver, node, consumed);
+      unknown.has_value()) {
+    // Raw passes its child through: closing it is closing the child.
+    absl::Status closed = co_await opened->node->Close();
+    closed.IgnoreError();  // the option error is the one to report
+    co_return UnknownOption(driver, *unknown);
+  }
+  co_return opened;
+}
+
+}  // namespace
+
+const Driver* FindDriver(absl::string_view name) {
+  for (const Driver& d : Drivers()) {
+    if (d.name == name) return &d;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> DriverNames() {
+  std::vector<std::string> names;
+  for (const Driver& d : Drivers()) names.push_back(d.name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool IsUnsupportedQemuDriver(absl::string_view name) {
+  return std::find(kUnsupportedDrivers.begin(), kUnsupportedDrivers.end(),
+                   name) != kUnsupportedDrivers.end();
+}
+
+absl::StatusOr<std::string> ProbeFormat(const std::string& filename) {
+  const int fd = open(filename.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(filename, "Could not open", errno);
+  std::array<uint8_t, 512> head{};
+  size_t got = 0;
+  while (got < head.size()) {
+    const ssize_t n = pread(fd, head.data() + got, head.size() - got, got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error_number = errno;
+      close(fd);
+      return ErrnoStatus(filename,
+                         "Could not read image for determining its format",
+                         error_number);
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  close(fd);
+  if (got >= 8 &&
+      std::memcmp(head.data(), kQcowMagic, sizeof(kQcowMagic)) == 0) {
+    // Big-endian version: QEMU's qcow probe takes version 1 in a file of at
+    // least a qcow header (48 bytes), its qcow2 probe any version >= 2 in a
+    // file of at least a qcow2 header (112 bytes).
+    const uint32_t version = (uint32_t{head[4]} << 24) |
+                             (uint32_t{head[5]} << 16) |
+                             (uint32_t{head[6]} << 8) | head[7];
+    if (version == 1 && got >= 48) return std::string("qcow");
+    if (version >= 2 && got >= 112) return std::string("qcow2");
+  }
+  return std::string("raw");
+}
+
+absl::Status FillDriverOptions(const Driver& driver, const NodeOptions& node,
+                               Message* options) {
+  if (driver.options == nullptr) return absl::OkStatus();
+  const Reflection* reflection = options->GetReflection();
+  for (const std::string& key : driver.keys) {
+    auto it = node.values.find(key);
+    if (it == node.values.end()) continue;
+    const std::string& value = it->second;
+    const FieldDescriptor* field = driver.options->FindFieldByName(
+        absl::StrReplaceAll(key, {{"-", "_"}}));
+    if (field == nullptr) {
+      return absl::InternalError(absl::StrCat(
+          "driver '", driver.name, "': no field for key '", key, "'"));
+    }
+    switch (field->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_UINT64: {
+        ASSIGN_OR_RETURN(uint64_t v, ParseSizeOption(key, value));
+        reflection->SetUInt64(options, field, v);
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_UINT32: {
+        ASSIGN_OR_RETURN(uint64_t v, ParseSizeOption(key, value));
+        if (v > UINT32_MAX) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "Value '", value, "' is out of range for parameter '", key,
+              "'"));
+        }
+        reflection->SetUInt32(options, field, static_cast<uint32_t>(v));
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_BOOL: {
+        ASSIGN_OR_RETURN(bool v, ParseBoolOption(key, value));
+        reflection->SetBool(options, field, v);
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_STRING:
+        reflection->SetString(options, field, value);
+        break;
+      default:
+        return absl::InternalError(absl::StrCat(
+            "driver '", driver.name, "': key '", key, "' has no parser"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNodeOptions(const NodeOptions& node, bool read_only,
+                              bool no_backing) {
+  auto it = node.values.find("driver");
+  const Driver* driver =
+      it == node.values.end() ? nullptr : FindDriver(it->second);
+  if (driver == nullptr) {
+    return absl::InvalidArgumentError("CheckNodeOptions: no known driver");
+  }
+  ASSIGN_OR_RETURN(GenericOptions generic, ParseGenericOptions(node));
+  if (generic.read_only && !read_only) {
+    return absl::FailedPreconditionError("Block node is read-only");
+  }
+  if (generic.force_share && !read_only) {
+    return absl::InvalidArgumentError(
+        "force-share=on can only be used with read-only images");
+  }
+  std::vector<std::string> consumed;
+  if (driver->has_file_child) consumed.push_back("file");
+  RETURN_IF_ERROR(CheckUnsupportedKeys(*driver, node, no_backing, &consumed));
+  if (driver->options != nullptr) {
+    std::unique_ptr<Message> scratch(
+        google::protobuf::MessageFactory::generated_factory()
+            ->GetPrototype(driver->options)
+            ->New());
+    RETURN_IF_ERROR(FillDriverOptions(*driver, node, scratch.get()));
+  }
+  if (std::optional<std::string> unknown =
+          FindUnknownKey(*driver, node, consumed);
+      unknown.has_value()) {
+    return UnknownOption(*driver, *unknown);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<NodeOptions> ImageOptions(const std::string& filename,
+                                         const std::string& format,
+                                         bool image_opts) {
+  if (image_opts) {
+    ASSIGN_OR_RETURN(OptionList list, ParseOptionString(filename, "file"));
+    return BuildNodeOptions(list);
+  }
+  NodeOptions options;
+  if (absl::StartsWith(filename, "json:")) {
+    ASSIGN_OR_RETURN(options, ParseJsonFilename(filename));
+    if (!format.empty()) options.values["driver"] = format;
+    return options;
+  }
+  if (format == "file") {
+    options.values["driver"] = "file";
+    options.values["filename"] = filename;
+    return options;
+  }
+  if (!format.empty()) options.values["driver"] = format;
+  NodeOptions& file = options.children["file"];
+  file.values["driver"] = "file";
+  file.values["filename"] = filename;
+  return options;
+}
+
+io::Task<absl::StatusOr<OpenedGraph>> OpenGraph(NodeOptions options,
+                                                OpenSettings settings) {
+  Context ctx;
+  ctx.read_only = settings.read_only;
+  ctx.force_share = settings.force_share;
+  ctx.cache = CacheFromMode(settings.cache);
+  ctx.share_all = settings.raw_shares_write;
+  ctx.settings = std::make_shared<const OpenSettings>(std::move(settings));
+  ctx.names = std::make_shared<std::map<const io::BlockNode*, std::string>>();
+  CO_ASSIGN_OR_RETURN(Opened opened,
+                      co_await OpenNode(std::move(options), ctx, Slot::kTop));
+  OpenedGraph graph;
+  graph.display_name = DisplayName(opened);
+  graph.format = opened.driver->name;
+  graph.file = opened.file;
+  graph.qcow2 = opened.qcow2;
+  // Raw passes its child through: that node keeps its own name.
+  ctx.names->emplace(opened.node.get(), graph.display_name);
+  graph.node_names = *ctx.names;
+  graph.node = std::move(opened.node);
+  co_return graph;
+}
+
+}  // namespace imgtool::block

@@ -1,0 +1,181 @@
+// Block graphs from options, as QEMU builds them from --image-opts strings
+// and json:{...} filenames: a node is described by a NodeOptions tree
+// ("driver=qcow2,file.driver=file,file.filename=x.qcow2") and opened by the
+// driver its `driver` key names, children first (`file`, then qcow2's
+// backing file). The registry maps driver names to drivers: their kind, the
+// option keys they accept and the options proto those keys fill by field
+// name (`l2-cache-size` -> l2_cache_size), so no driver parses strings.
+//
+// Drivers: `file` (protocol, posix_file), `raw` (format; without offset or
+// size it adds nothing, so the node is its `file` child itself), `qcow2`
+// (format, with its backing chain) and `preallocate` (filter), when built in.
+// Error texts are qemu-img 7.2's (../shared/reference/qemu-img-cli.md,
+// "--image-opts"), all kInvalidArgument unless said otherwise:
+//   Unknown driver 'xyz'
+//   Block format 'qcow2' does not support the option 'foo'
+//   Block protocol 'file' doesn't support the option 'foo'
+//   The 'file' block driver requires a file name
+//   A block device must be specified for "file"
+//   Must specify either driver or file
+//   Cannot find device='x' nor node-name='x'          (file=x: a node name)
+//   Parameter 'l2-cache-size' expects a non-negative number below 2^64 ...
+//   Parameter 'lazy-refcounts' expects 'on' or 'off'
+//   invalid parameter value: maybe                    (file's locking, aio)
+//   Block node is read-only                 (read-only=on, image opened rw)
+//   force-share=on can only be used with read-only images
+// Formats QEMU has and imgtool not (vmdk, ...) are kUnimplemented "Format
+// 'vmdk' is not supported yet"; QEMU options imgtool does not implement
+// (qcow2's cache-size, raw's offset, ...) are kUnimplemented "Block format
+// 'qcow2' option 'cache-size' is not supported yet".
+// As in QEMU, a child's errors come before its parent's, value errors before
+// the driver's open errors, and unknown keys are reported after the node
+// opened (then it is closed again).
+//
+// Thread model: OpenGraph runs on the engine's thread (io::RunSync).
+#ifndef IMGTOOL_BLOCK_REGISTRY_H_
+#define IMGTOOL_BLOCK_REGISTRY_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "base/options.h"
+#include "google/protobuf/message.h"
+#include "io/block_node.h"
+#include "io/engine.h"
+#include "io/task.h"
+#include "posix_file/file_node.h"
+#include "qcow2/qcow2_node.h"
+
+namespace imgtool::block {
+
+// QEMU's three kinds of block driver; the kind picks the wording of the
+// unknown-option error and how QEMU names the node (info's `image:`).
+enum class DriverKind { kProtocol, kFormat, kFilter };
+
+struct Driver {
+  std::string name;  // QEMU's driver name: "file", "raw", "qcow2", ...
+  DriverKind kind;
+  // The options message the keys fill (null: none), and which of its fields
+  // users may set: key = field name with '-' for '_' ("prealloc-size").
+  // Other fields are set from the command's settings (cache, read_only...).
+  const google::protobuf::Descriptor* options = nullptr;
+  std::vector<std::string> keys;
+  // QEMU keys accepted and deliberately without effect here (e.g. file's
+  // aio: one engine serves the whole command), and QEMU keys not
+  // implemented yet (kUnimplemented).
+  std::vector<std::string> ignored_keys;
+  std::vector<std::string> unsupported_keys;
+  bool has_file_child = false;  // formats and filters: the `file` child
+};
+
+// The driver registered under `name`, or null.
+const Driver* FindDriver(absl::string_view name);
+
+// Names of every registered driver, sorted.
+std::vector<std::string> DriverNames();
+
+// True for drivers QEMU has and imgtool does not implement yet ("qcow",
+// "vmdk", "vdi", "vpc", "vhdx", "luks", ...).
+bool IsUnsupportedQemuDriver(absl::string_view name);
+
+// The format of the file `filename` from its first bytes, as qemu-img
+// probes it: "qcow2" (qcow2 magic, version >= 2), "qcow" (version 1) or
+// "raw". Errors of open(2)/pread(2) name the file.
+absl::StatusOr<std::string> ProbeFormat(const std::string& filename);
+
+// Fills `options` (of driver.options' type) from the values of one node:
+// each key of driver.keys present in node.values is parsed by its field's
+// type: integers as sizes ("64k"; base/size.h ParseSizeOption's errors),
+// bools from on/off (true/false from json:), strings as given. Keys that are
+// not driver keys are left alone (the caller reports unknown ones).
+absl::Status FillDriverOptions(const Driver& driver, const NodeOptions& node,
+                               google::protobuf::Message* options);
+
+// Checks the options of one node whose `driver` is registered, without
+// opening anything or looking at its children: value errors, QEMU options
+// not supported, and keys the driver does not take (its `file` child is
+// taken; qcow2's `backing` unless `no_backing`), and read-only=on or
+// force-share=on when the node is to be opened read-write (!read_only),
+// with OpenGraph's errors. For `check`, which works on the file below a
+// qcow2 node.
+absl::Status CheckNodeOptions(const NodeOptions& node, bool read_only,
+                              bool no_backing);
+
+// The options of an image named on the command line, as QEMU builds them:
+// an --image-opts string (`image_opts`: ParseOptionString with "file" as
+// the implied key, then BuildNodeOptions); a json:{...} filename
+// (ParseJsonFilename; a -f `format` then replaces its driver); or a plain
+// filename: {driver: format, file: {driver: file, filename}}, just
+// {driver: file, filename} for -f file, no driver (probe) without -f.
+// Errors: those of the parsers.
+absl::StatusOr<NodeOptions> ImageOptions(const std::string& filename,
+                                         const std::string& format,
+                                         bool image_opts);
+
+// What every node of one graph is opened with (the command's settings).
+// Options of a node can tighten them for its subtree: read-only=on,
+// force-share=on, cache.direct / cache.no-flush.
+struct OpenSettings {
+  io::Engine* engine = nullptr;  // not owned; must outlive the nodes
+  // none, writeback, writethrough, directsync or unsafe (qemu-img -t/-T).
+  std::string cache = "writeback";
+  bool read_only = true;
+  bool force_share = false;  // -U
+  // The file under a raw format shares every permission (QEMU's default
+  // for qemu-img); as a backing file or convert's source it keeps writers
+  // out (false). Files under qcow2 and preallocate always keep writers out.
+  bool raw_shares_write = true;
+  // qcow2 nodes open without their backing file (qemu-img info): their
+  // unallocated clusters read as zeroes, and backing options are unknown.
+  bool no_backing = false;
+  // Where the probing warning (a probed raw image opened for writing) and
+  // qcow2's dirty-image repair lines go; not null.
+  std::ostream* err = nullptr;
+  // Receives posix_file's open warnings, one line each; may be empty.
+  std::function<void(absl::string_view)> warn;
+};
+
+// An opened graph: the top node owns its children.
+struct OpenedGraph {
+  std::unique_ptr<io::BlockNode> node;
+  // Driver of the top node ("raw", "file", "qcow2", "preallocate"), after
+  // probing.
+  std::string format;
+  // The name QEMU gives the top node (its refreshed filename, info's
+  // `image:`): the file's name when opening that file with this format
+  // alone rebuilds the same graph ("x.qcow2" for qcow2 over file), else
+  // json:{...} with the graph's drivers and filenames in QEMU's key order
+  // and spacing, e.g. json:{"driver": "qcow2", "file": {"driver":
+  // "preallocate", "file": {"driver": "file", "filename": "x.qcow2"}}}.
+  std::string display_name;
+  // The same name of every node of the graph, backing files included (map's
+  // File column names the node holding the data).
+  std::map<const io::BlockNode*, std::string> node_names;
+  // The protocol node at the bottom of the top node's `file` chain; not
+  // owned.
+  posix_file::FileNode* file = nullptr;
+  // `node` if it is a qcow2 node.
+  qcow2::Qcow2Node* qcow2 = nullptr;
+};
+
+// Opens the graph described by `options` (see the file comment for the
+// rules and errors). Errors do not name the image; callers add "Could not
+// open '<image>': ". Backing files of qcow2 nodes are opened read-only
+// through the registry too, their names resolved against the image's
+// directory ("json:" names parsed), with their stored format or probed;
+// a file that is already in the chain is "Backing file '<name>' creates an
+// infinite loop.".
+io::Task<absl::StatusOr<OpenedGraph>> OpenGraph(NodeOptions options,
+                                                OpenSettings settings);
+
+}  // namespace imgtool::block
+
+#endif  // IMGTOOL_BLOCK_REGISTRY_H_

@@ -1,0 +1,303 @@
+#include "block/registry.h"
+
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/options.h"
+#include "gtest/gtest.h"
+#include "io/engine.h"
+#include "posix_file/file_options.pb.h"
+#include "qcow2/qcow2_options.pb.h"
+
+namespace imgtool::block {
+namespace {
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+NodeOptions Opts(const std::string& text) {
+  absl::StatusOr<NodeOptions> options =
+      ImageOptions(text, "", /*image_opts=*/true);
+  EXPECT_TRUE(options.ok()) << options.status();
+  return options.ok() ? *options : NodeOptions{};
+}
+
+TEST(RegistryTest, KnowsQemusDriverNames) {
+  EXPECT_EQ(DriverNames(), (std::vector<std::string>{"file", "qcow2", "raw"}));
+  EXPECT_EQ(FindDriver("qcow2")->kind, DriverKind::kFormat);
+  EXPECT_EQ(FindDriver("file")->kind, DriverKind::kProtocol);
+  EXPECT_EQ(FindDriver("xyz"), nullptr);
+  EXPECT_TRUE(IsUnsupportedQemuDriver("vmdk"));
+  EXPECT_FALSE(IsUnsupportedQemuDriver("xyz"));
+}
+
+TEST(RegistryTest, FillsOptionsByDashedFieldName) {
+  qcow2::Qcow2OpenOptions options;
+  ASSERT_TRUE(FillDriverOptions(*FindDriver("qcow2"),
+                                Opts("l2-cache-size=64k,refcount-cache-size=1M,"
+                                     "lazy-refcounts=on,foo=1"),
+                                &options)
+                  .ok());
+  EXPECT_EQ(options.l2_cache_size(), 65536u);
+  EXPECT_EQ(options.refcount_cache_size(), 1048576u);
+  ASSERT_TRUE(options.has_lazy_refcounts());
+  EXPECT_TRUE(options.lazy_refcounts());
+
+  posix_file::FileOpenOptions file;
+  ASSERT_TRUE(FillDriverOptions(*FindDriver("file"),
+                                Opts("filename=a,,b,locking=off"), &file)
+                  .ok());
+  EXPECT_EQ(file.filename(), "a,b");
+  EXPECT_EQ(file.locking(), "off");
+  EXPECT_EQ(file.cache(), "");  // not a user key
+}
+
+TEST(RegistryTest, OptionValueErrorsAreQemus) {
+  qcow2::Qcow2OpenOptions options;
+  EXPECT_EQ(FillDriverOptions(*FindDriver("qcow2"), Opts("l2-cache-size=1x"),
+                              &options)
+                .message(),
+            "Parameter 'l2-cache-size' expects a non-negative number below "
+            "2^64\nOptional suffix k, M, G, T, P or E means kilo-, mega-, "
+            "giga-, tera-, peta-\nand exabytes, respectively.");
+  EXPECT_EQ(FillDriverOptions(*FindDriver("qcow2"),
+                              Opts("lazy-refcounts=maybe"), &options)
+                .message(),
+            "Parameter 'lazy-refcounts' expects 'on' or 'off'");
+  // json:{"lazy-refcounts": true} gives "true".
+  EXPECT_TRUE(FillDriverOptions(*FindDriver("qcow2"),
+                                Opts("lazy-refcounts=true"), &options)
+                  .ok());
+}
+
+TEST(RegistryTest, ImageOptionsOfTheCommandLine) {
+  NodeOptions plain = *ImageOptions("x.qcow2", "qcow2", false);
+  EXPECT_EQ(plain.values.at("driver"), "qcow2");
+  EXPECT_EQ(plain.children.at("file").values.at("driver"), "file");
+  EXPECT_EQ(plain.children.at("file").values.at("filename"), "x.qcow2");
+
+  NodeOptions file = *ImageOptions("x.raw", "file", false);
+  EXPECT_EQ(file.values.at("driver"), "file");
+  EXPECT_EQ(file.values.at("filename"), "x.raw");
+  EXPECT_TRUE(file.children.empty());
+
+  NodeOptions probe = *ImageOptions("x.raw", "", false);
+  EXPECT_EQ(probe.values.count("driver"), 0u);
+
+  // -f replaces the driver of a json: filename, as in qemu-img.
+  NodeOptions json = *ImageOptions(
+      R"(json:{"driver":"qcow2","file":{"driver":"file","filename":"x"}})",
+      "raw", false);
+  EXPECT_EQ(json.values.at("driver"), "raw");
+  EXPECT_EQ(json.children.at("file").values.at("filename"), "x");
+
+  // A bare first item is the implied `file` key (a node name).
+  NodeOptions bare = *ImageOptions("x.qcow2", "", true);
+  EXPECT_EQ(bare.values.at("file"), "x.qcow2");
+
+  EXPECT_EQ(ImageOptions("json:[]", "", false).status().message(),
+            "Invalid JSON object given");
+}
+
+class OpenGraphTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TempDir();
+    qcow2_ = dir_ + "/reg.qcow2";
+    raw_ = dir_ + "/reg.raw";
+    overlay_ = dir_ + "/reg_ov.qcow2";
+    ASSERT_EQ(std::system(absl::StrCat("qemu-img create -q -f qcow2 ", qcow2_,
+                                       " 64M && qemu-img create -q -f raw ",
+                                       raw_, " 1M && qemu-img create -q -f "
+                                       "qcow2 -b reg.qcow2 -F qcow2 ",
+                                       overlay_)
+                              .c_str()),
+              0);
+    absl::StatusOr<std::unique_ptr<io::Engine>> engine =
+        io::CreateEngine(io::EngineKind::kAuto, 4, nullptr);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = *std::move(engine);
+  }
+
+  absl::StatusOr<OpenedGraph> Open(const std::string& text,
+                                   bool read_only = true,
+                                   bool no_backing = false) {
+    absl::StatusOr<NodeOptions> options =
+        ImageOptions(text, "", /*image_opts=*/true);
+    if (!options.ok()) return options.status();
+    OpenSettings s;
+    s.engine = engine_.get();
+    s.read_only = read_only;
+    s.no_backing = no_backing;
+    s.err = &err_;
+    return io::RunSync(*engine_, OpenGraph(*std::move(options), s));
+  }
+
+  // The error text of opening `text`, or "ok: <display name> <format>".
+  std::string Result(const std::string& text, bool read_only = true) {
+    absl::StatusOr<OpenedGraph> g = Open(text, read_only);
+    if (!g.ok()) return std::string(g.status().message());
+    std::string out = absl::StrCat("ok: ", g->display_name, " ", g->format);
+    EXPECT_TRUE(io::RunSync(*engine_, g->node->Close()).ok());
+    return out;
+  }
+
+  std::string dir_, qcow2_, raw_, overlay_;
+  std::unique_ptr<io::Engine> engine_;
+  std::ostringstream err_;
+};
+
+TEST_F(OpenGraphTest, NamesTheImageAsQemuDoes) {
+  const std::string q = qcow2_;
+  EXPECT_EQ(Result("driver=qcow2,file.driver=file,file.filename=" + q),
+            "ok: " + q + " qcow2");
+  // file.filename alone implies the file driver; no driver: probed.
+  EXPECT_EQ(Result("driver=qcow2,file.filename=" + q), "ok: " + q + " qcow2");
+  EXPECT_EQ(Result("file.filename=" + q), "ok: " + q + " qcow2");
+  EXPECT_EQ(Result("file.filename=" + raw_), "ok: " + raw_ + " raw");
+  EXPECT_EQ(Result("driver=file,filename=" + q), "ok: " + q + " file");
+  // Options that do not change what the file name opens keep the name.
+  EXPECT_EQ(Result("driver=qcow2,l2-cache-size=1M,file.locking=off,"
+                   "file.filename=" + q),
+            "ok: " + q + " qcow2");
+  // A format over a format: only JSON rebuilds that graph.
+  EXPECT_EQ(Result("driver=qcow2,file.driver=raw,file.file.filename=" + q),
+            "ok: json:{\"driver\": \"qcow2\", \"file\": {\"driver\": \"raw\", "
+            "\"file\": {\"driver\": \"file\", \"filename\": \"" +
+                q + "\"}}} qcow2");
+}
+
+TEST_F(OpenGraphTest, ErrorsAreQemus) {
+  const std::string q = qcow2_;
+  const std::pair<std::string, std::string> cases[] = {
+      {"driver=xyz,file.filename=" + q, "Unknown driver 'xyz'"},
+      {"driver=qcow2,file.driver=xyz,file.filename=" + q,
+       "Unknown driver 'xyz'"},
+      {"driver=vmdk,file.filename=" + q, "Format 'vmdk' is not supported yet"},
+      {"driver=qcow2,file.filename=" + q + ",foo=1",
+       "Block format 'qcow2' does not support the option 'foo'"},
+      {"driver=qcow2,file.filename=" + q + ",file.foo=1",
+       "Block protocol 'file' doesn't support the option 'foo'"},
+      {"driver=qcow2,file.filename=" + q + ",foo.bar=1",
+       "Block format 'qcow2' does not support the option 'foo.bar'"},
+      {"driver=qcow2,file.filename=" + q + ",cache.foo=1",
+       "Block format 'qcow2' does not support the option 'cache.foo'"},
+      {"driver=raw,file.filename=" + raw_ + ",foo=1",
+       "Block format 'raw' does not support the option 'foo'"},
+      {"driver=qcow2,filename=" + q + ",file.filename=" + q,
+       "Block format 'qcow2' does not support the option 'filename'"},
+      {"driver=qcow2,file.driver=file", "The 'file' block driver requires a "
+                                        "file name"},
+      {"driver=file,filename=", "The 'file' block driver requires a file name"},
+      {"driver=qcow2", "A block device must be specified for \"file\""},
+      {"driver=qcow2,filename=" + q,
+       "A block device must be specified for \"file\""},
+      {"filename=" + q, "Must specify either driver or file"},
+      {"", "Must specify either driver or file"},
+      {"driver=qcow2,file.locking=off", "Must specify either driver or file"},
+      {"x.qcow2", "Cannot find device='x.qcow2' nor node-name='x.qcow2'"},
+      {"driver=qcow2,file.filename=" + q + ",l2-cache-size=1x",
+       "Parameter 'l2-cache-size' expects a non-negative number below 2^64\n"
+       "Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, "
+       "peta-\nand exabytes, respectively."},
+      {"driver=qcow2,file.filename=" + q + ",cache.direct=maybe",
+       "Parameter 'cache.direct' expects 'on' or 'off'"},
+      {"driver=qcow2,file.filename=" + q + ",file.locking=maybe",
+       "invalid parameter value: maybe"},
+      // The child's errors come first, the format's before unknown keys.
+      {"driver=qcow2,file.filename=" + dir_ + "/nonexist,foo=1",
+       "Could not open '" + dir_ + "/nonexist': No such file or directory"},
+      {"driver=qcow2,file.filename=" + raw_ + ",foo=1",
+       "Image is not in qcow2 format"},
+      {"driver=qcow2,file.filename=" + dir_,
+       "'file' driver requires '" + dir_ + "' to be a regular file"},
+      // info opens without backing file: backing options are unknown then.
+      {"driver=qcow2,file.filename=" + q + ",backing=foo",
+       "Block format 'qcow2' does not support the option 'backing'"},
+  };
+  for (const auto& [text, error] : cases) {
+    absl::StatusOr<OpenedGraph> g =
+        Open(text, /*read_only=*/true, /*no_backing=*/true);
+    ASSERT_FALSE(g.ok()) << text;
+    EXPECT_EQ(g.status().message(), error) << text;
+  }
+}
+
+TEST_F(OpenGraphTest, ReadOnlyAndForceShareOptions) {
+  const std::string q = qcow2_;
+  EXPECT_EQ(Result("driver=qcow2,file.filename=" + q + ",read-only=on",
+                   /*read_only=*/false),
+            "Block node is read-only");
+  EXPECT_EQ(Result("driver=qcow2,file.filename=" + q + ",file.read-only=on",
+                   /*read_only=*/false),
+            "Block node is read-only");
+  EXPECT_EQ(Result("driver=qcow2,file.filename=" + q + ",force-share=on",
+                   /*read_only=*/false),
+            "force-share=on can only be used with read-only images");
+  EXPECT_EQ(Result("driver=qcow2,file.filename=" + q + ",force-share=on"),
+            "ok: " + q + " qcow2");
+}
+
+TEST_F(OpenGraphTest, OpensBackingChainsThroughTheRegistry) {
+  absl::StatusOr<OpenedGraph> g = Open("driver=qcow2,file.filename=" +
+                                       overlay_);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_NE(g->qcow2, nullptr);
+  io::BlockNode* backing = g->node->backing();
+  ASSERT_NE(backing, nullptr);
+  EXPECT_EQ(g->node_names.at(backing), qcow2_);
+  EXPECT_TRUE(io::RunSync(*engine_, g->node->Close()).ok());
+
+  absl::StatusOr<OpenedGraph> alone = Open(
+      "driver=qcow2,file.filename=" + overlay_, true, /*no_backing=*/true);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->node->backing(), nullptr);
+  EXPECT_TRUE(io::RunSync(*engine_, alone->node->Close()).ok());
+
+  // Overriding the backing file is not implemented yet.
+  EXPECT_EQ(Result("driver=qcow2,file.filename=" + overlay_ +
+                   ",backing.file.filename=" + raw_),
+            "Block format 'qcow2' option 'backing' is not supported yet");
+}
+
+TEST_F(OpenGraphTest, RefusesBackingFilesThatLoop) {
+  const std::string loop = dir_ + "/reg_loop.qcow2";
+  ASSERT_EQ(std::system(absl::StrCat("qemu-img create -q -f qcow2 ", loop,
+                                     " 1M && qemu-img rebase -u -b "
+                                     "reg_loop.qcow2 -F qcow2 ",
+                                     loop)
+                            .c_str()),
+            0);
+  EXPECT_EQ(Result("driver=qcow2,file.filename=" + loop),
+            "Could not open backing file: Backing file '" + loop +
+                "' creates an infinite loop.");
+}
+
+TEST(CheckNodeOptionsTest, ChecksOneNodeWithoutOpeningIt) {
+  EXPECT_TRUE(CheckNodeOptions(Opts("driver=qcow2,l2-cache-size=1M,"
+                                    "file.filename=nonexist"),
+                               true, false)
+                  .ok());
+  EXPECT_EQ(CheckNodeOptions(Opts("driver=qcow2,foo=1"), true, false)
+                .message(),
+            "Block format 'qcow2' does not support the option 'foo'");
+  EXPECT_EQ(CheckNodeOptions(Opts("driver=raw,foo=1"), true, false).message(),
+            "Block format 'raw' does not support the option 'foo'");
+  EXPECT_EQ(CheckNodeOptions(Opts("driver=qcow2,read-only=on"), false, false)
+                .message(),
+            "Block node is read-only");
+  EXPECT_EQ(CheckNodeOptions(Opts("driver=qcow2,lazy-refcounts=x"), true,
+                             false)
+                .message(),
+            "Parameter 'lazy-refcounts' expects 'on' or 'off'");
+}
+
+}  // namespace
+}  // namespace imgtool::block

@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# Oracle test for block graphs from options: --image-opts strings and
+# json:{...} filenames through every command that opens an image (info, map,
+# check, bench, resize, convert with --target-image-opts, compare, and io
+# against qemu-io), against qemu-img/qemu-io 7.2 on the same files: the same
+# stdout, stderr and exit status, and the same files afterwards. Covers the
+# drivers file, raw and qcow2 (with backing files), chains such as qcow2 over
+# raw over file (named json:{...} by info and map), and the option errors
+# (unknown driver or option, missing file name, read-only=on, ...).
+# Usage: image_opts_oracle_test.sh PATH_TO_IMGTOOL
+set -u
+IMGTOOL=$(realpath "$1")
+WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/image_opts_oracle.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+if [[ -n "${TEST_SRCDIR:-}" ]]; then
+  source "$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing/oracle_lib.sh" || exit 1
+else
+  source "$(dirname "$0")/oracle_lib.sh" || exit 1
+fi
+if ! command -v qemu-img >/dev/null; then
+  echo "qemu-img not installed"
+  exit 1
+fi
+
+# The images every case starts from: a qcow2 image with data, an overlay
+# of it, a raw image with data.
+make_images() {
+  qemu-img create -q -f qcow2 x.qcow2 64M
+  qemu-io -c 'write -P 1 0 100k' -c 'write -P 2 1M 64k' x.qcow2 >/dev/null
+  qemu-img create -q -f qcow2 -b x.qcow2 -F qcow2 ov.qcow2
+  qemu-io -c 'write -P 3 64k 64k' ov.qcow2 >/dev/null
+  qemu-img create -q -f raw r.raw 1M
+  qemu-io -f raw -c 'write -P 4 4k 8k' r.raw >/dev/null
+}
+D="$WORK/images"
+mkdir -p "$D"
+(cd "$D" && make_images)
+
+Q=driver=qcow2,file.driver=file,file.filename=x.qcow2
+QRAW=driver=qcow2,file.driver=raw,file.file.driver=file,file.file.filename=x.qcow2
+R=driver=raw,file.filename=r.raw
+RR=driver=raw,file.driver=raw,file.file.filename=r.raw
+OV=driver=qcow2,file.filename=ov.qcow2
+JQ='json:{"driver":"qcow2","file":{"driver":"file","filename":"x.qcow2"}}'
+JQRAW='json:{"driver":"qcow2","file":{"driver":"raw","file":{"driver":"file","filename":"x.qcow2"}}}'
+
+echo "== info"
+for o in "$Q" "$QRAW" "$R" "$RR" "$OV" file.filename=x.qcow2 \
+  file.filename=r.raw driver=file,filename=x.qcow2 \
+  "$Q,l2-cache-size=1M,refcount-cache-size=256k,lazy-refcounts=on" \
+  "$Q,file.locking=off,file.aio=threads,cache.direct=off,read-only=on" \
+  "$Q,node-name=top,auto-read-only=on,discard=ignore,detect-zeroes=off"; do
+  same_output "$D" info --image-opts "$o"
+  same_output "$D" info --output=json --image-opts "$o"
+done
+same_output "$D" info --backing-chain --image-opts "$OV"
+same_output "$D" info --backing-chain --output=json --image-opts "$OV"
+for j in "$JQ" "$JQRAW" 'json:{"file":{"driver":"file","filename":"x.qcow2"}}' \
+  'json:{"driver":"file","filename":"r.raw"}' \
+  'json:{"driver":"qcow2","file":{"filename":"x.qcow2"},"l2-cache-size":65536,"lazy-refcounts":true}'; do
+  same_output "$D" info "$j"
+  same_output "$D" info --output=json "$j"
+done
+same_output "$D" info -f raw "$JQ"
+
+echo "== option errors"
+for o in "$Q,file.foo=1" "$Q,foo=1" "$Q,foo.bar=1" "$Q,cache.foo=1" \
+  driver=xyz,file.filename=x.qcow2 driver=qcow2,file.driver=xyz,file.filename=x.qcow2 \
+  driver=qcow2,file.driver=file driver=qcow2 filename=x.qcow2 \
+  driver=qcow2,filename=x.qcow2 driver=raw,filename=r.raw x.qcow2 \
+  driver=qcow2,file=x.qcow2 '' driver=qcow2,file.locking=off \
+  driver=qcow2,filename=x.qcow2,file.filename=x.qcow2 "$R,foo=1" \
+  driver=file,filename=r.raw,foo=1 driver=file,filename=x.qcow2,file.x=1 \
+  driver=file driver=file,filename= "$Q,l2-cache-size=1x" "$Q,l2-cache-size=-1" \
+  "$Q,lazy-refcounts=maybe" "$Q,cache.direct=maybe" "$Q,force-share=maybe" \
+  "$Q,file.locking=maybe" "$Q,file.aio=foo" "$Q,backing=foo" \
+  "$Q,backing.file.filename=r.raw" \
+  driver=qcow2,file.filename=nonexist driver=qcow2,file.filename=nonexist,foo=1 \
+  driver=qcow2,file.filename=r.raw driver=qcow2,file.filename=r.raw,foo=1 \
+  driver=qcow2,file.driver=file,file.filename=. \
+  'driver=qcow2,file.filename=a,,b.qcow2' driver=qcow2,file.driver=qcow2,file.file.filename=x.qcow2; do
+  same_output "$D" info --image-opts "$o"
+done
+for j in 'json:{"driver":"qcow2","file":{"driver":"file","filename":"x.qcow2"},"foo":1}' \
+  'json:{"filename":"x.qcow2"}' 'json:[]' 'json:{"driver":"qcow2","file":"x.qcow2"}' \
+  'json:{"driver":"qcow2","file":{"driver":"file","filename":"x.qcow2"}'; do
+  same_output "$D" info "$j"
+  same_output "$D" info -f qcow2 "$j"
+done
+same_output "$D" info -f qcow2 --image-opts "$Q"
+
+echo "== map"
+for o in "$Q" "$QRAW" "$R" "$RR" "$OV"; do
+  same_output "$D" map --image-opts "$o"
+  same_output "$D" map --output=json --image-opts "$o"
+done
+same_output "$D" map --output=json "$JQRAW"
+same_output "$D" map --image-opts "$Q,foo=1"
+same_output "$D" map -f qcow2 --image-opts "$Q"
+
+echo "== check"
+for o in "$Q" "$QRAW" "$OV" file.filename=x.qcow2 "$R" file.filename=r.raw \
+  "$Q,foo=1" "$R,foo=1" driver=xyz,file.filename=x.qcow2 "$Q,file.foo=1" \
+  driver=qcow2,file.filename=nonexist driver=qcow2 "$Q,l2-cache-size=1M"; do
+  same_output "$D" check --image-opts "$o"
+  same_output "$D" check --output=json --image-opts "$o"
+done
+same_output "$D" check "$JQ"
+same_output "$D" check --output=json "$JQRAW"
+same_output "$D" check -f qcow2 --image-opts "$Q"
+copy_images() { cp -a "$D/." .; }
+same_effect copy_images check -r all --image-opts "$Q,read-only=on"
+same_effect copy_images check -r all --image-opts "$Q"
+
+echo "== compare"
+same_output "$D" compare --image-opts "$Q" "$QRAW"
+same_output "$D" compare --image-opts "$OV" "$Q"
+same_output "$D" compare --image-opts "$R" "$RR"
+same_output "$D" compare "$JQ" "$JQRAW"
+same_output "$D" compare -f qcow2 --image-opts "$Q" "$Q"
+same_output "$D" compare --image-opts "$Q" x.qcow2
+same_output "$D" compare --image-opts "$Q,foo=1" "$Q"
+
+echo "== resize"
+same_effect copy_images resize --image-opts "$Q" 128M
+same_effect copy_images resize --image-opts "$QRAW" +1M
+same_effect copy_images resize --image-opts "$R" 2M
+same_effect copy_images resize "$JQ" 96M
+same_effect copy_images resize --image-opts "$Q,read-only=on" 128M
+same_effect copy_images resize --image-opts "$Q,file.read-only=on" 128M
+same_effect copy_images resize --image-opts "$Q,force-share=on" 128M
+same_effect copy_images resize -f qcow2 --image-opts "$Q" 128M
+
+echo "== convert"
+with_target() { copy_images; qemu-img create -q -f qcow2 t.qcow2 64M; }
+same_effect copy_images convert --image-opts "$Q" -O raw out.raw
+same_effect copy_images convert --image-opts "$QRAW" -O qcow2 out.qcow2
+same_effect copy_images convert --image-opts "$OV" -O qcow2 out.qcow2
+same_effect copy_images convert "$JQ" -O raw out.raw
+same_effect with_target convert -n --image-opts "$OV" \
+  --target-image-opts driver=qcow2,file.filename=t.qcow2
+same_effect with_target convert -n -f qcow2 x.qcow2 \
+  --target-image-opts driver=qcow2,file.driver=raw,file.file.filename=t.qcow2
+same_effect with_target convert --image-opts "$Q" \
+  --target-image-opts driver=qcow2,file.filename=t.qcow2
+same_effect with_target convert -n --image-opts "$Q" \
+  --target-image-opts driver=qcow2,file.filename=t.qcow2,foo=1
+same_effect with_target convert -n -O qcow2 x.qcow2 \
+  --target-image-opts driver=qcow2,file.filename=t.qcow2
+same_effect copy_images convert -f qcow2 --image-opts "$Q" out.raw
+
+echo "== bench"
+# The run time varies: compare the first line and the exit status.
+bench_same() {
+  checks=$((checks + 1))
+  run "$IMGTOOL" "$D" "$@"
+  local a_out=${OUT%%$'\n'*} a_err=$ERR a_rc=$RC
+  run qemu-img "$D" "$@"
+  diff_text "$*" "first stdout line" "$a_out" "${OUT%%$'\n'*}" &&
+    diff_text "$*" stderr "$a_err" "$ERR" &&
+    diff_text "$*" "exit status" "$a_rc" "$RC"
+}
+bench_same bench -c 100 --image-opts "$Q"
+bench_same bench -c 100 -d 4 -s 64k --image-opts "$QRAW"
+bench_same bench -c 100 "$JQ"
+bench_same bench -c 100 --image-opts "$Q,foo=1"
+bench_same bench -c 100 -f qcow2 --image-opts "$Q"
+rm -rf "$WORK/bench" && mkdir "$WORK/bench"
+for tool in "$IMGTOOL" qemu-img; do
+  qemu-img create -q -f qcow2 "$WORK/bench/b.qcow2" 64M
+  "$tool" bench -w -c 1000 -s 4k -S 12k --pattern=90 --image-opts \
+    "driver=qcow2,file.filename=$WORK/bench/b.qcow2" >/dev/null 2>&1 ||
+    fail "$tool bench -w --image-opts failed"
+  qemu-img check -q "$WORK/bench/b.qcow2" || fail "$tool bench -w: check failed"
+  qemu-img map --output=json "$WORK/bench/b.qcow2" >"$WORK/bench/map.$(basename "$tool")"
+done
+cmp -s "$WORK/bench/map.imgtool" "$WORK/bench/map.qemu-img" ||
+  fail "bench -w --image-opts: maps differ"
+
+echo "== io"
+# qemu-io's timing lines vary; it names itself in its errors.
+normalize_io() {
+  sed -E -e '/^[0-9.]+ (bytes|KiB|MiB|GiB|TiB|PiB|EiB), [0-9]+ ops; /d' \
+    -e 's/^qemu-io: /imgtool: /' "$1"
+}
+io_same() {
+  checks=$((checks + 1))
+  local a="$WORK/io.a" b="$WORK/io.b"
+  rm -rf "$a" "$b" && mkdir -p "$a" "$b"
+  (cd "$a" && copy_images) && (cd "$b" && copy_images)
+  (cd "$a" && "$IMGTOOL" io "$@" >"$WORK/io.a.out" 2>"$WORK/io.a.err")
+  local a_rc=$?
+  (cd "$b" && qemu-io "$@" >"$WORK/io.b.out" 2>"$WORK/io.b.err")
+  local b_rc=$?
+  diff_text "io $*" stdout "$(normalize_io "$WORK/io.a.out")" \
+    "$(normalize_io "$WORK/io.b.out")" &&
+    diff_text "io $*" stderr "$(normalize_io "$WORK/io.a.err")" \
+      "$(normalize_io "$WORK/io.b.err")" &&
+    diff_text "io $*" "exit status" "$a_rc" "$b_rc" &&
+    diff_text "io $*" "resulting files" "$(state "$a")" "$(state "$b")"
+}
+io_same --image-opts -c 'read -P 1 0 100k' -c map -c 'alloc 0 2M' "$Q"
+io_same --image-opts -c 'write -P 9 32k 64k' -c 'read -P 9 32k 64k' "$QRAW"
+io_same --image-opts -c 'read -P 3 64k 64k' -c 'read -P 1 0 64k' -c map "$OV"
+io_same --image-opts -c 'write -P 5 0 4k' -c 'read -P 5 0 4k' "$R"
+io_same -c 'read -P 1 0 100k' "$JQ"
+io_same --image-opts -c 'read 0 1' driver=foo,file.filename=x.qcow2
+io_same --image-opts -c 'read 0 1' "$Q,foo=bar"
+io_same --image-opts -c 'read 0 1' driver=qcow2,file.filename=nonexist
+io_same -c 'read 0 1' 'json:{"driver":"qcow2","file":{"driver":"file","filename":"x.qcow2"},"foo":1}'
+io_same -f qcow2 --image-opts -c 'read 0 1' "$Q"
+io_same -r --image-opts -c 'write 0 1' "$Q"
+
+finish
