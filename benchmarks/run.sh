@@ -8,13 +8,13 @@
 #       [-- extra Google Benchmark flags for every suite]
 #
 # Suites (all by default, in this order): hint create_prealloc prealloc_filter
-# subcluster engine. Defaults take about 15 minutes on 2 cores; --quick is a
+# subcluster engine. Defaults take about 10-15 minutes on 2 cores; --quick is a
 # smoke run of about 1-2 minutes (small sizes, 2 repetitions). DIR defaults to
 # ./bench-results (relative to where `bazel run` was called). Each file is
 # checked against the contract (check_results.py) after its suite ran.
 set -euo pipefail
 
-ALL_SUITES=(hint create_prealloc subcluster engine)  # + prealloc_filter when it lands
+ALL_SUITES=(hint create_prealloc prealloc_filter subcluster engine)
 binary_of() {
   case "$1" in
     hint) echo hint_bench ;;
@@ -27,7 +27,7 @@ binary_of() {
 }
 
 usage() {
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
