@@ -138,7 +138,6 @@ void BM_Create(benchmark::State& state, std::string path, std::string fmt,
 int main(int argc, char** argv) {
   using namespace imgtool::benchmarks;
   using imgtool::testing::FsKind;
-  using imgtool::testing::LoopMount;
   const std::string program = InitSuite(
       argc, argv,
       "create_prealloc_bench: imgtool create with preallocation off/falloc/"
@@ -161,26 +160,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "create_prealloc_bench: --image_mib must be >= 1\n");
     return 1;
   }
-  struct Fs {
-    FsKind kind;
-    const char* name;
-  };
-  std::vector<std::unique_ptr<LoopMount>> mounts;
-  for (const Fs& fs : {Fs{FsKind::kXfs, "xfs"}, Fs{FsKind::kExt4, "ext4"},
-                       Fs{FsKind::kExt4NoExtents, "ext4_noextents"}}) {
-    absl::StatusOr<std::unique_ptr<LoopMount>> mount = LoopMount::Create(
-        fs.kind, std::max<uint64_t>(512ull << 20, 2 * g_image_size + (64 << 20)));
-    if (!mount.ok()) {
-      std::fprintf(stderr, "create_prealloc_bench: cannot mount %s: %s\n",
-                   fs.name, std::string(mount.status().ToString()).c_str());
-      return 1;
-    }
+  const std::vector<SuiteMount> mounts = MountAll(
+      "create_prealloc_bench",
+      {FsKind::kXfs, FsKind::kExt4, FsKind::kExt4NoExtents},
+      std::max<uint64_t>(512ull << 20, 2 * g_image_size + (64 << 20)));
+  for (const SuiteMount& m : mounts) {
     for (const char* fmt : {"raw", "qcow2"}) {
       for (const char* prealloc : {"off", "falloc", "full"}) {
-        const std::string path = absl::StrCat((*mount)->path(), "/img-", fmt,
+        const std::string path = absl::StrCat(m.mount->path(), "/img-", fmt,
                                               "-", prealloc, ".", fmt);
         benchmark::RegisterBenchmark(
-            BenchName("create_prealloc", {{"fs", fs.name},
+            BenchName("create_prealloc", {{"fs", m.fs},
                                           {"fmt", fmt},
                                           {"prealloc", prealloc}})
                 .c_str(),
@@ -188,7 +178,6 @@ int main(int argc, char** argv) {
             ->Unit(benchmark::kMillisecond);
       }
     }
-    mounts.push_back(std::move(*mount));
   }
   AddSuiteContext("create_prealloc", "xfs,ext4,ext4_noextents");
   benchmark::AddCustomContext("image_bytes", absl::StrCat(g_image_size));

@@ -144,7 +144,6 @@ void BM_Map(benchmark::State& state, std::string path, uint64_t hint) {
 int main(int argc, char** argv) {
   using namespace imgtool::benchmarks;
   using imgtool::testing::FsKind;
-  using imgtool::testing::LoopMount;
   InitSuite(argc, argv,
             "hint_bench: extent size hint 0 / 1 MiB / 8 MiB on XFS and ext4 "
             "(root). Result file contract: benchmarks/README.md");
@@ -153,23 +152,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hint_bench: --image_mib must be >= 1\n");
     return 1;
   }
-  struct Fs {
-    FsKind kind;
-    const char* name;
-  };
-  std::vector<std::unique_ptr<LoopMount>> mounts;
-  for (const Fs& fs : {Fs{FsKind::kXfs, "xfs"}, Fs{FsKind::kExt4, "ext4"}}) {
-    absl::StatusOr<std::unique_ptr<LoopMount>> mount = LoopMount::Create(
-        fs.kind, std::max<uint64_t>(512ull << 20, 4 * g_image_size));
-    if (!mount.ok()) {
-      std::fprintf(stderr, "hint_bench: cannot mount %s: %s\n", fs.name,
-                   std::string(mount.status().ToString()).c_str());
-      return 1;
-    }
+  const std::vector<SuiteMount> mounts =
+      MountAll("hint_bench", {FsKind::kXfs, FsKind::kExt4},
+               std::max<uint64_t>(512ull << 20, 4 * g_image_size));
+  for (const SuiteMount& m : mounts) {
     for (uint64_t hint : {0ull, 1ull << 20, 8ull << 20}) {
       const std::string path =
-          absl::StrCat((*mount)->path(), "/hint-", hint, ".raw");
-      const std::vector<Label> labels = {{"fs", fs.name},
+          absl::StrCat(m.mount->path(), "/hint-", hint, ".raw");
+      const std::vector<Label> labels = {{"fs", m.fs},
                                          {"hint", absl::StrCat(hint)}};
       std::vector<Label> write = labels, map = labels;
       write.push_back({"op", "write"});
@@ -181,7 +171,6 @@ int main(int argc, char** argv) {
                                    path, hint)
           ->Unit(benchmark::kMillisecond);
     }
-    mounts.push_back(std::move(*mount));
   }
   AddSuiteContext("hint", "xfs,ext4");
   benchmark::AddCustomContext("image_bytes", absl::StrCat(g_image_size));

@@ -137,7 +137,6 @@ void BM_Writes(benchmark::State& state, std::string path, bool filter,
 int main(int argc, char** argv) {
   using namespace imgtool::benchmarks;
   using imgtool::testing::FsKind;
-  using imgtool::testing::LoopMount;
   InitSuite(argc, argv,
             "prealloc_filter_bench: qcow2 with and without the preallocate "
             "filter, aligned 16 KiB and unaligned 64 KiB sequential writes "
@@ -147,21 +146,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "prealloc_filter_bench: --write_mib must be >= 1\n");
     return 1;
   }
-  struct Fs {
-    FsKind kind;
-    const char* name;
-  };
-  std::vector<std::unique_ptr<LoopMount>> mounts;
-  for (const Fs& fs : {Fs{FsKind::kXfs, "xfs"}, Fs{FsKind::kExt4, "ext4"}}) {
-    // Room for the data, the metadata and the filter's 128 MiB ahead.
-    absl::StatusOr<std::unique_ptr<LoopMount>> mount = LoopMount::Create(
-        fs.kind, g_write_bytes * 5 / 4 + (768ull << 20));
-    if (!mount.ok()) {
-      std::fprintf(stderr, "prealloc_filter_bench: cannot mount %s: %s\n",
-                   fs.name, std::string(mount.status().ToString()).c_str());
-      return 1;
-    }
-    const std::string path = (*mount)->path() + "/image.qcow2";
+  // Room for the data, the metadata and the filter's 128 MiB ahead.
+  const std::vector<SuiteMount> mounts =
+      MountAll("prealloc_filter_bench", {FsKind::kXfs, FsKind::kExt4},
+               g_write_bytes * 5 / 4 + (768ull << 20));
+  for (const SuiteMount& m : mounts) {
+    const std::string path = m.mount->path() + "/image.qcow2";
     for (bool filter : {false, true}) {
       struct Write {
         const char* label;
@@ -171,7 +161,7 @@ int main(int argc, char** argv) {
       for (const Write& w : {Write{"aligned16k", 0, 16 << 10},
                              Write{"unaligned64k", 1 << 10, 64 << 10}}) {
         benchmark::RegisterBenchmark(
-            BenchName("prealloc_filter", {{"fs", fs.name},
+            BenchName("prealloc_filter", {{"fs", m.fs},
                                           {"filter", filter ? "on" : "off"},
                                           {"write", w.label}})
                 .c_str(),
@@ -179,7 +169,6 @@ int main(int argc, char** argv) {
             ->Unit(benchmark::kMillisecond);
       }
     }
-    mounts.push_back(std::move(*mount));
   }
   AddSuiteContext("prealloc_filter", "xfs,ext4");
   benchmark::AddCustomContext("write_bytes", absl::StrCat(g_write_bytes));

@@ -83,6 +83,37 @@ void AddSuiteContext(absl::string_view suite, absl::string_view filesystems) {
   benchmark::AddCustomContext("load_avg_start", absl::StrFormat("%.2f", load[0]));
 }
 
+const char* FsName(testing::FsKind kind) {
+  switch (kind) {
+    case testing::FsKind::kXfs:
+      return "xfs";
+    case testing::FsKind::kExt4:
+      return "ext4";
+    case testing::FsKind::kExt4NoExtents:
+      return "ext4_noextents";
+  }
+  return "unknown";
+}
+
+std::vector<SuiteMount> MountAll(absl::string_view program,
+                                 const std::vector<testing::FsKind>& kinds,
+                                 uint64_t size_bytes) {
+  std::vector<SuiteMount> mounts;
+  for (testing::FsKind kind : kinds) {
+    absl::StatusOr<std::unique_ptr<testing::LoopMount>> mount =
+        testing::LoopMount::Create(kind, size_bytes);
+    if (!mount.ok()) {
+      std::fprintf(stderr, "%s: cannot mount %s: %s\n",
+                   std::string(program).c_str(), FsName(kind),
+                   std::string(mount.status().ToString()).c_str());
+      mounts.clear();
+      std::exit(1);
+    }
+    mounts.push_back(SuiteMount{FsName(kind), std::move(*mount)});
+  }
+  return mounts;
+}
+
 absl::StatusOr<uint64_t> AllocatedBytes(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return ErrnoStatus(path, "stat", errno);

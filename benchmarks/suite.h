@@ -8,12 +8,14 @@
 #define IMGTOOL_BENCHMARKS_SUITE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/testing/loop_mount.h"
 #include "benchmark/benchmark.h"
 
 namespace imgtool::benchmarks {
@@ -39,6 +41,22 @@ bool Quick();
 // list of the filesystems the suite runs on ("xfs,ext4").
 void AddSuiteContext(absl::string_view suite, absl::string_view filesystems);
 
+
+// A loop-mounted filesystem of a suite and its label value (FsName).
+struct SuiteMount {
+  std::string fs;
+  std::unique_ptr<testing::LoopMount> mount;
+};
+
+// "xfs", "ext4", "ext4_noextents": the `fs` label values.
+const char* FsName(testing::FsKind kind);
+
+// Makes one loop mount of `size_bytes` per kind, in order. On failure prints
+// "<program>: cannot mount <fs>: <status>" and exits 1 (unmounting the ones
+// made so far).
+std::vector<SuiteMount> MountAll(absl::string_view program,
+                                 const std::vector<testing::FsKind>& kinds,
+                                 uint64_t size_bytes);
 
 // st_blocks * 512 of `path`. kNotFound etc. from stat(2) via errno.
 absl::StatusOr<uint64_t> AllocatedBytes(const std::string& path);
