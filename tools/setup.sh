@@ -10,6 +10,7 @@ packages=(
   liburing-dev libprotobuf-dev protobuf-compiler zlib1g-dev
   qemu-utils xfsprogs e2fsprogs util-linux strace fio hyperfine python3
   chromium fonts-dejavu-core
+  zip file  # bazel test packs undeclared outputs (dashboard_test's screenshot) with them
 )
 missing=()
 for p in "${packages[@]}"; do
