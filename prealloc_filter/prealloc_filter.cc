@@ -84,9 +84,8 @@ absl::StatusOr<uint64_t> LastWrittenEnd(int fd, const std::string& path,
 
 absl::Status ValidateOptions(const PreallocFilterOptions& options,
                              uint64_t child_request_alignment) {
-  const uint64_t align = options.has_prealloc_align()
-                             ? options.prealloc_align()
-                             : kDefaultPreallocAlign;
+  const uint64_t align = options.has_prealloc_align() ? options.prealloc_align()
+                                                      : kDefaultPreallocAlign;
   if (align % 512 != 0) {
     return absl::InvalidArgumentError(
         "prealloc-align parameter of preallocate filter is not aligned to 512");
@@ -105,17 +104,18 @@ OpenPreallocFilter(std::unique_ptr<io::BlockNode> file,
                    const PreallocFilterOptions& options) {
   auto* file_node = dynamic_cast<posix_file::FileNode*>(file.get());
   const uint64_t request_alignment =
-      file_node != nullptr ? std::max<uint64_t>(file_node->request_alignment(), 1)
-                           : 1;
+      file_node != nullptr
+          ? std::max<uint64_t>(file_node->request_alignment(), 1)
+          : 1;
   absl::Status valid = ValidateOptions(options, request_alignment);
   if (!valid.ok()) {
     (void)co_await file->Close();
     co_return valid;
   }
-  const uint64_t align = std::max(
-      options.has_prealloc_align() ? options.prealloc_align()
-                                   : kDefaultPreallocAlign,
-      request_alignment);
+  const uint64_t align =
+      std::max(options.has_prealloc_align() ? options.prealloc_align()
+                                            : kDefaultPreallocAlign,
+               request_alignment);
   const uint64_t size = options.has_prealloc_size() ? options.prealloc_size()
                                                     : kDefaultPreallocSize;
   // §3: the state is valid only while the filter owns write and resize.
@@ -220,8 +220,7 @@ PreallocFilterNode::BeginRequest(uint64_t offset, uint64_t length) {
   co_return it;
 }
 
-io::Task<bool> PreallocFilterNode::HandleWrite(uint64_t offset,
-                                               uint64_t length,
+io::Task<bool> PreallocFilterNode::HandleWrite(uint64_t offset, uint64_t length,
                                                bool merge_zero) {
   if (!active_) co_return false;
   InitState();
@@ -235,12 +234,12 @@ io::Task<bool> PreallocFilterNode::HandleWrite(uint64_t offset,
   data_end_ = end;
   if (!merge_zero) zero_start_ = end;
   if (!file_end_.has_value()) file_end_ = FileLength();
-  if (end <= *file_end_) co_return merge_zero && offset >= *zero_start_;
+  if (end <= *file_end_) co_return merge_zero&& offset >= *zero_start_;
 
   // The write reaches past the file end: preallocate ahead of it.
-  const uint64_t start = RoundUpTo(
-      merge_zero ? std::min(offset, *file_end_) : *file_end_,
-      request_alignment_);
+  const uint64_t start =
+      RoundUpTo(merge_zero ? std::min(offset, *file_end_) : *file_end_,
+                request_alignment_);
   const uint64_t base = std::max(start, end);
   if (prealloc_size_ > kMaxEnd - base) co_return false;
   const uint64_t prealloc_end = RoundUpTo(base + prealloc_size_, align_);
@@ -342,7 +341,8 @@ io::Task<absl::Status> PreallocFilterNode::DoTruncate(
     } else if (*file_end_ > *data_end_) {
       // Drop the filter's preallocation first, so that `off` stays sparse
       // and `full` really writes.
-      absl::Status st = co_await file_->Truncate(*data_end_, io::PreallocMode::kOff);
+      absl::Status st =
+          co_await file_->Truncate(*data_end_, io::PreallocMode::kOff);
       if (!st.ok()) {
         file_end_.reset();
         ++file_end_epoch_;

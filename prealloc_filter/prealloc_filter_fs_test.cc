@@ -129,14 +129,15 @@ class PreallocFsTest : public ::testing::TestWithParam<FsKind> {
     const uint64_t data_end =
         WriteImage(with, cache, true, start, length, count);
     WriteImage(without, cache, false, start, length, count);
-    std::printf("%s cache=%s %d x %llu at %llu: file %llu bytes (data end "
-                "%llu), without the filter %llu\n",
-                FsName(GetParam()), cache.c_str(), count,
-                static_cast<unsigned long long>(length),
-                static_cast<unsigned long long>(start),
-                static_cast<unsigned long long>(FileLength(with)),
-                static_cast<unsigned long long>(data_end),
-                static_cast<unsigned long long>(FileLength(without)));
+    std::printf(
+        "%s cache=%s %d x %llu at %llu: file %llu bytes (data end "
+        "%llu), without the filter %llu\n",
+        FsName(GetParam()), cache.c_str(), count,
+        static_cast<unsigned long long>(length),
+        static_cast<unsigned long long>(start),
+        static_cast<unsigned long long>(FileLength(with)),
+        static_cast<unsigned long long>(data_end),
+        static_cast<unsigned long long>(FileLength(without)));
     EXPECT_EQ(FileLength(with), data_end);
     EXPECT_EQ(FileLength(with), FileLength(without));
     ExpectClean(with);
@@ -158,10 +159,10 @@ TEST_P(PreallocFsTest, FirstWriteLikeQemuIo) {
   const std::string theirs = Path("theirs.qcow2");
   QemuImgCreate(ours, 1024 * kMiB);
   QemuImgCreate(theirs, 1024 * kMiB);
-  CommandResult r = RunCommand(absl::StrCat(
-      "qemu-io --image-opts driver=qcow2,file.driver=preallocate,"
-      "file.file.driver=file,file.file.filename=",
-      theirs, " -c 'write -P 0xcd 0 4k'"));
+  CommandResult r = RunCommand(
+      absl::StrCat("qemu-io --image-opts driver=qcow2,file.driver=preallocate,"
+                   "file.file.driver=file,file.file.filename=",
+                   theirs, " -c 'write -P 0xcd 0 4k'"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
 
   absl::StatusOr<Chain> chain = OpenChain(env_, ours, "writeback", true);
@@ -221,10 +222,11 @@ TEST_P(PreallocFsTest, SequentiallyWrittenImageHasFewerExtents) {
     unlink(a.c_str());
     unlink(b.c_str());
   }
-  std::printf("%s: extents of a 32 MiB sequentially written qcow2: %llu "
-              "without the filter, %llu with\n",
-              FsName(GetParam()), static_cast<unsigned long long>(extents[0]),
-              static_cast<unsigned long long>(extents[1]));
+  std::printf(
+      "%s: extents of a 32 MiB sequentially written qcow2: %llu "
+      "without the filter, %llu with\n",
+      FsName(GetParam()), static_cast<unsigned long long>(extents[0]),
+      static_cast<unsigned long long>(extents[1]));
   RecordProperty("extents_without_filter", static_cast<int>(extents[0]));
   RecordProperty("extents_with_filter", static_cast<int>(extents[1]));
   EXPECT_LT(extents[1], extents[0]);
@@ -262,15 +264,17 @@ TEST_P(PreallocFsTest, KilledWriterLeavesAValidImageTrimmedOnNextOpen) {
     QemuImgCreate(image, 4096 * kMiB);
     const std::string writer = WriterPath();
     const std::string seed = absl::StrCat(iteration);
-    const std::string size = absl::StrCat(iteration == 2 ? 16 * kMiB : 128 * kMiB);
+    const std::string size =
+        absl::StrCat(iteration == 2 ? 16 * kMiB : 128 * kMiB);
     char* argv[] = {const_cast<char*>(writer.c_str()),
                     const_cast<char*>(image.c_str()),
                     const_cast<char*>(seed.c_str()),
                     const_cast<char*>(iteration == 1 ? "writeback" : "none"),
-                    const_cast<char*>(size.c_str()), nullptr};
+                    const_cast<char*>(size.c_str()),
+                    nullptr};
     pid_t pid = 0;
-    ASSERT_EQ(posix_spawn(&pid, writer.c_str(), nullptr, nullptr, argv, environ),
-              0);
+    ASSERT_EQ(
+        posix_spawn(&pid, writer.c_str(), nullptr, nullptr, argv, environ), 0);
     // Kill a while after the first preallocation (startup time varies a
     // lot on a loaded machine).
     for (int i = 0; i < 2000 && FileLength(image) < kMiB; ++i) {
@@ -289,19 +293,20 @@ TEST_P(PreallocFsTest, KilledWriterLeavesAValidImageTrimmedOnNextOpen) {
     EXPECT_EQ(q.check_errors, 0u) << q.err;
     const uint64_t killed_length = FileLength(image);
     const uint64_t data_end = LastDataEnd(image);
-    std::printf("%s kill after %d ms: file %llu bytes, data ends at %llu, "
-                "image end offset %llu, %llu leaks\n",
-                FsName(GetParam()), kill_ms[iteration],
-                static_cast<unsigned long long>(killed_length),
-                static_cast<unsigned long long>(data_end),
-                static_cast<unsigned long long>(q.image_end_offset),
-                static_cast<unsigned long long>(q.leaks));
+    std::printf(
+        "%s kill after %d ms: file %llu bytes, data ends at %llu, "
+        "image end offset %llu, %llu leaks\n",
+        FsName(GetParam()), kill_ms[iteration],
+        static_cast<unsigned long long>(killed_length),
+        static_cast<unsigned long long>(data_end),
+        static_cast<unsigned long long>(q.image_end_offset),
+        static_cast<unsigned long long>(q.leaks));
     EXPECT_EQ(killed_length % kMiB, 0u);
     EXPECT_GT(killed_length, data_end);  // the preallocated tail is there
     // (Reading the tail fills the page cache with zeroes, which SEEK_DATA
     // then reports as data: the filter must not be fooled by that.)
-    CommandResult cp = RunCommand(
-        absl::StrCat("cp --sparse=always ", image, " ", before));
+    CommandResult cp =
+        RunCommand(absl::StrCat("cp --sparse=always ", image, " ", before));
     ASSERT_EQ(cp.exit_code, 0) << cp.err;
 
     absl::StatusOr<Chain> chain = OpenChain(env_, image, "none", true);

@@ -53,7 +53,8 @@ std::vector<uint8_t> Pattern(uint64_t length, uint64_t seed) {
 
 bool HasMarker(const std::string& path) {
   char buf[64];
-  return getxattr(path.c_str(), "user.imgtool.preallocate", buf, sizeof(buf)) > 0;
+  return getxattr(path.c_str(), "user.imgtool.preallocate", buf, sizeof(buf)) >
+         0;
 }
 
 class PreallocFilterTest : public ::testing::Test {
@@ -102,9 +103,9 @@ class PreallocFilterTest : public ::testing::Test {
     return f.ok() ? *std::move(f) : nullptr;
   }
 
-  std::unique_ptr<PreallocFilterNode> Open(
-      bool read_only = false, PreallocFilterOptions options = {},
-      bool share_all = false) {
+  std::unique_ptr<PreallocFilterNode> Open(bool read_only = false,
+                                           PreallocFilterOptions options = {},
+                                           bool share_all = false) {
     auto file = OpenFile(read_only, share_all);
     if (file == nullptr) return nullptr;
     auto node = Run(OpenPreallocFilter(std::move(file), options));
@@ -135,9 +136,10 @@ TEST(ValidateOptionsTest, UsesQemuTexts) {
   EXPECT_TRUE(ValidateOptions({}, 4096).ok());
   PreallocFilterOptions o;
   o.set_prealloc_align(1000);
-  EXPECT_EQ(ValidateOptions(o, 1),
-            absl::InvalidArgumentError("prealloc-align parameter of preallocate "
-                                       "filter is not aligned to 512"));
+  EXPECT_EQ(
+      ValidateOptions(o, 1),
+      absl::InvalidArgumentError("prealloc-align parameter of preallocate "
+                                 "filter is not aligned to 512"));
   o.set_prealloc_align(512);
   EXPECT_TRUE(ValidateOptions(o, 512).ok());
   EXPECT_EQ(ValidateOptions(o, 4096),
@@ -456,7 +458,7 @@ TEST_F(PreallocFilterTest, PreallocationNeverWaitsForWritesInFlight) {
     EXPECT_TRUE(st.ok()) << st;
     far_done = true;
   });
-  ASSERT_FALSE(far_done);  // held at the gate, past the file end
+  ASSERT_FALSE(far_done);           // held at the gate, past the file end
   EXPECT_EQ(gate->zero_writes, 2);  // its preallocation, failed
   EXPECT_EQ((*node)->file_end(), std::nullopt);
   gate->fail_zeroes = false;

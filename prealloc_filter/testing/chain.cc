@@ -32,10 +32,9 @@ absl::StatusOr<Chain> OpenChain(qcow2::testing::Env& env,
     chain.filter = filter.get();
     below = std::move(filter);
   }
-  ASSIGN_OR_RETURN(chain.qcow2,
-                   env.Run(qcow2::Qcow2Node::Open(std::move(below),
-                                                  qcow2::Qcow2OpenOptions(),
-                                                  env.Opener())));
+  ASSIGN_OR_RETURN(chain.qcow2, env.Run(qcow2::Qcow2Node::Open(
+                                    std::move(below), qcow2::Qcow2OpenOptions(),
+                                    env.Opener())));
   return chain;
 }
 

@@ -27,8 +27,8 @@ int Main(int argc, char** argv) {
   uint64_t seed = 0, prealloc_size = 0;
   if (argc != 5 || !absl::SimpleAtoi(argv[2], &seed) ||
       !absl::SimpleAtoi(argv[4], &prealloc_size)) {
-    std::fprintf(stderr,
-                 "usage: crash_writer <image> <seed> <cache> <prealloc-size>\n");
+    std::fprintf(
+        stderr, "usage: crash_writer <image> <seed> <cache> <prealloc-size>\n");
     return 2;
   }
   qcow2::testing::Env env(io::EngineKind::kIoUring, 64);
@@ -37,7 +37,12 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Chain> chain =
       OpenChain(env, argv[1], argv[3], /*with_filter=*/true, options);
   if (!chain.ok()) Fail("open", chain.status());
-  if (getenv("REOPEN")) { fprintf(stderr, "size %llu fileend %llu\n", (unsigned long long)chain->filter->size(), (unsigned long long)chain->filter->file_end().value_or(0)); return 0; }
+  if (getenv("REOPEN")) {
+    fprintf(stderr, "size %llu fileend %llu\n",
+            (unsigned long long)chain->filter->size(),
+            (unsigned long long)chain->filter->file_end().value_or(0));
+    return 0;
+  }
   constexpr uint64_t kLength = 65536;
   constexpr int kBatch = 256;
   for (uint64_t batch = 0;; ++batch) {
