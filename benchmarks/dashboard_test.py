@@ -26,7 +26,8 @@ _CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 _RESULTS = ["testdata/benchmarks/run1", "testdata/benchmarks/run2"]
 
 # What each chart must show for the default metric of its suite, from the
-# files in testdata/benchmarks/run1 and run2 (2 runs: every series twice):
+# files in testdata/benchmarks/run1 and run2 (2 runs: every series twice,
+# but prealloc_filter is in run2 only):
 # chart id -> (series, points).
 EXPECTED = {
     # bars: (xfs, ext4) x 2 runs over hints 0/1M/8M
@@ -35,6 +36,8 @@ EXPECTED = {
     # bars: (xfs, ext4, ext4_noextents) x 2 runs over prealloc off/falloc/full
     "chart-create_prealloc-raw": (6, 18),
     "chart-create_prealloc-qcow2": (6, 18),
+    # bars (run2 only): (xfs, ext4) x filter off/on over the 2 write patterns
+    "chart-prealloc_filter": (4, 8),
     # lines: extended_l2 off (4k, 16k..2M: 9 sizes) and on (8 sizes) x 2 runs
     "chart-subcluster": (4, 34),
     # lines: io_uring, threads, fio (ceiling) x 2 runs over depths 1..256 (9)
@@ -176,16 +179,17 @@ class DashboardTest(unittest.TestCase):
         shown = [(sec, m) for sec, m, hidden in self.dom.tables if not hidden]
         self.assertEqual(shown, [("suite-hint", "seconds"),
                                  ("suite-create_prealloc", "seconds"),
+                                 ("suite-prealloc_filter", "MiB_per_s"),
                                  ("suite-subcluster", "IOPS"),
                                  ("suite-engine", "IOPS")])
-        self.assertEqual(len(self.dom.tables), 4 + 3 + 4 + 3)
+        self.assertEqual(len(self.dom.tables), 4 + 3 + 4 + 4 + 3)
 
     def test_tables_and_context_are_on_the_page(self):
         for text in ["<caption>hint: seconds (s, lower is better)",
                      "<caption>subcluster: IOPS (higher is better)",
                      "<caption>engine: IOPS (higher is better)",
                      "<caption>create_prealloc: allocated_bytes (MiB)",
-                     "<th>imgtool_commit</th><td>bad69fb</td><td>0aaa615</td>"]:
+                     "<th>imgtool_commit</th><td>bad69fb</td><td>c18ac46</td>"]:
             self.assertTrue(text in self.page, text)
 
     def test_metric_switch_redraws_and_errors_are_caught(self):

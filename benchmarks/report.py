@@ -23,12 +23,12 @@ def render(suites, by=None, metrics=None):
     """The whole report as text."""
     parts = []
     for suite, runs in suites:
-        tables = results.build_tables(suite, runs, by=by, metrics=metrics)
-        if not tables:
+        if results.column_key(suite, runs, by) is None:
             parts.append("== %s: no key \"%s\" in its benchmark names\n" %
                          (suite, by))
             continue
-        for t in tables:
+        # suites without the chosen metrics print nothing
+        for t in results.build_tables(suite, runs, by=by, metrics=metrics):
             parts.append(results.table_to_text(t))
     return "\n".join(parts)
 

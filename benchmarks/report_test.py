@@ -1,5 +1,5 @@
 """Tests of //benchmarks:report: exact text on the real result files in
-testdata/benchmarks (run1: commit bad69fb, run2: commit 0aaa615), and exact
+testdata/benchmarks (run1: commit bad69fb, run2: commit c18ac46), and exact
 figures on small hand-made files.
 
 report_test_expected.txt holds commands (`$ report ARGS`, run from the
