@@ -8,6 +8,7 @@
 #include "absl/numeric/bits.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "io/aligned_buffer.h"
 #include "io/chain_status.h"
 #include "qcow2/compress.h"
 #include "qcow2/qcow2_node.h"
@@ -19,10 +20,16 @@ using format::ClusterType;
 using format::L2Entry;
 
 
-// Zeroes for explicit zero writes (at most one 2 MiB cluster at a time).
+// Copy-on-write reads of a head and a tail separated by at most this many
+// bytes are merged into one read (QEMU 7.2's limit in handle_copied /
+// do_perform_cow, subclusters.md §2).
+constexpr uint64_t kCowMergeGap = uint64_t{16} << 10;
+
+// Zeroes for explicit zero writes (at most one 2 MiB cluster at a time),
+// aligned so that O_DIRECT files take them without a bounce buffer.
 io::ConstIoVec Zeroes(uint64_t length) {
-  static const std::vector<uint8_t>* zeroes =
-      new std::vector<uint8_t>(format::kMaxClusterSize, 0);
+  static const io::AlignedBuffer* zeroes =
+      new io::AlignedBuffer(format::kMaxClusterSize);
   return io::ConstIoVec(zeroes->data(),
                         std::min<uint64_t>(length, zeroes->size()));
 }
@@ -449,6 +456,34 @@ bool Qcow2Node::OldContentsAreZero(const format::L2Entry& old, uint64_t offset,
   }
 }
 
+bool Qcow2Node::SubclustersReadZero(const format::L2Entry& old,
+                                    uint64_t offset, uint64_t length) const {
+  if (length == 0) return true;
+  const uint64_t in_cluster = offset & (cluster_size_ - 1);
+  const uint32_t a = static_cast<uint32_t>(in_cluster >> subcluster_bits());
+  const uint32_t b = static_cast<uint32_t>(
+      (in_cluster + length + (uint64_t{1} << subcluster_bits()) - 1) >>
+      subcluster_bits());
+  for (uint32_t sc = a; sc < b; ++sc) {
+    switch (format::GetSubclusterType(old, sc, l2_format_)) {
+      case format::SubclusterType::kZeroPlain:
+      case format::SubclusterType::kZeroAlloc:
+        break;
+      case format::SubclusterType::kUnallocatedPlain:
+      case format::SubclusterType::kUnallocatedAlloc:
+        if (backing_ != nullptr &&
+            offset - in_cluster + (uint64_t{sc} << subcluster_bits()) <
+                backing_->size()) {
+          return false;
+        }
+        break;
+      default:
+        return false;
+    }
+  }
+  return true;
+}
+
 io::Task<bool> Qcow2Node::BackingReadsZero(uint64_t offset, uint64_t length) {
   if (backing_ == nullptr) co_return true;
   const uint64_t end = std::min(offset + length, backing_->size());
@@ -460,6 +495,25 @@ io::Task<bool> Qcow2Node::BackingReadsZero(uint64_t offset, uint64_t length) {
     offset += st->status.length;
   }
   co_return true;
+}
+
+Qcow2Node::CowBuffer::CowBuffer(Qcow2Node* node, uint64_t size)
+    : node_(node) {
+  std::vector<io::AlignedBuffer>& pool = node_->cow_pool_;
+  if (size <= node_->cluster_size_ && !pool.empty()) {
+    buf_ = std::move(pool.back());
+    pool.pop_back();
+  } else {
+    buf_ = io::AlignedBuffer(std::max(size, node_->cluster_size_));
+  }
+}
+
+Qcow2Node::CowBuffer::~CowBuffer() {
+  std::vector<io::AlignedBuffer>& pool = node_->cow_pool_;
+  if (buf_.size() == node_->cluster_size_ &&
+      (pool.size() + 1) * node_->cluster_size_ <= kMaxPooledCowBytes) {
+    pool.push_back(std::move(buf_));
+  }
 }
 
 io::Task<absl::Status> Qcow2Node::WriteAllocated(
@@ -483,14 +537,31 @@ io::Task<absl::Status> Qcow2Node::WriteAllocated(
     if (st.ok()) co_return co_await file_->Write(host + head, data);
     if (!absl::IsUnimplemented(st)) co_return st;
   }
-  // Copy-on-write: the untouched parts from what the clusters showed before.
-  std::vector<uint8_t> buf(bytes);
-  CO_RETURN_IF_ERROR(co_await ReadOldContents(
-      olds.front(), start, io::IoVec(buf.data(), head)));
+  // Copy-on-write: the untouched parts from what the clusters showed before,
+  // head, data and tail written as one request. Head and tail are read in
+  // one request (the data's range read too, then overwritten) when they
+  // have the same source and the data between them is at most
+  // kCowMergeGap (QEMU's do_perform_cow_read of one merged region).
+  CowBuffer buf(this, bytes);
+  bool one_source = count == 1;
+  if (!one_source && head != 0 && tail != 0) {
+    one_source = std::all_of(olds.begin(), olds.end(), [&](const L2Entry& e) {
+      return RawType(e, l2_format_.extended_l2) == ClusterType::kUnallocated;
+    });
+  }
+  if (head != 0 && tail != 0 && one_source &&
+      data.size() <= kCowMergeGap) {
+    CO_RETURN_IF_ERROR(co_await ReadOldContents(
+        olds.front(), start, io::IoVec(buf.data(), bytes)));
+  } else {
+    CO_RETURN_IF_ERROR(co_await ReadOldContents(
+        olds.front(), start, io::IoVec(buf.data(), head)));
+    CO_RETURN_IF_ERROR(co_await ReadOldContents(
+        olds.back(), data_end,
+        io::IoVec(buf.data() + head + data.size(), tail)));
+  }
   std::memcpy(buf.data() + head, data.data(), data.size());
-  CO_RETURN_IF_ERROR(co_await ReadOldContents(
-      olds.back(), data_end, io::IoVec(buf.data() + head + data.size(), tail)));
-  co_return co_await file_->Write(host, buf);
+  co_return co_await file_->Write(host, io::ConstIoVec(buf.data(), bytes));
 }
 
 io::Task<absl::Status> Qcow2Node::LinkL2(
@@ -712,22 +783,50 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   lock.Release();
 
   absl::Status st;
-  if (cow_start == in_cluster && cow_end == in_cluster + bytes) {
+  const uint64_t head = in_cluster - cow_start;
+  const uint64_t tail = cow_end - (in_cluster + bytes);
+  bool done = false;
+  if (head == 0 && tail == 0) {
     st = co_await file_->Write(host + in_cluster, part);
-  } else {
+    done = true;
+  } else if (type != ClusterType::kCompressed &&
+             SubclustersReadZero(old, start + cow_start, head) &&
+             SubclustersReadZero(old, offset + bytes, tail)) {
+    // Nothing to copy: zero the padded range with the file's write zeroes,
+    // then write the data (QEMU's handle_alloc_space, subcluster granular).
+    io::WriteZeroesFlags flags;
+    flags.no_fallback = true;
+    st = co_await file_->WriteZeroes(host + cow_start, cow_end - cow_start,
+                                     flags);
+    if (st.ok()) {
+      st = co_await file_->Write(host + in_cluster, part);
+      done = true;
+    } else if (absl::IsUnimplemented(st)) {
+      st = absl::OkStatus();
+    }
+  }
+  if (st.ok() && !done) {
     // Copy-on-write of the untouched parts of the touched subclusters:
-    // backing data, zeroes (also without a backing file), or old data.
-    std::vector<uint8_t> buf(cow_end - cow_start);
-    const uint64_t head = in_cluster - cow_start;
-    st = co_await ReadOldContents(old, start + cow_start,
-                                  io::IoVec(buf.data(), head));
+    // backing data, zeroes (also without a backing file), or old data. One
+    // read for head and tail when at most kCowMergeGap lies between them,
+    // one write for head, data and tail.
+    CowBuffer buf(this, cow_end - cow_start);
+    if (head != 0 && tail != 0 && bytes <= kCowMergeGap) {
+      st = co_await ReadOldContents(old, start + cow_start,
+                                    io::IoVec(buf.data(), cow_end - cow_start));
+    } else {
+      st = co_await ReadOldContents(old, start + cow_start,
+                                    io::IoVec(buf.data(), head));
+      if (st.ok()) {
+        st = co_await ReadOldContents(
+            old, offset + bytes, io::IoVec(buf.data() + head + bytes, tail));
+      }
+    }
     if (st.ok()) {
       std::memcpy(buf.data() + head, part.data(), bytes);
-      st = co_await ReadOldContents(
-          old, offset + bytes,
-          io::IoVec(buf.data() + head + bytes, cow_end - (in_cluster + bytes)));
+      st = co_await file_->Write(host + cow_start,
+                                 io::ConstIoVec(buf.data(), cow_end - cow_start));
     }
-    if (st.ok()) st = co_await file_->Write(host + cow_start, io::ConstIoVec(buf));
   }
   EndDataOp(seq);
   auto relock = co_await io::ScopedLock::Take(meta_lock_);
@@ -952,7 +1051,8 @@ io::Task<absl::Status> Qcow2Node::DiscardClusters(uint64_t first,
 
 io::Task<absl::Status> Qcow2Node::ChangeSubclusters(uint64_t offset,
                                                     uint64_t end, bool discard,
-                                                    bool* fallback) {
+                                                    bool* fallback,
+                                                    bool if_no_data) {
   const uint64_t cluster = offset >> cluster_bits_;
   const uint64_t in_cluster = offset & (cluster_size_ - 1);
   const uint32_t sc_bits = subcluster_bits();
@@ -984,6 +1084,10 @@ io::Task<absl::Status> Qcow2Node::ChangeSubclusters(uint64_t offset,
         if (discard && !has_backing && old.host_offset() == 0) {
           co_return absl::OkStatus();  // reads as zeroes already
         }
+        if (if_no_data && (old.bitmap & range) != 0) {
+          *fallback = true;  // written meanwhile
+          co_return absl::OkStatus();
+        }
         L2Entry e = old;
         e.bitmap = (old.bitmap & ~range) | (range << 32);
         const bool free_host = discard && old.host_offset() != 0 &&
@@ -994,6 +1098,41 @@ io::Task<absl::Status> Qcow2Node::ChangeSubclusters(uint64_t offset,
         if (free_host) FreeEntryLater(old, /*discard=*/true);
         co_return absl::OkStatus();
       });
+}
+
+io::Task<absl::Status> Qcow2Node::WriteZeroesInSubcluster(uint64_t offset,
+                                                          uint64_t length) {
+  const uint64_t sc_size = uint64_t{1} << subcluster_bits();
+  const uint64_t s0 = offset & ~(sc_size - 1);
+  const uint64_t s1 = std::min(s0 + sc_size, size());
+  bool unallocated = false;
+  {
+    auto lock = co_await io::ScopedLock::Take(meta_lock_);
+    CO_RETURN_IF_ERROR(CheckUsable());
+    CO_ASSIGN_OR_RETURN(Mapping m, co_await GetMapping(s0, s1 - s0));
+    if (m.length >= s1 - s0) {
+      if (m.type == ClusterType::kZeroPlain || m.type == ClusterType::kZeroAlloc) {
+        co_return absl::OkStatus();  // the whole subcluster reads zeroes
+      }
+      unallocated = m.type == ClusterType::kUnallocated;
+    }
+  }
+  // QEMU's qcow2_co_pwrite_zeroes: the subcluster becomes a zero subcluster
+  // if the rest of it reads zeroes already; otherwise zeroes are data.
+  // Not `co_await a && co_await b` (GCC 12, see WriteZeroesPartial).
+  bool zero_ok = unallocated;
+  if (zero_ok) zero_ok = co_await BackingReadsZero(s0, offset - s0);
+  if (zero_ok) {
+    zero_ok = co_await BackingReadsZero(offset + length, s1 - (offset + length));
+  }
+  if (zero_ok) {
+    bool fallback = false;
+    CO_RETURN_IF_ERROR(co_await ChangeSubclusters(s0, s1, /*discard=*/false,
+                                                  &fallback,
+                                                  /*if_no_data=*/true));
+    if (!fallback) co_return absl::OkStatus();
+  }
+  co_return co_await DoWrite(offset, Zeroes(length));
 }
 
 io::Task<absl::Status> Qcow2Node::WriteZeroesPartial(uint64_t offset,
@@ -1052,8 +1191,8 @@ io::Task<absl::Status> Qcow2Node::DoWriteZeroes(uint64_t offset,
     const bool whole = (pos & mask) == 0 &&
                        (seg_end == cluster_end || seg_end == size());
     if (!whole && l2_format_.extended_l2) {
-      // Whole subclusters get zero bits; unaligned pieces are written as
-      // data (QEMU's fallback).
+      // Whole subclusters get zero bits; unaligned pieces zero their
+      // subcluster when the rest of it reads zeroes, else are data.
       const uint64_t sc_mask = (uint64_t{1} << subcluster_bits()) - 1;
       const uint64_t a = std::min((pos + sc_mask) & ~sc_mask, seg_end);
       const uint64_t b = std::max(
@@ -1066,9 +1205,12 @@ io::Task<absl::Status> Qcow2Node::DoWriteZeroes(uint64_t offset,
       if (fallback) {
         CO_RETURN_IF_ERROR(co_await DoWrite(pos, Zeroes(seg_end - pos)));
       } else {
-        if (pos < a) CO_RETURN_IF_ERROR(co_await DoWrite(pos, Zeroes(a - pos)));
+        // [pos, a) and [b, seg_end) each lie inside one subcluster.
+        if (pos < a) {
+          CO_RETURN_IF_ERROR(co_await WriteZeroesInSubcluster(pos, a - pos));
+        }
         if (b < seg_end) {
-          CO_RETURN_IF_ERROR(co_await DoWrite(b, Zeroes(seg_end - b)));
+          CO_RETURN_IF_ERROR(co_await WriteZeroesInSubcluster(b, seg_end - b));
         }
       }
       pos = seg_end;

@@ -39,6 +39,15 @@
 // subclusters inside a cluster make them read as zeroes instead of being
 // dropped), block status reports per subcluster. An invalid subcluster
 // bitmap is a corruption event ("Invalid cluster entry found").
+// Compressed clusters are never subdivided: a discard that does not cover a
+// whole compressed cluster leaves it unchanged (as QEMU does), and a zero
+// write that does not cover it is written as data.
+//
+// Allocating writes copy on write the way QEMU 7.2 does: the head and the
+// tail of the new cluster (subcluster) are read with one request when at
+// most 16 KiB lie between them and written with the data as one request;
+// when they read as zeroes anyway, the range is zeroed with the file's
+// write zeroes instead.
 //
 // Errors: kDataLoss for corrupt images, kUnimplemented for valid images
 // using features not implemented (external data files, encryption,
@@ -61,6 +70,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "io/aligned_buffer.h"
 #include "io/block_node.h"
 #include "io/sync.h"
 #include "io/task.h"
@@ -276,7 +286,30 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
                                          uint64_t offset, io::IoVec buf);
   bool OldContentsAreZero(const format::L2Entry& old, uint64_t offset,
                           uint64_t length) const;
+  // Extended L2: whether the subclusters of `old` that [offset, offset +
+  // length) touches (one cluster) read as zeroes without reading anything:
+  // zero subclusters, or unallocated ones with no backing data there.
+  bool SubclustersReadZero(const format::L2Entry& old, uint64_t offset,
+                           uint64_t length) const;
   io::Task<bool> BackingReadsZero(uint64_t offset, uint64_t length);
+
+  // Copy-on-write buffers: cluster-sized ones are kept for reuse (up to
+  // kMaxPooledCowBytes in all), so that allocating writes neither fault in
+  // nor zero fresh pages each time. The lease gives its buffer back when
+  // destroyed.
+  class CowBuffer {
+   public:
+    CowBuffer(Qcow2Node* node, uint64_t size);
+    ~CowBuffer();
+    CowBuffer(const CowBuffer&) = delete;
+    CowBuffer& operator=(const CowBuffer&) = delete;
+    uint8_t* data() { return buf_.data(); }
+
+   private:
+    Qcow2Node* node_;
+    io::AlignedBuffer buf_;
+  };
+  static constexpr uint64_t kMaxPooledCowBytes = uint64_t{64} << 20;
 
   // Write pieces.
   io::Task<absl::StatusOr<uint64_t>> WriteStep(uint64_t offset,
@@ -314,8 +347,17 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // [offset, end) of one guest cluster (subcluster aligned; `end` may be the
   // image end). Sets `*fallback` when zeroes have to be written as data
   // (compressed cluster). Takes the metadata lock.
+  // `if_no_data`: also sets `*fallback` (changing nothing) when one of the
+  // subclusters holds data.
   io::Task<absl::Status> ChangeSubclusters(uint64_t offset, uint64_t end,
-                                           bool discard, bool* fallback);
+                                           bool discard, bool* fallback,
+                                           bool if_no_data = false);
+  // Write zeroes of [offset, offset + length) inside one subcluster (not
+  // all of it): nothing if it reads zeroes, a zero subcluster if it is
+  // unallocated and the rest of it reads zeroes from the backing file,
+  // zeroes written as data otherwise (QEMU 7.2's head/tail rule).
+  io::Task<absl::Status> WriteZeroesInSubcluster(uint64_t offset,
+                                                 uint64_t length);
 
   // Flush (metadata lock held): L2 tables, refcount blocks, sync, frees.
   io::Task<absl::Status> FlushAll();
@@ -326,8 +368,13 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // Resize pieces (metadata lock held).
   io::Task<absl::Status> GrowL1(uint64_t min_size, bool exact);
   io::Task<absl::Status> PreallocateMetadata(uint64_t from, uint64_t to);
+  // Allocates host clusters for guest [from, to) (the first cluster anew
+  // even if used, its part before `from` copied) in a grown file area;
+  // `mark_allocated`: extended L2 bitmaps say "all data" (the area reads
+  // as zeroes and must hide the backing file).
   io::Task<absl::Status> PreallocateData(uint64_t from, uint64_t to,
-                                         io::PreallocMode mode);
+                                         io::PreallocMode mode,
+                                         bool mark_allocated);
   io::Task<absl::Status> Shrink(uint64_t new_size);
   io::Task<bool> DetectMetadataPreallocation();
 
@@ -358,6 +405,7 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   bool first_write_done_ = false;
   bool dirty_set_by_us_ = false;
   std::optional<bool> metadata_preallocation_;
+  std::vector<io::AlignedBuffer> cow_pool_;  // CowBuffer's cluster buffers
   absl::Status broken_;  // set by a fatal corruption event
   bool closed_ = false;
 };

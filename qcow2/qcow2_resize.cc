@@ -161,18 +161,12 @@ io::Task<absl::Status> Qcow2Node::PreallocateMetadata(uint64_t from,
 }
 
 io::Task<absl::Status> Qcow2Node::PreallocateData(uint64_t from, uint64_t to,
-                                                  io::PreallocMode mode) {
+                                                  io::PreallocMode mode,
+                                                  bool mark_allocated) {
   const uint64_t mask = cluster_size_ - 1;
-  // A partly used first cluster keeps its data; preallocate from the next.
+  // Like QEMU 7.2, a partly used first cluster is allocated anew too, its
+  // part before `from` copied from what it showed before.
   uint64_t guest = from & ~mask;
-  if ((from & mask) != 0) {
-    const uint64_t li = l1_index(guest);
-    if (li < l1_.size() && (l1_[li] & format::kL1OffsetMask) != 0) {
-      CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await LoadL2(li));
-      const L2Entry e = GetEntry(l2, l2_index(guest));
-      if (e.compressed() || e.host_offset() != 0) guest += cluster_size_;
-    }
-  }
   const uint64_t end = (to + mask) & ~mask;
   if (guest >= end) co_return absl::OkStatus();
   uint64_t old_file_size = FileSize();
@@ -194,6 +188,12 @@ io::Task<absl::Status> Qcow2Node::PreallocateData(uint64_t from, uint64_t to,
         "%s: preallocated area at %#x is not free", filename(), start));
   }
   const uint64_t new_file_size = start + (data_clusters << cluster_bits_);
+  if (start < FileSize()) {
+    // Unused space before the old end of the file may hold stale bytes; the
+    // new clusters must read as zeroes.
+    CO_RETURN_IF_ERROR(co_await file_->WriteZeroes(
+        start, std::min(new_file_size, FileSize()) - start, {}));
+  }
   if (new_file_size > FileSize()) {
     absl::Status st = co_await file_->Truncate(new_file_size, mode);
     if (!st.ok()) {
@@ -208,11 +208,32 @@ io::Task<absl::Status> Qcow2Node::PreallocateData(uint64_t from, uint64_t to,
     const uint64_t index = l2_index(guest);
     const uint64_t n = std::min(data_clusters, l2_entries_ - index);
     CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(l1_index(guest)));
+    if ((from & mask) != 0 && guest == (from & ~mask)) {
+      // The old part of the first cluster goes to its new host cluster
+      // before the L2 entry points there.
+      const L2Entry old = GetEntry(l2, index);
+      CO_ASSIGN_OR_RETURN(ClusterType type,
+                          co_await Classify(old, l2.offset(), index));
+      (void)type;
+      std::vector<uint8_t> head(from & mask);
+      CO_RETURN_IF_ERROR(
+          co_await ReadOldContents(old, guest, io::IoVec(head)));
+      CO_RETURN_IF_ERROR(co_await file_->Write(host, head));
+      ++write_gen_;
+    }
     for (uint64_t i = 0; i < n; ++i) {
       const L2Entry old = GetEntry(l2, index + i);
       L2Entry e;
       e.word = format::MakeStandardL2Word(host + (i << cluster_bits_),
                                           /*copied=*/true, /*zero=*/false);
+      if (l2_format_.extended_l2) {
+        // Zeroed space hides the backing file: every subcluster holds data
+        // (QEMU's subclusters_need_allocation); otherwise the subclusters
+        // keep their state, so the backing file stays visible.
+        e.bitmap = mark_allocated ? format::kSubclusterAllocMask
+                   : old.compressed() ? 0
+                                      : old.bitmap;
+      }
       SetEntry(l2, index + i, e);
       FreeEntryLater(old, /*discard=*/false);
     }
@@ -299,7 +320,7 @@ io::Task<absl::Status> Qcow2Node::DoTruncate(uint64_t new_size,
     // Growing over a longer backing file must not make its data visible
     // (QEMU's block layer adds BDRV_REQ_ZERO_WRITE): the new area is zeroed,
     // which needs the zero flag of version 3.
-    const bool zero_new =
+    bool zero_new =
         new_size > old_size && backing_ != nullptr && backing_->size() > old_size;
     if (zero_new && header_.version < 3) {
       co_return absl::UnimplementedError(
@@ -321,8 +342,12 @@ io::Task<absl::Status> Qcow2Node::DoTruncate(uint64_t new_size,
           break;
         case io::PreallocMode::kFalloc:
         case io::PreallocMode::kFull:
-          CO_RETURN_IF_ERROR(
-              co_await PreallocateData(old_size, new_size, prealloc));
+          // The grown file reads as zeroes, so the new clusters need no
+          // zeroing (QEMU: the protocol truncate honours
+          // BDRV_REQ_ZERO_WRITE on regular files).
+          CO_RETURN_IF_ERROR(co_await PreallocateData(
+              old_size, new_size, prealloc, /*mark_allocated=*/zero_new));
+          zero_new = false;
           break;
       }
       if (prealloc != io::PreallocMode::kOff) {

@@ -39,7 +39,8 @@ using testing::WriteFile;
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * 1024;
 
-// Counts the bytes read through it; forwards everything to `target`.
+// Counts the reads, the bytes read and the write-zeroes requests through it;
+// forwards everything to `target`.
 class CountingNode final : public io::BlockNode {
  public:
   explicit CountingNode(std::unique_ptr<io::BlockNode> target)
@@ -51,10 +52,13 @@ class CountingNode final : public io::BlockNode {
   }
   io::Task<absl::Status> Close() override { return target_->Close(); }
   uint64_t bytes_read = 0;
+  uint64_t reads = 0;
+  uint64_t write_zeroes = 0;
 
  protected:
   io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override {
     bytes_read += buf.size();
+    ++reads;
     return target_->Read(offset, buf);
   }
   io::Task<absl::Status> DoWrite(uint64_t offset, io::ConstIoVec data) override {
@@ -62,6 +66,7 @@ class CountingNode final : public io::BlockNode {
   }
   io::Task<absl::Status> DoWriteZeroes(uint64_t offset, uint64_t length,
                                        io::WriteZeroesFlags flags) override {
+    ++write_zeroes;
     return target_->WriteZeroes(offset, length, flags);
   }
   io::Task<absl::Status> DoDiscard(uint64_t offset, uint64_t length) override {
@@ -219,6 +224,18 @@ class SubclusterTest : public ::testing::Test {
       pos += e.length;
     }
     return out;
+  }
+
+  // `ours` (changed by us) is clean and has the same `qemu-img map` and
+  // contents as `theirs` (changed the same way by QEMU).
+  void ExpectSameAsQemus(const std::string& ours, const std::string& theirs) {
+    ExpectClean(ours);
+    ShellResult a = Shell("qemu-img map --output=json " + ours);
+    ShellResult b = Shell("qemu-img map --output=json " + theirs);
+    EXPECT_THAT(a.output, HasSubstr("\"start\": 0,"));
+    EXPECT_EQ(a.output, b.output);
+    ShellResult cmp = Shell("qemu-img compare " + ours + " " + theirs);
+    EXPECT_EQ(cmp.exit_code, 0) << cmp.output;
   }
 
   void ExpectMapsAgree(const std::string& path) {
@@ -411,6 +428,196 @@ TEST_F(SubclusterTest, SmallWriteCopiesAtMostOneSubclusterFromBacking) {
   EXPECT_NE(file_size % (2 * kMiB), 0u);
   ExpectClean(path);
   ExpectContents(path, ref);
+}
+
+// Opens `path` with its backing file (and optionally its image file) read
+// through CountingNodes.
+struct CountedImage {
+  std::unique_ptr<Qcow2Node> node;
+  CountingNode* backing = nullptr;
+  CountingNode* file = nullptr;
+};
+
+CountedImage OpenCounted(Env& env, const std::string& path) {
+  CountedImage out;
+  auto file = env.OpenFile(path, /*read_only=*/false);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return out;
+  auto counted_file = std::make_unique<CountingNode>(*std::move(file));
+  out.file = counted_file.get();
+  BackingOpener opener = [&env, &out](std::string filename, std::string)
+      -> io::Task<absl::StatusOr<std::unique_ptr<io::BlockNode>>> {
+    CO_ASSIGN_OR_RETURN(std::unique_ptr<io::BlockNode> f,
+                        env.OpenFile(filename, /*read_only=*/true));
+    auto c = std::make_unique<CountingNode>(std::move(f));
+    out.backing = c.get();
+    co_return std::unique_ptr<io::BlockNode>(std::move(c));
+  };
+  auto node = env.Run(
+      Qcow2Node::Open(std::move(counted_file), Qcow2OpenOptions(), opener));
+  EXPECT_TRUE(node.ok()) << node.status();
+  if (node.ok()) out.node = *std::move(node);
+  return out;
+}
+
+// Copy-on-write reads head and tail with one backing read when at most
+// 16 KiB lies between them (QEMU's merge), with two reads otherwise; with
+// standard and with extended L2 entries.
+TEST_F(SubclusterTest, CopyOnWriteMergesHeadAndTailReads) {
+  const std::string base = TempPath("merge_base.raw");
+  std::vector<uint8_t> ref = Pattern(8 * kMiB, 5);
+  WriteFile(base, ref);
+  for (const bool extended : {false, true}) {
+    SCOPED_TRACE(extended ? "extended" : "standard");
+    std::vector<uint8_t> expect = ref;
+    Qcow2CreateOptions o;
+    o.set_cluster_size(extended ? 1 * kMiB : 64 * kKiB);  // sc 32 KiB
+    o.set_extended_l2(extended);
+    o.set_backing_file(base);
+    o.set_backing_fmt("raw");
+    const std::string path =
+        Create(extended ? "merge_ext.qcow2" : "merge_std.qcow2", 8 * kMiB, o);
+    CountedImage img = OpenCounted(env_, path);
+    ASSERT_NE(img.node, nullptr);
+    ASSERT_NE(img.backing, nullptr);
+    const uint64_t unit = extended ? 32 * kKiB : 64 * kKiB;  // COW unit
+    // 4 KiB in the middle of a unit: head and tail in one read of the unit.
+    const std::vector<uint8_t> small = Pattern(4 * kKiB, 11);
+    const uint64_t a = 3 * unit + 8 * kKiB;
+    ASSERT_TRUE(env_.Run(img.node->Write(a, io::ConstIoVec(small))).ok());
+    EXPECT_EQ(img.backing->reads, 1u);
+    EXPECT_EQ(img.backing->bytes_read, unit);
+    std::copy(small.begin(), small.end(), expect.begin() + a);
+    // 16 KiB between head and tail: still one read.
+    img.backing->reads = img.backing->bytes_read = 0;
+    const std::vector<uint8_t> mid = Pattern(16 * kKiB, 12);
+    const uint64_t b = 9 * unit + 4 * kKiB;
+    ASSERT_TRUE(env_.Run(img.node->Write(b, io::ConstIoVec(mid))).ok());
+    EXPECT_EQ(img.backing->reads, 1u);
+    EXPECT_EQ(img.backing->bytes_read, unit);
+    std::copy(mid.begin(), mid.end(), expect.begin() + b);
+    // 20 KiB between them: two reads, head and tail only.
+    img.backing->reads = img.backing->bytes_read = 0;
+    const std::vector<uint8_t> big = Pattern(20 * kKiB, 13);
+    const uint64_t c = 17 * unit + 4 * kKiB;
+    ASSERT_TRUE(env_.Run(img.node->Write(c, io::ConstIoVec(big))).ok());
+    EXPECT_EQ(img.backing->reads, 2u);
+    EXPECT_EQ(img.backing->bytes_read, unit - 20 * kKiB);
+    std::copy(big.begin(), big.end(), expect.begin() + c);
+    EXPECT_EQ(Read(*img.node, 0, 8 * kMiB), expect);
+    Close(img.node);
+    ExpectClean(path);
+    ExpectContents(path, expect);
+  }
+}
+
+// Without backing data the padding of a new subcluster is zeroed with the
+// file's write zeroes instead of written from a buffer (QEMU's
+// handle_alloc_space); the untouched subclusters stay unallocated.
+TEST_F(SubclusterTest, CopyOnWriteOfZeroesUsesWriteZeroes) {
+  const std::string path = Create("zcow.qcow2", 8 * kMiB, Extended(2 * kMiB));
+  CountedImage img = OpenCounted(env_, path);
+  ASSERT_NE(img.node, nullptr);
+  std::vector<uint8_t> expect(8 * kMiB, 0);
+  const std::vector<uint8_t> data = Pattern(4 * kKiB, 21);
+  const uint64_t offset = 2 * kMiB + 64 * kKiB + 8 * kKiB;  // sc 1, inside
+  ASSERT_TRUE(env_.Run(img.node->Write(offset, io::ConstIoVec(data))).ok());
+  EXPECT_EQ(img.file->write_zeroes, 1u);
+  std::copy(data.begin(), data.end(), expect.begin() + offset);
+  // In place into the reserved cluster, next to zero subclusters: the same.
+  const uint64_t offset2 = 2 * kMiB + 5 * 64 * kKiB + 12 * kKiB;
+  ASSERT_TRUE(env_.Run(img.node->WriteZeroes(2 * kMiB + 5 * 64 * kKiB,
+                                             64 * kKiB, {}))
+                  .ok());
+  img.file->write_zeroes = 0;
+  ASSERT_TRUE(env_.Run(img.node->Write(offset2, io::ConstIoVec(data))).ok());
+  EXPECT_EQ(img.file->write_zeroes, 1u);
+  std::copy(data.begin(), data.end(), expect.begin() + offset2);
+  EXPECT_EQ(Read(*img.node, 0, 8 * kMiB), expect);
+  Close(img.node);
+  ExpectClean(path);
+  ExpectContents(path, expect);
+  ExpectMapsAgree(path);
+  ShellResult map = Shell("qemu-img map --output=json " + path);
+  // Subcluster 1 and 5 hold data, the rest of the cluster is unallocated.
+  EXPECT_THAT(map.output,
+              HasSubstr("{ \"start\": 2162688, \"length\": 65536, "
+                        "\"depth\": 0, \"present\": true, \"zero\": false, "
+                        "\"data\": true"));
+}
+
+// Unaligned zero writes: a subcluster whose rest reads zeroes becomes a zero
+// subcluster, otherwise the piece is written as data (QEMU 7.2's rule);
+// `qemu-img map` of our image equals that of the image qemu-io changed.
+TEST_F(SubclusterTest, UnalignedZeroWritesMatchQemu) {
+  const std::string base = TempPath("uz_base.raw");
+  WriteFile(base, Pattern(2 * kMiB, 9));
+  // 64 KiB clusters: 2 KiB subclusters. Offsets: inside one subcluster,
+  // across two, the head and tail of a longer range, on a data subcluster.
+  const std::vector<std::pair<uint64_t, uint64_t>> zeroes = {
+      {0x10100, 0x200}, {0x20700, 0x400},   {0x30300, 0x2000},
+      {0x48000, 0x100}, {0x48900, 0x1800}, {0x1f0000 - 0x300, 0x300}};
+  for (bool with_backing : {false, true}) {
+    SCOPED_TRACE(with_backing ? "backing" : "no backing");
+    std::string create = "qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=64k ";
+    if (with_backing) create += "-b " + base + " -F raw ";
+    const std::string ours = TempPath(absl::StrCat("uz_ours", with_backing, ".qcow2"));
+    const std::string theirs = TempPath(absl::StrCat("uz_qemu", with_backing, ".qcow2"));
+    std::string io = " -c 'write -P 7 0x48000 0x800'";  // a data subcluster
+    for (auto [off, len] : zeroes) io += absl::StrFormat(" -c 'write -z %#x %#x'", off, len);
+    ShellResult r = Shell(create + ours + " 2M && " + create + theirs +
+                          " 2M && qemu-io -f qcow2" + io + " " + theirs);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto node = Open(ours);
+    ASSERT_NE(node, nullptr);
+    std::vector<uint8_t> data(0x800, 7);
+    ASSERT_TRUE(env_.Run(node->Write(0x48000, io::ConstIoVec(data))).ok());
+    for (auto [off, len] : zeroes) {
+      absl::Status st = env_.Run(node->WriteZeroes(off, len, {}));
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    Close(node);
+    ExpectSameAsQemus(ours, theirs);
+  }
+}
+
+// Growing with preallocation=falloc/full allocates the new clusters (the
+// partly used last cluster anew, its old part copied) like qemu-img resize:
+// over a longer backing file extended L2 bitmaps say "all data", without
+// one they stay unallocated. Same map and contents as qemu-img's.
+TEST_F(SubclusterTest, PreallocatedResizeMatchesQemu) {
+  const std::string base = TempPath("rz_base.raw");
+  WriteFile(base, Pattern(4 * kMiB, 10));
+  int n = 0;
+  for (const char* mode : {"falloc", "full"}) {
+    for (bool extended : {true, false}) {
+      for (bool with_backing : {true, false}) {
+        SCOPED_TRACE(absl::StrCat(mode, extended ? " extended" : " standard",
+                                  with_backing ? " backing" : ""));
+        std::string create = absl::StrCat(
+            "qemu-img create -q -f qcow2 -o cluster_size=64k,extended_l2=",
+            extended ? "on " : "off ");
+        if (with_backing) create += "-b " + base + " -F raw ";
+        const std::string ours = TempPath(absl::StrCat("rz_ours", n, ".qcow2"));
+        const std::string theirs = TempPath(absl::StrCat("rz_qemu", n, ".qcow2"));
+        ++n;
+        const std::string write = " && qemu-io -f qcow2 -c 'write -P 17 970k 4k' ";
+        ShellResult r = Shell(create + ours + " 1000k" + write + ours + " && " +
+                              create + theirs + " 1000k" + write + theirs +
+                              " && qemu-img resize -q --preallocation=" + mode +
+                              " " + theirs + " 3M");
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        auto node = Open(ours);
+        ASSERT_NE(node, nullptr);
+        absl::Status st = env_.Run(node->Truncate(
+            3 * kMiB, std::string(mode) == "full" ? io::PreallocMode::kFull
+                                                   : io::PreallocMode::kFalloc));
+        ASSERT_TRUE(st.ok()) << st;
+        Close(node);
+        ExpectSameAsQemus(ours, theirs);
+      }
+    }
+  }
 }
 
 TEST_F(SubclusterTest, ConcurrentWritesToSubclustersOfOneCluster) {
