@@ -499,21 +499,27 @@ io::Task<bool> Qcow2Node::BackingReadsZero(uint64_t offset, uint64_t length) {
 
 Qcow2Node::CowBuffer::CowBuffer(Qcow2Node* node, uint64_t size)
     : node_(node) {
+  // The most recently returned buffer that fits (sizes repeat: one
+  // cluster, or one subcluster with extended L2 entries).
   std::vector<io::AlignedBuffer>& pool = node_->cow_pool_;
-  if (size <= node_->cluster_size_ && !pool.empty()) {
-    buf_ = std::move(pool.back());
-    pool.pop_back();
-  } else {
-    buf_ = io::AlignedBuffer(std::max(size, node_->cluster_size_));
+  for (size_t i = pool.size(); i-- > 0;) {
+    if (pool[i].size() >= size && pool[i].size() <= 2 * size) {
+      buf_ = std::move(pool[i]);
+      pool.erase(pool.begin() + i);
+      node_->cow_pool_bytes_ -= buf_.size();
+      return;
+    }
   }
+  buf_ = io::AlignedBuffer(size);
 }
 
 Qcow2Node::CowBuffer::~CowBuffer() {
-  std::vector<io::AlignedBuffer>& pool = node_->cow_pool_;
-  if (buf_.size() == node_->cluster_size_ &&
-      (pool.size() + 1) * node_->cluster_size_ <= kMaxPooledCowBytes) {
-    pool.push_back(std::move(buf_));
+  if (buf_.size() == 0 ||
+      node_->cow_pool_bytes_ + buf_.size() > kMaxPooledCowBytes) {
+    return;
   }
+  node_->cow_pool_bytes_ += buf_.size();
+  node_->cow_pool_.push_back(std::move(buf_));
 }
 
 io::Task<absl::Status> Qcow2Node::WriteAllocated(

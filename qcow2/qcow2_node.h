@@ -293,10 +293,9 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
                            uint64_t length) const;
   io::Task<bool> BackingReadsZero(uint64_t offset, uint64_t length);
 
-  // Copy-on-write buffers: cluster-sized ones are kept for reuse (up to
-  // kMaxPooledCowBytes in all), so that allocating writes neither fault in
-  // nor zero fresh pages each time. The lease gives its buffer back when
-  // destroyed.
+  // Copy-on-write buffers, kept for reuse (up to kMaxPooledCowBytes in
+  // all) so that allocating writes neither fault in nor zero fresh pages
+  // each time. The lease gives its buffer back when destroyed.
   class CowBuffer {
    public:
     CowBuffer(Qcow2Node* node, uint64_t size);
@@ -405,7 +404,8 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   bool first_write_done_ = false;
   bool dirty_set_by_us_ = false;
   std::optional<bool> metadata_preallocation_;
-  std::vector<io::AlignedBuffer> cow_pool_;  // CowBuffer's cluster buffers
+  std::vector<io::AlignedBuffer> cow_pool_;  // CowBuffer's free buffers
+  uint64_t cow_pool_bytes_ = 0;
   absl::Status broken_;  // set by a fatal corruption event
   bool closed_ = false;
 };
