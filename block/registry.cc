@@ -23,6 +23,8 @@
 #include "base/status_macros.h"
 #include "google/protobuf/message.h"
 #include "posix_file/file_options.pb.h"
+#include "prealloc_filter/prealloc_filter.h"
+#include "prealloc_filter/prealloc_options.pb.h"
 #include "qcow2/check.h"
 #include "qcow2/qcow2_options.pb.h"
 
@@ -74,6 +76,13 @@ const std::vector<Driver>& Drivers() {
         .unsupported_keys = {"cache-size", "l2-cache-entry-size",
                              "pass-discard-request", "pass-discard-snapshot",
                              "pass-discard-other", "data-file", "encrypt"},
+        .has_file_child = true,
+    });
+    d->push_back(Driver{
+        .name = "preallocate",
+        .kind = DriverKind::kFilter,
+        .options = prealloc_filter::PreallocFilterOptions::descriptor(),
+        .keys = {"prealloc-align", "prealloc-size"},
         .has_file_child = true,
     });
     return d;
@@ -426,6 +435,25 @@ io::Task<absl::StatusOr<Opened>> OpenQcow2(const Driver& driver,
   co_return out;
 }
 
+io::Task<absl::StatusOr<Opened>> OpenPreallocate(const Driver& driver,
+                                                 NodeOptions node,
+                                                 Opened child) {
+  prealloc_filter::PreallocFilterOptions options;
+  CO_RETURN_IF_ERROR(FillDriverOptions(driver, node, &options));
+  Opened out;
+  out.driver = &driver;
+  out.file = child.file;
+  out.files = child.files;
+  NameOver(child, &out);
+  // Options are validated against the file's request alignment there.
+  std::unique_ptr<io::BlockNode> file = std::move(child.node);
+  CO_ASSIGN_OR_RETURN(
+      std::unique_ptr<prealloc_filter::PreallocFilterNode> filter,
+      co_await prealloc_filter::OpenPreallocFilter(std::move(file), options));
+  out.node = std::move(filter);
+  co_return out;
+}
+
 io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
                                           Slot slot) {
   // 1. The driver: named, implied by a filename (a `file` child is a
@@ -532,6 +560,8 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
     opened = std::move(out);
   } else if (driver.name == "qcow2") {
     opened = co_await OpenQcow2(driver, node, ctx, *std::move(file_child));
+  } else if (driver.name == "preallocate") {
+    opened = co_await OpenPreallocate(driver, node, *std::move(file_child));
   } else {
     co_return absl::InternalError(
         absl::StrCat("driver '", driver.name, "' has no open function"));

@@ -8,7 +8,11 @@
 //
 // Drivers: `file` (protocol, posix_file), `raw` (format; without offset or
 // size it adds nothing, so the node is its `file` child itself), `qcow2`
-// (format, with its backing chain) and `preallocate` (filter), when built in.
+// (format, with its backing chain) and `preallocate` (filter,
+// prealloc_filter; its file child keeps other writers out, so the filter is
+// active). The `file` child of a format or filter given only a filename is
+// a `file` node (`file.filename=X`); a graph without a top driver is probed
+// from the first bytes of the file at the bottom of its `file` chain.
 // Error texts are qemu-img 7.2's (../shared/reference/qemu-img-cli.md,
 // "--image-opts"), all kInvalidArgument unless said otherwise:
 //   Unknown driver 'xyz'
@@ -20,6 +24,7 @@
 //   Cannot find device='x' nor node-name='x'          (file=x: a node name)
 //   Parameter 'l2-cache-size' expects a non-negative number below 2^64 ...
 //   Parameter 'lazy-refcounts' expects 'on' or 'off'
+//   prealloc-align parameter of preallocate filter is not aligned to 512
 //   invalid parameter value: maybe                    (file's locking, aio)
 //   Block node is read-only                 (read-only=on, image opened rw)
 //   force-share=on can only be used with read-only images

@@ -30,7 +30,9 @@ NodeOptions Opts(const std::string& text) {
 }
 
 TEST(RegistryTest, KnowsQemusDriverNames) {
-  EXPECT_EQ(DriverNames(), (std::vector<std::string>{"file", "qcow2", "raw"}));
+  EXPECT_EQ(DriverNames(), (std::vector<std::string>{"file", "preallocate",
+                                                     "qcow2", "raw"}));
+  EXPECT_EQ(FindDriver("preallocate")->kind, DriverKind::kFilter);
   EXPECT_EQ(FindDriver("qcow2")->kind, DriverKind::kFormat);
   EXPECT_EQ(FindDriver("file")->kind, DriverKind::kProtocol);
   EXPECT_EQ(FindDriver("xyz"), nullptr);
@@ -172,6 +174,52 @@ TEST_F(OpenGraphTest, NamesTheImageAsQemuDoes) {
             "ok: json:{\"driver\": \"qcow2\", \"file\": {\"driver\": \"raw\", "
             "\"file\": {\"driver\": \"file\", \"filename\": \"" +
                 q + "\"}}} qcow2");
+}
+
+TEST_F(OpenGraphTest, PreallocateFilterChains) {
+  const std::string q = qcow2_;
+  const std::string file_json =
+      "{\"driver\": \"file\", \"filename\": \"" + q + "\"}";
+  // A filter is never named by its file: always JSON, options left out.
+  EXPECT_EQ(Result("driver=qcow2,file.driver=preallocate,file.prealloc-size="
+                   "1M,file.prealloc-align=64k,file.file.driver=file,"
+                   "file.file.filename=" + q),
+            "ok: json:{\"driver\": \"qcow2\", \"file\": {\"driver\": "
+            "\"preallocate\", \"file\": " + file_json + "}} qcow2");
+  EXPECT_EQ(Result("driver=preallocate,file.filename=" + q),
+            "ok: json:{\"driver\": \"preallocate\", \"file\": " +
+                file_json + "} preallocate");
+  // Probing looks through the filter at the file.
+  EXPECT_EQ(Result("file.driver=preallocate,file.file.filename=" + q),
+            "ok: json:{\"driver\": \"qcow2\", \"file\": {\"driver\": "
+            "\"preallocate\", \"file\": " + file_json + "}} qcow2");
+
+  absl::StatusOr<OpenedGraph> g = Open(
+      "driver=qcow2,file.driver=preallocate,file.file.filename=" + q, false);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_NE(g->qcow2, nullptr);
+  ASSERT_NE(g->file, nullptr);
+  const io::BlockNode* filter = &g->qcow2->file();
+  EXPECT_NE(filter, g->file);
+  EXPECT_EQ(g->node_names.at(filter),
+            "json:{\"driver\": \"preallocate\", \"file\": " + file_json +
+                "}");
+  EXPECT_EQ(g->node_names.at(g->file), q);
+  EXPECT_TRUE(io::RunSync(*engine_, g->node->Close()).ok());
+
+  EXPECT_EQ(Result("driver=preallocate,file.filename=" + q +
+                   ",prealloc-align=3"),
+            "prealloc-align parameter of preallocate filter is not aligned "
+            "to 512");
+  EXPECT_EQ(Result("driver=preallocate,file.filename=" + q +
+                   ",prealloc-size=3x"),
+            "Parameter 'prealloc-size' expects a non-negative number below "
+            "2^64\nOptional suffix k, M, G, T, P or E means kilo-, mega-, "
+            "giga-, tera-, peta-\nand exabytes, respectively.");
+  EXPECT_EQ(Result("driver=preallocate,file.filename=" + q + ",foo=1"),
+            "Block format 'preallocate' does not support the option 'foo'");
+  EXPECT_EQ(Result("driver=qcow2,file.driver=preallocate,file.filename=" + q),
+            "A block device must be specified for \"file\"");
 }
 
 TEST_F(OpenGraphTest, ErrorsAreQemus) {

@@ -3,7 +3,9 @@
 // options the command line gives: `-f qcow2 IMG` is the short form of
 // --image-opts driver=qcow2,file.driver=file,file.filename=IMG, a json:{...}
 // filename is QEMU's JSON pseudo-protocol, and --image-opts strings name
-// any chain the registry knows (qcow2 over preallocate over file, ...).
+// any chain the registry knows (qcow2 over preallocate over file:
+// driver=qcow2,file.driver=preallocate,file.file.driver=file,
+// file.file.filename=IMG).
 // Raw images are the `file` node itself; qcow2 images are a
 // qcow2::Qcow2Node over their file, with their backing chain opened
 // read-only below them.
