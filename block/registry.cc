@@ -153,18 +153,24 @@ std::string DisplayName(const Opened& o) {
                                   : o.exact_filename;
 }
 
-// A driver's node over its `file` child, named as QEMU's
-// bdrv_refresh_filename names it: the child's file name if the child is a
-// protocol node and this is not a filter, else JSON.
-void NameOver(const Opened& child, Opened* out) {
+// The description of `driver`'s node over its `file` child (the node
+// itself is the caller's to fill in), named as QEMU's bdrv_refresh_filename
+// names it: the child's file name if the child is a protocol node and this
+// is not a filter, else JSON.
+Opened Over(const Driver& driver, const Opened& child) {
+  Opened out;
+  out.driver = &driver;
+  out.file = child.file;
+  out.files = child.files;
   if (child.driver->kind == DriverKind::kProtocol &&
-      out->driver->kind != DriverKind::kFilter) {
-    out->exact_filename = child.exact_filename;
+      driver.kind != DriverKind::kFilter) {
+    out.exact_filename = child.exact_filename;
   }
   std::string quoted;
-  AppendJsonString(out->driver->name, &quoted);
-  out->json = absl::StrCat("{\"driver\": ", quoted, ", \"file\": ",
-                           child.json, "}");
+  AppendJsonString(driver.name, &quoted);
+  out.json = absl::StrCat("{\"driver\": ", quoted, ", \"file\": ",
+                          child.json, "}");
+  return out;
 }
 
 // posix_file says "<file>: Could not open: <strerror>" when open(2) fails;
@@ -418,11 +424,7 @@ io::Task<absl::StatusOr<Opened>> OpenQcow2(const Driver& driver,
       return OpenBacking(backing, std::move(filename), std::move(format));
     };
   }
-  Opened out;
-  out.driver = &driver;
-  out.file = child.file;
-  out.files = child.files;
-  NameOver(child, &out);
+  Opened out = Over(driver, child);
   // Named locals, not temporaries in the co_await expression: GCC 12
   // destroys some of those twice.
   std::unique_ptr<io::BlockNode> file = std::move(child.node);
@@ -440,11 +442,7 @@ io::Task<absl::StatusOr<Opened>> OpenPreallocate(const Driver& driver,
                                                  Opened child) {
   prealloc_filter::PreallocFilterOptions options;
   CO_RETURN_IF_ERROR(FillDriverOptions(driver, node, &options));
-  Opened out;
-  out.driver = &driver;
-  out.file = child.file;
-  out.files = child.files;
-  NameOver(child, &out);
+  Opened out = Over(driver, child);
   // Options are validated against the file's request alignment there.
   std::unique_ptr<io::BlockNode> file = std::move(child.node);
   CO_ASSIGN_OR_RETURN(
@@ -540,11 +538,7 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
   if (driver.name == "file") {
     opened = co_await OpenFile(driver, node, ctx);
   } else if (driver.name == "raw") {
-    Opened out;
-    out.driver = &driver;
-    out.file = file_child->file;
-    out.files = file_child->files;
-    NameOver(*file_child, &out);
+    Opened out = Over(driver, *file_child);
     out.node = std::move(file_child->node);
     if (probed && !ctx.read_only && !ctx.is_backing) {
       // qemu-img warns only when a probed raw image is opened for writing.
