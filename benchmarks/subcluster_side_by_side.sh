@@ -19,8 +19,9 @@
 # clusters copy a whole cluster from the backing file and subclusters copy
 # at most one subcluster. N = min(COUNT, max(MIN_COUNT, COW_MIB / C)) keeps
 # the copy-on-write traffic of big clusters bounded.
-# REPS runs per tool and cell, alternating the tools (and which goes first);
-# the table shows medians and the ratio imgtool / qemu-img.
+# REPS runs per tool and cell, alternating the tools (and which goes first),
+# each after a `sync`; the table shows medians and the ratio imgtool /
+# qemu-img, and the load average before and after the runs.
 #
 # Targets: imgtool >= qemu-img in every cell; with subclusters, 64k..256k
 # clusters several times the IOPS of standard clusters.
@@ -101,6 +102,9 @@ to_bytes() {  # 4k / 1M -> bytes
 bench_iops() {  # tool, count
   local tool=$1 count=$2 out
   cp --sparse=always template.qcow2 overlay.qcow2
+  # Start without dirty pages of earlier runs, whose writeback would slow
+  # down whichever tool runs next.
+  sync
   out=$("$tool" bench -f qcow2 -w -t none -d "$DEPTH" -s 4k -S "$STEP" -c "$count" overlay.qcow2)
   rm -f overlay.qcow2
   python3 -c 'import re,sys; t=float(re.search(r"Run completed in ([0-9.]+) seconds", sys.argv[1]).group(1)); print(round(int(sys.argv[2])/max(t,1e-4)))' "$out" "$count"
@@ -115,6 +119,7 @@ if ! bench_iops "$IMGTOOL" 64 >/dev/null 2>"$work/check.err"; then
 fi
 rm -f template.qcow2
 
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 results=()
 echo "== $REPS runs per tool and cell, -d $DEPTH -s 4k -S $STEP, alternating" >&2
 for c in $CLUSTERS; do
@@ -143,11 +148,12 @@ for c in $CLUSTERS; do
 done
 
 # --- table -------------------------------------------------------------------
-python3 - "$REPS" "$BASE_MIB" "$STEP" "$DEPTH" "${results[@]}" <<'EOF'
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+python3 - "$REPS" "$BASE_MIB" "$STEP" "$DEPTH" "$load_before" "$load_after" "${results[@]}" <<'EOF'
 import statistics, sys
-reps, base_mib, step, depth = sys.argv[1:5]
+reps, base_mib, step, depth, load_before, load_after = sys.argv[1:7]
 rows, by = [], {}
-for r in sys.argv[5:]:
+for r in sys.argv[7:]:
     head, qemu = r.split("|")
     c, sub, count, *ours = head.split()
     a = statistics.median(int(x) for x in ours) if ours != ["-"] else None
@@ -157,7 +163,8 @@ for r in sys.argv[5:]:
 
 print(f"4 KiB random writes into an empty qcow2 overlay on a fully written "
       f"{base_mib} MiB raw backing file (-t none -d {depth} -S {step}), "
-      f"IOPS, median of {reps}")
+      f"IOPS, median of {reps}; load average (1/5/15 min) {load_before} "
+      f"before, {load_after} after")
 print()
 print("| cluster size | subclusters | writes/run | imgtool IOPS | qemu-img IOPS | ratio |")
 print("|---|---|---:|---:|---:|---:|")

@@ -719,8 +719,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
                       co_await Classify(old, l2.offset(), index));
   const uint64_t start = cluster << cluster_bits_;
   const uint64_t in_cluster = offset - start;
-  const uint64_t bytes =
-      std::min<uint64_t>(data.size(), cluster_size_ - in_cluster);
+  uint64_t bytes = std::min<uint64_t>(data.size(), cluster_size_ - in_cluster);
   io::ConstIoVec part = data.first(bytes);
   const uint32_t sc_bits = subcluster_bits();
   const uint64_t sc_mask = (uint64_t{1} << sc_bits) - 1;
@@ -747,9 +746,13 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   // The range written: the data padded to the boundaries of the touched
   // subclusters that do not hold data yet (in place), or of the touched
   // subclusters plus what a new cluster must carry over.
+  // Offsets from `start`; a new allocation may span `n` clusters (the
+  // following ones unallocated, the middle ones written whole).
   uint64_t cow_start = in_cluster;
   uint64_t cow_end = in_cluster + bytes;
   uint64_t host = 0;
+  uint64_t n = 1;
+  L2Entry last = old;
   if (in_place) {
     host = old.host_offset();
     if ((old.bitmap & format::SubclusterAllocBit(s0)) == 0) {
@@ -775,14 +778,36 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
     }
     cow_start = uint64_t{first_sc} << sc_bits;
     cow_end = std::min(uint64_t{end_sc} << sc_bits, cluster_size_);
-    CO_ASSIGN_OR_RETURN(host, co_await refcounts_->Allocate(cluster_size_));
+    if (type != ClusterType::kCompressed && old.host_offset() == 0 &&
+        in_cluster + data.size() > cluster_size_) {
+      // The write goes on into the next clusters: while they are
+      // unallocated too, one host range for all of them.
+      const uint64_t max_n = std::min(
+          (in_cluster + data.size() + cluster_size_ - 1) >> cluster_bits_,
+          l2_entries_ - index);
+      for (; n < max_n; ++n) {
+        if (FindInflight(cluster + n, 1) != nullptr) break;
+        const L2Entry e = GetEntry(l2, index + n);
+        CO_ASSIGN_OR_RETURN(const ClusterType t,
+                            co_await Classify(e, l2.offset(), index + n));
+        if (t == ClusterType::kCompressed || e.host_offset() != 0) break;
+        last = e;
+      }
+      if (n > 1) {
+        bytes = std::min<uint64_t>(data.size(), (n << cluster_bits_) - in_cluster);
+        part = data.first(bytes);
+        cow_end = std::min(((in_cluster + bytes + sc_mask) >> sc_bits) << sc_bits,
+                           n << cluster_bits_);
+      }
+    }
+    CO_ASSIGN_OR_RETURN(host, co_await refcounts_->Allocate(n << cluster_bits_));
   }
   CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(
       in_place ? host + cow_start : host,
-      in_place ? cow_end - cow_start : cluster_size_, 0));
+      in_place ? cow_end - cow_start : n << cluster_bits_, 0));
   auto inflight = std::make_shared<Inflight>();
   inflight->first = cluster;
-  inflight->count = 1;
+  inflight->count = n;
   inflight_[cluster] = inflight;
   const uint64_t seq = BeginDataOp();
   l2.reset();
@@ -797,7 +822,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
     done = true;
   } else if (type != ClusterType::kCompressed &&
              SubclustersReadZero(old, start + cow_start, head) &&
-             SubclustersReadZero(old, offset + bytes, tail)) {
+             SubclustersReadZero(last, offset + bytes, tail)) {
     // Nothing to copy: zero the padded range with the file's write zeroes,
     // then write the data (QEMU's handle_alloc_space, subcluster granular).
     io::WriteZeroesFlags flags;
@@ -817,7 +842,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
     // read for head and tail when at most kCowMergeGap lies between them,
     // one write for head, data and tail.
     CowBuffer buf(this, cow_end - cow_start);
-    if (head != 0 && tail != 0 && bytes <= kCowMergeGap) {
+    if (head != 0 && tail != 0 && bytes <= kCowMergeGap && n == 1) {
       st = co_await ReadOldContents(old, start + cow_start,
                                     io::IoVec(buf.data(), cow_end - cow_start));
     } else {
@@ -825,7 +850,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
                                     io::IoVec(buf.data(), head));
       if (st.ok()) {
         st = co_await ReadOldContents(
-            old, offset + bytes, io::IoVec(buf.data() + head + bytes, tail));
+            last, offset + bytes, io::IoVec(buf.data() + head + bytes, tail));
       }
     }
     if (st.ok()) {
@@ -845,30 +870,38 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
     // written back only after the data is synced).
     absl::StatusOr<TableCache::Ref> again = co_await GetL2ForWrite(li);
     if (again.ok()) {
-      const L2Entry cur = GetEntry(*again, index);
-      const uint32_t a = static_cast<uint32_t>(cow_start >> sc_bits);
-      const uint32_t b = static_cast<uint32_t>((cow_end + sc_mask) >> sc_bits);
-      const uint64_t written = format::SubclusterAllocRange(a, b - a);
-      L2Entry e;
-      e.word = format::MakeStandardL2Word(host, /*copied=*/true, /*zero=*/false);
-      if (in_place) {
-        e.bitmap = (cur.bitmap | written) & ~(written << 32);
-      } else if (type == ClusterType::kCompressed) {
-        e.bitmap = format::kSubclusterAllocMask;
-      } else {
-        e.bitmap = ((old.bitmap & format::kSubclusterZeroMask) &
-                    ~(written << 32)) |
-                   written;
+      for (uint64_t i = 0; i < n; ++i) {
+        // This cluster's share of [cow_start, cow_end), in subclusters.
+        const uint64_t base = i << cluster_bits_;
+        const uint64_t from = std::max(cow_start, base) - base;
+        const uint64_t to = std::min(cow_end, base + cluster_size_) - base;
+        const uint32_t a = static_cast<uint32_t>(from >> sc_bits);
+        const uint32_t b = static_cast<uint32_t>((to + sc_mask) >> sc_bits);
+        const uint64_t written = format::SubclusterAllocRange(a, b - a);
+        const L2Entry prev = i == 0 ? old : i + 1 == n ? last : L2Entry{};
+        L2Entry e;
+        e.word = format::MakeStandardL2Word(host + base, /*copied=*/true,
+                                            /*zero=*/false);
+        if (in_place) {
+          const L2Entry cur = GetEntry(*again, index);
+          e.bitmap = (cur.bitmap | written) & ~(written << 32);
+        } else if (type == ClusterType::kCompressed) {
+          e.bitmap = format::kSubclusterAllocMask;
+        } else {
+          e.bitmap = ((prev.bitmap & format::kSubclusterZeroMask) &
+                      ~(written << 32)) |
+                     written;
+        }
+        SetEntry(*again, index + i, e);
+        if (!in_place) FreeEntryLater(prev, /*discard=*/false);
       }
-      SetEntry(*again, index, e);
-      if (!in_place) FreeEntryLater(old, /*discard=*/false);
     } else {
       st = again.status();
     }
   }
   if (!st.ok() && !in_place && broken_.ok()) {
-    // Never referenced: give the cluster back now.
-    absl::Status undo = co_await refcounts_->Free(host, cluster_size_);
+    // Never referenced: give the clusters back now.
+    absl::Status undo = co_await refcounts_->Free(host, n << cluster_bits_);
     (void)undo;
   }
   inflight_.erase(cluster);

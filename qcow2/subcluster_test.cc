@@ -39,8 +39,8 @@ using testing::WriteFile;
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * 1024;
 
-// Counts the reads, the bytes read and the write-zeroes requests through it;
-// forwards everything to `target`.
+// Counts the reads, the bytes read, the writes and the write-zeroes requests
+// through it; forwards everything to `target`.
 class CountingNode final : public io::BlockNode {
  public:
   explicit CountingNode(std::unique_ptr<io::BlockNode> target)
@@ -53,6 +53,7 @@ class CountingNode final : public io::BlockNode {
   io::Task<absl::Status> Close() override { return target_->Close(); }
   uint64_t bytes_read = 0;
   uint64_t reads = 0;
+  uint64_t writes = 0;
   uint64_t write_zeroes = 0;
 
  protected:
@@ -62,6 +63,7 @@ class CountingNode final : public io::BlockNode {
     return target_->Read(offset, buf);
   }
   io::Task<absl::Status> DoWrite(uint64_t offset, io::ConstIoVec data) override {
+    ++writes;
     return target_->Write(offset, data);
   }
   io::Task<absl::Status> DoWriteZeroes(uint64_t offset, uint64_t length,
@@ -617,6 +619,52 @@ TEST_F(SubclusterTest, PreallocatedResizeMatchesQemu) {
         ExpectSameAsQemus(ours, theirs);
       }
     }
+  }
+}
+
+// A write over several unallocated clusters allocates them as one host
+// range (as QEMU does), copying only the head of the first and the tail of
+// the last subcluster; it stops at an allocated cluster. Same map and
+// contents as qemu-io's.
+TEST_F(SubclusterTest, WriteSpanningClustersAllocatesOnce) {
+  const std::string base = TempPath("span_base.raw");
+  WriteFile(base, Pattern(4 * kMiB, 31));
+  // 64 KiB clusters, 2 KiB subclusters. Cluster 20 is written first.
+  const std::vector<std::pair<uint64_t, uint64_t>> writes = {
+      {20 * 64 * kKiB + 1000, 3000},
+      {2 * 64 * kKiB + 5000, 3 * 64 * kKiB + 777},  // clusters 2..5
+      {17 * 64 * kKiB + 300, 4 * 64 * kKiB},         // 17..21, stops at 20
+      {32 * 64 * kKiB, 2 * 64 * kKiB}};              // whole clusters
+  for (bool with_backing : {false, true}) {
+    SCOPED_TRACE(with_backing ? "backing" : "no backing");
+    std::string create = "qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=64k ";
+    if (with_backing) create += "-b " + base + " -F raw ";
+    const std::string ours = TempPath(absl::StrCat("span_ours", with_backing, ".qcow2"));
+    const std::string theirs = TempPath(absl::StrCat("span_qemu", with_backing, ".qcow2"));
+    std::string io;
+    for (auto [off, len] : writes) io += absl::StrFormat(" -c 'write -P 9 %u %u'", off, len);
+    ShellResult r = Shell(create + ours + " 4M && " + create + theirs +
+                          " 4M && qemu-io -f qcow2" + io + " " + theirs);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    CountedImage img = OpenCounted(env_, ours);
+    ASSERT_NE(img.node, nullptr);
+    for (auto [off, len] : writes) {
+      if (img.backing != nullptr) img.backing->reads = 0;
+      img.file->writes = 0;
+      std::vector<uint8_t> data(len, 9);
+      absl::Status st = env_.Run(img.node->Write(off, io::ConstIoVec(data)));
+      ASSERT_TRUE(st.ok()) << st;
+      if (off == 2 * 64 * kKiB + 5000) {
+        // One write for all four clusters (after zeroing the padding when
+        // there is no backing file).
+        EXPECT_EQ(img.file->writes, 1u);
+        if (img.backing != nullptr) {
+          EXPECT_EQ(img.backing->reads, 2u);  // head and tail only
+        }
+      }
+    }
+    Close(img.node);
+    ExpectSameAsQemus(ours, theirs);
   }
 }
 
