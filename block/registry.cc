@@ -289,13 +289,22 @@ absl::StatusOr<GenericOptions> ParseGenericOptions(const NodeOptions& node) {
   return g;
 }
 
+// `backing=` (QEMU's deprecated spelling of "backing": null): the node has
+// no backing file.
+bool IsNullBacking(const NodeOptions& node) {
+  auto it = node.values.find("backing");
+  return it != node.values.end() && it->second.empty();
+}
+
 // kUnimplemented for QEMU options imgtool does not implement; adds the
 // generic keys it accepts with their default value (discard=ignore,
 // detect-zeroes=off) to `consumed`.
 absl::Status CheckUnsupportedKeys(const Driver& driver,
                                   const NodeOptions& node, bool no_backing,
                                   std::vector<std::string>* consumed) {
-  if (driver.name == "qcow2" && !no_backing &&
+  if (IsNullBacking(node)) {
+    consumed->push_back("backing");
+  } else if (driver.name == "qcow2" && !no_backing &&
       (node.values.count("backing") != 0 ||
        node.children.count("backing") != 0)) {
     return absl::UnimplementedError(
@@ -328,7 +337,12 @@ io::Task<absl::StatusOr<Opened>> OpenFile(const Driver& driver,
                                           NodeOptions node, Context ctx) {
   posix_file::FileOpenOptions options;
   CO_RETURN_IF_ERROR(FillDriverOptions(driver, node, &options));
-  for (const char* key : {"locking", "aio"}) {
+  const std::string filename = options.filename();
+  if (filename.empty()) {
+    co_return absl::InvalidArgumentError(
+        "The 'file' block driver requires a file name");
+  }
+  for (const char* key : {"aio", "locking"}) {
     auto it = node.values.find(key);
     if (it == node.values.end()) continue;
     const std::string& v = it->second;
@@ -340,11 +354,6 @@ io::Task<absl::StatusOr<Opened>> OpenFile(const Driver& driver,
       co_return absl::InvalidArgumentError(
           absl::StrCat("invalid parameter value: ", v));
     }
-  }
-  const std::string filename = options.filename();
-  if (filename.empty()) {
-    co_return absl::InvalidArgumentError(
-        "The 'file' block driver requires a file name");
   }
   struct stat st;
   std::optional<FileId> id;
@@ -371,6 +380,14 @@ io::Task<absl::StatusOr<Opened>> OpenFile(const Driver& driver,
     ctx.settings->warn(warnings.str());
   }
   if (!file.ok()) co_return FileError(filename, file.status());
+  if (auto it = node.values.find("aio");
+      it != node.values.end() && it->second == "native" && !ctx.cache.direct) {
+    absl::Status closed = co_await (*file)->Close();
+    closed.IgnoreError();  // the option error is the one to report
+    co_return absl::InvalidArgumentError(
+        "aio=native was specified, but it requires cache.direct=on, which "
+        "was not specified.");
+  }
   Opened out;
   out.driver = &driver;
   out.file = file->get();
@@ -416,7 +433,7 @@ io::Task<absl::StatusOr<Opened>> OpenQcow2(const Driver& driver,
     return qcow2::RebuildRefcounts(f, err);
   };
   qcow2::BackingOpener opener;
-  if (!ctx.settings->no_backing) {
+  if (!ctx.settings->no_backing && !IsNullBacking(node)) {
     Context backing = ctx;
     backing.ancestors.insert(backing.ancestors.end(), child.files.begin(),
                              child.files.end());
@@ -474,7 +491,13 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
     if (node_reference != node.values.end()) {
       co_return NodeReferenceError(node_reference->second);
     }
-    if (slot == Slot::kFile && node.values.count("filename") != 0) {
+    if (slot == Slot::kFile) {
+      // A protocol node: its driver comes from its filename (only `file`
+      // here), never from probing.
+      if (node.values.count("filename") == 0) {
+        co_return absl::InvalidArgumentError(
+            "Must specify either driver or file");
+      }
       driver_name = "file";
     } else if (node.children.count("file") != 0) {
       std::optional<std::string> leaf = LeafFilename(node);
@@ -494,6 +517,11 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
     }
   }
   const Driver& driver = *FindDriver(driver_name);
+  if (IsNullBacking(node) && ctx.settings->warn) {
+    ctx.settings->warn(
+        "Use of \"backing\": \"\" is deprecated; use \"backing\": null "
+        "instead");
+  }
 
   // 2. The options every node takes.
   CO_ASSIGN_OR_RETURN(GenericOptions generic, ParseGenericOptions(node));

@@ -32,6 +32,9 @@
 // 'vmdk' is not supported yet"; QEMU options imgtool does not implement
 // (qcow2's cache-size, raw's offset, ...) are kUnimplemented "Block format
 // 'qcow2' option 'cache-size' is not supported yet".
+// `backing=` (QEMU's deprecated form of "backing": null, with its warning)
+// opens a qcow2 node without its backing file; other backing overrides are
+// kUnimplemented (unknown options when backing files are not opened).
 // As in QEMU, a child's errors come before its parent's, value errors before
 // the driver's open errors, and unknown keys are reported after the node
 // opened (then it is closed again).

@@ -266,6 +266,14 @@ TEST_F(OpenGraphTest, ErrorsAreQemus) {
        "Image is not in qcow2 format"},
       {"driver=qcow2,file.filename=" + dir_,
        "'file' driver requires '" + dir_ + "' to be a regular file"},
+      // A `file` child is a protocol node: a filename or a driver.
+      {"driver=qcow2,file.file.filename=" + q,
+       "Must specify either driver or file"},
+      {"driver=qcow2,file.filename=" + q + ",file.aio=native",
+       "aio=native was specified, but it requires cache.direct=on, which "
+       "was not specified."},
+      {"driver=file,filename=,aio=bad",
+       "The 'file' block driver requires a file name"},
       // info opens without backing file: backing options are unknown then.
       {"driver=qcow2,file.filename=" + q + ",backing=foo",
        "Block format 'qcow2' does not support the option 'backing'"},
@@ -313,6 +321,26 @@ TEST_F(OpenGraphTest, OpensBackingChainsThroughTheRegistry) {
   EXPECT_EQ(Result("driver=qcow2,file.filename=" + overlay_ +
                    ",backing.file.filename=" + raw_),
             "Block format 'qcow2' option 'backing' is not supported yet");
+}
+
+TEST_F(OpenGraphTest, EmptyBackingOpensWithoutBackingFile) {
+  std::string warnings;
+  absl::StatusOr<NodeOptions> options = ImageOptions(
+      "driver=qcow2,backing=,file.filename=" + overlay_, "", true);
+  ASSERT_TRUE(options.ok());
+  OpenSettings s;
+  s.engine = engine_.get();
+  s.err = &err_;
+  s.warn = [&warnings](absl::string_view w) { absl::StrAppend(&warnings, w); };
+  absl::StatusOr<OpenedGraph> g =
+      io::RunSync(*engine_, OpenGraph(*std::move(options), s));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->node->backing(), nullptr);
+  EXPECT_EQ(g->display_name, overlay_);
+  EXPECT_EQ(warnings,
+            "Use of \"backing\": \"\" is deprecated; use \"backing\": null "
+            "instead");
+  EXPECT_TRUE(io::RunSync(*engine_, g->node->Close()).ok());
 }
 
 TEST_F(OpenGraphTest, RefusesBackingFilesThatLoop) {

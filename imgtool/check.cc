@@ -237,6 +237,7 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
   // The checker works on the file below the qcow2 node (any chain the
   // options name, e.g. qcow2 over preallocate over file), never on an open
   // qcow2 node: corrupt images must stay checkable.
+  const std::string user_format = format;  // -f
   absl::StatusOr<NodeOptions> options =
       block::ImageOptions(filename, format, image_opts);
   if (!options.ok()) return CouldNotOpen(filename, options.status());
@@ -256,8 +257,13 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
       file_options = *options;
     } else {
       file_options = it->second;
-      if (file_options.values.count("driver") == 0 &&
-          file_options.values.count("filename") != 0) {
+      if (file_options.values.count("driver") == 0) {
+        // A protocol node: named by its filename, never probed.
+        if (file_options.values.count("filename") == 0) {
+          return CouldNotOpen(filename,
+                              absl::InvalidArgumentError(
+                                  "Must specify either driver or file"));
+        }
         file_options.values["driver"] = "file";
       }
     }
@@ -316,6 +322,20 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
   }
   if (format != "qcow2") {
     RETURN_IF_ERROR(close());
+    if (format != "file" && format != "raw") {
+      // A filter or a format over another node (preallocate, ...): its own
+      // open errors come before "does not support checks".
+      ImageSpec whole;
+      whole.filename = filename;
+      whole.format = user_format;
+      whole.image_opts = image_opts;
+      whole.cache = cache;
+      whole.read_only = true;
+      whole.force_share = true;
+      whole.queue_depth = 1;
+      ASSIGN_OR_RETURN(OpenedImage opened, OpenImage(whole, streams.err));
+      RETURN_IF_ERROR(CloseImage(opened));
+    }
     return WithExitCode(
         absl::UnimplementedError("This image format does not support checks"),
         63);

@@ -92,7 +92,11 @@ for o in "$Q,file.foo=1" "$Q,foo=1" "$Q,foo.bar=1" "$Q,cache.foo=1" \
   'driver=qcow2,file.filename=a,,b.qcow2' driver=qcow2,file.driver=qcow2,file.file.filename=x.qcow2 \
   "$PR,prealloc-align=3" "$PR,prealloc-size=3x" "$PR,foo=1" "$P,file.foo=1" \
   "$P,file.file.foo=1" driver=preallocate,filename=r.raw \
-  driver=qcow2,file.driver=preallocate,file.filename=x.qcow2; do
+  driver=qcow2,file.driver=preallocate,file.filename=x.qcow2 \
+  "$Q,file.aio=native" "$Q,file.aio=native,cache.direct=off" \
+  driver=file,filename=,aio=bad driver=qcow2,file.file.filename=x.qcow2 \
+  driver=preallocate,file.driver=qcow2,file.file.driver=xyz,file.file.filename=x.qcow2 \
+  "$OV,backing=" "$R,backing=" driver=qcow2,backing=,file.filename=nonexist; do
   same_output "$D" info --image-opts "$o"
 done
 for j in 'json:{"driver":"qcow2","file":{"driver":"file","filename":"x.qcow2"},"foo":1}' \
@@ -111,6 +115,7 @@ done
 same_output "$D" map --output=json "$JQRAW"
 same_output "$D" map "$JP"
 same_output "$D" map --image-opts "$Q,foo=1"
+same_output "$D" map --image-opts "$OV,backing="
 same_output "$D" map -f qcow2 --image-opts "$Q"
 
 echo "== check"
@@ -123,6 +128,9 @@ done
 same_output "$D" check "$JQ"
 same_output "$D" check --output=json "$JQRAW"
 same_output "$D" check -f qcow2 --image-opts "$Q"
+same_output "$D" check --image-opts "$PR,prealloc-align=3"
+same_output "$D" check --image-opts file.foo=1,file.file.filename=x.qcow2
+same_output "$D" check --image-opts driver=qcow2,file.file.driver=file,file.file.filename=x.qcow2
 copy_images() { cp -a "$D/." .; }
 same_effect copy_images check -r all --image-opts "$Q,read-only=on"
 same_effect copy_images check -r all --image-opts "$Q"
