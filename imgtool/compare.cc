@@ -43,6 +43,7 @@ constexpr char kHelp[] =
     "absent\n"
     "  -F FMT             format of FILE2 (raw, file, qcow2); probed if "
     "absent\n"
+    "  --image-opts       FILE1 and FILE2 are option strings (driver=qcow2,...)\n"
     "  -T CACHE           cache mode of both images (default writeback)\n"
     "  -p                 show progress\n"
     "  -q                 quiet: print only errors\n"

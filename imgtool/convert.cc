@@ -65,6 +65,8 @@ constexpr char kHelp[] =
     "Copies the images SRC... (concatenated) into the new image DST.\n"
     "  -f FMT            format of the sources (raw, file, qcow2); probed if "
     "absent\n"
+    "  --image-opts      the sources are option strings (driver=qcow2,...)\n"
+    "  --target-image-opts  DST is an option string (needs -n)\n"
     "  -O FMT            format of DST: raw (default), file or qcow2\n"
     "  -B BACKING        backing file of a qcow2 DST (needs -F)\n"
     "  -F BACKING_FMT    format of the backing file\n"

@@ -39,6 +39,9 @@ constexpr char kHelp[] =
     "image.\n"
     "  -f FMT                image format (raw, file, qcow2); probed if "
     "absent\n"
+    "  --image-opts          FILE is an option string such as\n"
+    "                        driver=qcow2,file.driver=preallocate,"
+    "file.file.filename=x\n"
     "  --output=human|json   output format (default human)\n"
     "  -U, --force-share     open read-only without taking the image locks\n"
     "  --backing-chain       show every image of the backing chain\n";
