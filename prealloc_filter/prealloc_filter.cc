@@ -148,7 +148,7 @@ OpenPreallocFilter(std::unique_ptr<io::BlockNode> file,
   }
   const uint64_t data_end = std::max(marker->first, *written);
   node->data_end_ = data_end;
-  node->zero_start_ = data_end;
+  node->SetZeroStart(data_end);
   node->file_end_ = file_size;
   co_return node;
 }
@@ -181,7 +181,7 @@ uint64_t PreallocFilterNode::FileLength() const {
 void PreallocFilterNode::InitState() {
   if (!data_end_.has_value()) {
     data_end_ = FileLength();
-    zero_start_ = *data_end_;
+    SetZeroStart(*data_end_);
     if (!file_end_.has_value()) file_end_ = *data_end_;
   }
 }
@@ -200,6 +200,32 @@ void PreallocFilterNode::RemoveMarker() {
   if (fremovexattr(fd_, kMarkerName) == 0 || errno == ENODATA) {
     marker_.reset();
   }
+}
+
+void PreallocFilterNode::SetZeroStart(uint64_t zero_start) {
+  zero_start_ = zero_start;
+  data_in_zero_tail_.clear();
+}
+
+void PreallocFilterNode::AddData(uint64_t start, uint64_t end) {
+  // Merge with the ranges it touches.
+  auto it = data_in_zero_tail_.upper_bound(start);
+  if (it != data_in_zero_tail_.begin() && std::prev(it)->second >= start) --it;
+  while (it != data_in_zero_tail_.end() && it->first <= end) {
+    start = std::min(start, it->first);
+    end = std::max(end, it->second);
+    it = data_in_zero_tail_.erase(it);
+  }
+  data_in_zero_tail_.emplace(start, end);
+  if (data_in_zero_tail_.size() > kMaxDataRanges) {
+    // Too scattered to track: the zero tail starts after all of it.
+    SetZeroStart(std::prev(data_in_zero_tail_.end())->second);
+  }
+}
+
+bool PreallocFilterNode::OverlapsData(uint64_t start, uint64_t end) const {
+  auto it = data_in_zero_tail_.lower_bound(end);
+  return it != data_in_zero_tail_.begin() && std::prev(it)->second > start;
 }
 
 io::Task<void> PreallocFilterNode::WaitForPrealloc() {
@@ -223,18 +249,37 @@ PreallocFilterNode::BeginRequest(uint64_t offset, uint64_t length) {
 io::Task<bool> PreallocFilterNode::HandleWrite(uint64_t offset, uint64_t length,
                                                bool merge_zero) {
   if (!active_) co_return false;
+  // A request that reaches past a running preallocation waits for it in
+  // BeginRequest anyway: wait before deciding, so that it sees the new file
+  // end (a zero write inside it is then dropped) instead of finding the
+  // preallocation busy, skipping its own and forwarding a zero write.
+  while (prealloc_ != nullptr &&
+         RoundUpTo(offset + length, request_alignment_) > prealloc_->start) {
+    co_await prealloc_->done.Wait();
+  }
   InitState();
   const uint64_t end = offset + length;
   if (end <= *data_end_) {
-    // Not in QEMU: data now ends at `end`, so [.., end) is no longer a
-    // known-zero tail.
-    if (!merge_zero && end > *zero_start_) zero_start_ = end;
-    co_return false;
+    // Not in QEMU: data written inside the zero tail is remembered, so that
+    // a later zero write over it is not dropped...
+    if (!merge_zero) {
+      if (end > *zero_start_) AddData(std::max(offset, *zero_start_), end);
+      co_return false;
+    }
+    // ...and a zero write inside the zero tail is dropped even if it does
+    // not extend the data end (QEMU forwards it: with many writes in
+    // flight, qcow2's zero writes of new clusters often come after a later
+    // cluster's).
+    if (!file_end_.has_value()) file_end_ = FileLength();
+    co_return end <= *file_end_&& offset >= *zero_start_ &&
+        !OverlapsData(offset, end);
   }
   data_end_ = end;
-  if (!merge_zero) zero_start_ = end;
+  if (!merge_zero) SetZeroStart(end);
   if (!file_end_.has_value()) file_end_ = FileLength();
-  if (end <= *file_end_) co_return merge_zero&& offset >= *zero_start_;
+  if (end <= *file_end_) {
+    co_return merge_zero&& offset >= *zero_start_ && !OverlapsData(offset, end);
+  }
 
   // The write reaches past the file end: preallocate ahead of it.
   const uint64_t start =
@@ -356,12 +401,13 @@ io::Task<absl::Status> PreallocFilterNode::DoTruncate(
   if (!st.ok()) {
     data_end_.reset();
     zero_start_.reset();
+    data_in_zero_tail_.clear();
     file_end_.reset();
     ++file_end_epoch_;
     co_return st;
   }
   data_end_ = size;
-  zero_start_ = size;
+  SetZeroStart(size);
   file_end_ = size;
   if (marker_.has_value()) SetMarker(size, size);
   co_return absl::OkStatus();

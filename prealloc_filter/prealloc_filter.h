@@ -28,9 +28,17 @@
 // writes are not serialised behind one another.
 //
 // Differences from QEMU 7.2, each on the safe side:
-//  * A write that does not extend the data end but ends past zero_start
-//    raises zero_start, so a later merged zero write never drops zeroes
-//    meant to overwrite that data.
+//  * Data written inside [zero_start, data_end) without extending the data
+//    end is remembered (up to kMaxDataRanges ranges, else zero_start moves
+//    past it), and a zero write over it is never dropped: QEMU drops it and
+//    keeps the old data (e.g. in a freed cluster that qcow2 reallocates
+//    together with new ones past the data end). With that record, a zero
+//    write that does not extend the data end is dropped too when it falls
+//    inside the zero tail and meets no recorded data (QEMU forwards it).
+//  * A request that reaches past a running preallocation waits for it
+//    before the filter looks at it (QEMU: it tries its own preallocation,
+//    finds the running one busy and forwards its zero write), so that zero
+//    writes queued behind a preallocation are dropped.
 //  * Crash recovery: while a preallocation may be outstanding, the file
 //    carries the extended attribute `user.imgtool.preallocate`, "<data end>
 //    <file end>" in decimal as they were when the last preallocation
@@ -50,6 +58,7 @@
 
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -109,7 +118,8 @@ class PreallocFilterNode : public io::BlockNode {
   // Preallocates if the write ends past the file end (§4), then forwards.
   io::Task<absl::Status> DoWrite(uint64_t offset, io::ConstIoVec data) override;
   // As DoWrite; a zero write without may_unmap that falls inside the known
-  // zero tail [zero_start, file_end) is dropped (§4 step 4-5).
+  // zero tail [zero_start, file_end) is dropped (§4 step 4-5; see the
+  // differences above).
   io::Task<absl::Status> DoWriteZeroes(uint64_t offset, uint64_t length,
                                        io::WriteZeroesFlags flags) override;
   // Pass-through, state untouched.
@@ -156,6 +166,12 @@ class PreallocFilterNode : public io::BlockNode {
   // which is what the filter's state starts from ([V]: a 196624-byte qcow2
   // gets its first preallocation at 197120).
   uint64_t FileLength() const;
+  // zero_start := `zero_start`; forgets data_in_zero_tail_.
+  void SetZeroStart(uint64_t zero_start);
+  // Records data written to [start, end) (inside the zero tail).
+  void AddData(uint64_t start, uint64_t end);
+  // Whether [start, end) meets recorded data.
+  bool OverlapsData(uint64_t start, uint64_t end) const;
   // Fills data_end/file_end/zero_start from the file if unknown.
   void InitState();
   // Registers a request to the file covering [offset, offset + length),
@@ -181,6 +197,10 @@ class PreallocFilterNode : public io::BlockNode {
   std::optional<uint64_t> data_end_;
   std::optional<uint64_t> file_end_;
   std::optional<uint64_t> zero_start_;
+  // Data written at or past zero_start (below the data end), start -> end,
+  // disjoint and not touching.
+  static constexpr size_t kMaxDataRanges = 64;
+  std::map<uint64_t, uint64_t> data_in_zero_tail_;
   // Bumped whenever file_end_ is made unknown; a preallocation sets
   // file_end_ on success only if nothing did so while it ran.
   uint64_t file_end_epoch_ = 0;

@@ -242,7 +242,7 @@ TEST_F(PreallocFilterTest, ZeroWriteOverDataBelowTheDataEndIsNotDropped) {
   ASSERT_TRUE(Write(*node, 0, 4096).ok());
   ASSERT_TRUE(Run(node->WriteZeroes(8192, 8192, {})).ok());
   ASSERT_TRUE(Write(*node, 10240, 2048).ok());
-  EXPECT_EQ(node->zero_start(), 12288u);
+  EXPECT_EQ(node->zero_start(), 4096u);  // the data is remembered instead
   ASSERT_TRUE(Run(node->WriteZeroes(8192, 12288, {})).ok());
   EXPECT_EQ(node->data_end(), 20480u);
   EXPECT_EQ(Read(*node, 8192, 12288), std::vector<uint8_t>(12288, 0));
@@ -485,6 +485,41 @@ TEST_F(PreallocFilterTest, PreallocationNeverWaitsForWritesInFlight) {
   EXPECT_EQ(Read(**node, 0, 4096), Pattern(4096, 2));
   ASSERT_TRUE(Run((*node)->Close()).ok());
   EXPECT_EQ(FileLength(path_), 300 * kMiB + 8192);
+}
+
+TEST_F(PreallocFilterTest, OnlyZeroWritesOverRememberedDataAreForwarded) {
+  // qcow2's pattern with many writes in flight: clusters are zeroed (merged
+  // zero writes past the data end) and written, not always in order.
+  MakeFile(0);
+  auto gated = std::make_unique<GatedNode>(OpenFile(false));
+  GatedNode* gate = gated.get();
+  gate->gate.Set();
+  auto node = Run(OpenPreallocFilter(std::move(gated), {}));
+  ASSERT_TRUE(node.ok()) << node.status();
+  ASSERT_TRUE(Write(**node, 0, 65536).ok());  // preallocates
+  ASSERT_EQ(gate->zero_writes, 1);
+  ASSERT_TRUE(Run((*node)->WriteZeroes(65536, 65536, {})).ok());   // A
+  ASSERT_TRUE(Run((*node)->WriteZeroes(131072, 65536, {})).ok());  // B
+  EXPECT_EQ(gate->zero_writes, 1);                       // both dropped
+  ASSERT_TRUE(Write(**node, 131072 + 1024, 4096).ok());  // B's data first
+  ASSERT_TRUE(Write(**node, 65536 + 1024, 4096).ok());   // then A's
+  // C, past both: dropped.
+  ASSERT_TRUE(Run((*node)->WriteZeroes(196608, 65536, {})).ok());
+  EXPECT_EQ(gate->zero_writes, 1);
+  // Inside the data end, next to B's data (QEMU would forward it): dropped.
+  ASSERT_TRUE(Run((*node)->WriteZeroes(131072 + 8192, 8192, {})).ok());
+  EXPECT_EQ(gate->zero_writes, 1);
+  // Over B's data, inside the data end: forwarded.
+  ASSERT_TRUE(Run((*node)->WriteZeroes(131072, 8192, {})).ok());
+  EXPECT_EQ(gate->zero_writes, 2);
+  // Past the data end but over B's data: forwarded, reads back as zeroes.
+  ASSERT_TRUE(Run((*node)->WriteZeroes(131072, 196608, {})).ok());
+  EXPECT_EQ(gate->zero_writes, 3);
+  EXPECT_EQ(Read(**node, 131072, 196608), std::vector<uint8_t>(196608, 0));
+  EXPECT_EQ(Read(**node, 65536 + 1024, 4096), Pattern(4096, 2));
+  EXPECT_EQ((*node)->zero_start(), 65536u);
+  ASSERT_TRUE(Run((*node)->Close()).ok());
+  EXPECT_EQ(FileLength(path_), 327680u);
 }
 
 TEST_F(PreallocFilterTest, WritesPastARunningPreallocationWaitForIt) {
