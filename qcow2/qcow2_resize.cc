@@ -229,10 +229,12 @@ io::Task<absl::Status> Qcow2Node::PreallocateData(uint64_t from, uint64_t to,
       if (l2_format_.extended_l2) {
         // Zeroed space hides the backing file: every subcluster holds data
         // (QEMU's subclusters_need_allocation); otherwise the subclusters
-        // keep their state, so the backing file stays visible.
-        e.bitmap = mark_allocated ? format::kSubclusterAllocMask
-                   : old.compressed() ? 0
-                                      : old.bitmap;
+        // keep their state, so the backing file stays visible. A compressed
+        // first cluster becomes all data (its old part was copied above;
+        // QEMU 7.2 leaves the bitmap 0 there and loses that part).
+        e.bitmap = mark_allocated || old.compressed()
+                       ? format::kSubclusterAllocMask
+                       : old.bitmap;
       }
       SetEntry(l2, index + i, e);
       FreeEntryLater(old, /*discard=*/false);
