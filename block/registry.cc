@@ -145,6 +145,8 @@ struct Opened {
   std::string json;            // QEMU's full_open_options as JSON
   posix_file::FileNode* file = nullptr;
   qcow2::Qcow2Node* qcow2 = nullptr;
+  // The qcow2 node that answers for this node through raw and filters.
+  qcow2::Qcow2Node* qcow2_below = nullptr;
   std::vector<FileId> files;  // the files of this subtree (not backing)
 };
 
@@ -162,6 +164,9 @@ Opened Over(const Driver& driver, const Opened& child) {
   out.driver = &driver;
   out.file = child.file;
   out.files = child.files;
+  if (driver.name == "raw" || driver.kind == DriverKind::kFilter) {
+    out.qcow2_below = child.qcow2_below;
+  }
   if (child.driver->kind == DriverKind::kProtocol &&
       driver.kind != DriverKind::kFilter) {
     out.exact_filename = child.exact_filename;
@@ -287,6 +292,38 @@ absl::StatusOr<GenericOptions> ParseGenericOptions(const NodeOptions& node) {
     }
   }
   return g;
+}
+
+// The format of an image from its first `got` bytes (at most 512): "qcow2",
+// "qcow" or "raw". Big-endian version: QEMU's qcow probe takes version 1 in
+// a file of at least a qcow header (48 bytes), its qcow2 probe any version
+// >= 2 in a file of at least a qcow2 header (112 bytes).
+std::string FormatOfHead(const uint8_t* head, size_t got) {
+  if (got >= 8 && std::memcmp(head, kQcowMagic, sizeof(kQcowMagic)) == 0) {
+    const uint32_t version = (uint32_t{head[4]} << 24) |
+                             (uint32_t{head[5]} << 16) |
+                             (uint32_t{head[6]} << 8) | head[7];
+    if (version == 1 && got >= 48) return "qcow";
+    if (version >= 2 && got >= 112) return "qcow2";
+  }
+  return "raw";
+}
+
+// True if a format driver (qcow2) sits in the `file` chain of `node`:
+// probing must then read what that format shows, not the file.
+bool ChainHasFormatOtherThanRaw(const NodeOptions& node) {
+  for (const NodeOptions* n = &node;;) {
+    auto driver = n->values.find("driver");
+    if (driver != n->values.end()) {
+      const Driver* d = FindDriver(driver->second);
+      if (d != nullptr && d->kind == DriverKind::kFormat && d->name != "raw") {
+        return true;
+      }
+    }
+    auto file = n->children.find("file");
+    if (file == n->children.end()) return false;
+    n = &file->second;
+  }
 }
 
 // `backing=` (QEMU's deprecated spelling of "backing": null): the node has
@@ -450,6 +487,7 @@ io::Task<absl::StatusOr<Opened>> OpenQcow2(const Driver& driver,
       co_await qcow2::Qcow2Node::Open(std::move(file), std::move(options),
                                       std::move(opener), std::move(repair)));
   out.qcow2 = q.get();
+  out.qcow2_below = q.get();
   out.node = std::move(q);
   co_return out;
 }
@@ -475,6 +513,7 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
   // protocol node), or probed from the first bytes of the file below.
   std::string driver_name;
   bool probed = false;
+  std::optional<Opened> file_child;  // opened early when probing needs it
   if (auto it = node.values.find("driver"); it != node.values.end()) {
     driver_name = it->second;
     if (FindDriver(driver_name) == nullptr) {
@@ -499,6 +538,27 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
             "Must specify either driver or file");
       }
       driver_name = "file";
+    } else if (node.children.count("file") != 0 &&
+               ChainHasFormatOtherThanRaw(node.children.at("file"))) {
+      // Probe what the format below shows: open it first (keeping writers
+      // out, as under any format but raw).
+      Context child_ctx = ctx;
+      child_ctx.share_all = false;
+      CO_ASSIGN_OR_RETURN(Opened opened,
+                          co_await OpenNode(node.children.at("file"),
+                                            child_ctx, Slot::kFile));
+      std::array<uint8_t, 512> head{};
+      const size_t got = std::min<uint64_t>(head.size(), opened.node->size());
+      CO_RETURN_IF_ERROR(co_await opened.node->Read(
+          0, io::IoVec(head.data(), head.size())));
+      driver_name = FormatOfHead(head.data(), got);
+      probed = true;
+      if (driver_name == "qcow") {
+        co_return absl::UnimplementedError(
+            "Format 'qcow' is not supported yet");
+      }
+      (*ctx.names)[opened.node.get()] = DisplayName(opened);
+      file_child = std::move(opened);
     } else if (node.children.count("file") != 0) {
       std::optional<std::string> leaf = LeafFilename(node);
       absl::StatusOr<std::string> guess =
@@ -540,8 +600,9 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
 
   // 3. Children first.
   std::vector<std::string> consumed;  // children and keys taken here
-  std::optional<Opened> file_child;
-  if (driver.has_file_child) {
+  if (file_child.has_value()) {
+    consumed.push_back("file");
+  } else if (driver.has_file_child) {
     if (node_reference != node.values.end()) {
       co_return NodeReferenceError(node_reference->second);
     }
@@ -642,18 +703,7 @@ absl::StatusOr<std::string> ProbeFormat(const std::string& filename) {
     got += static_cast<size_t>(n);
   }
   close(fd);
-  if (got >= 8 &&
-      std::memcmp(head.data(), kQcowMagic, sizeof(kQcowMagic)) == 0) {
-    // Big-endian version: QEMU's qcow probe takes version 1 in a file of at
-    // least a qcow header (48 bytes), its qcow2 probe any version >= 2 in a
-    // file of at least a qcow2 header (112 bytes).
-    const uint32_t version = (uint32_t{head[4]} << 24) |
-                             (uint32_t{head[5]} << 16) |
-                             (uint32_t{head[6]} << 8) | head[7];
-    if (version == 1 && got >= 48) return std::string("qcow");
-    if (version >= 2 && got >= 112) return std::string("qcow2");
-  }
-  return std::string("raw");
+  return FormatOfHead(head.data(), got);
 }
 
 absl::Status FillDriverOptions(const Driver& driver, const NodeOptions& node,
@@ -777,6 +827,7 @@ io::Task<absl::StatusOr<OpenedGraph>> OpenGraph(NodeOptions options,
   graph.format = opened.driver->name;
   graph.file = opened.file;
   graph.qcow2 = opened.qcow2;
+  graph.qcow2_below = opened.qcow2_below;
   // Raw passes its child through: that node keeps its own name.
   ctx.names->emplace(opened.node.get(), graph.display_name);
   graph.node_names = *ctx.names;

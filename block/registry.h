@@ -172,6 +172,10 @@ struct OpenedGraph {
   posix_file::FileNode* file = nullptr;
   // `node` if it is a qcow2 node.
   qcow2::Qcow2Node* qcow2 = nullptr;
+  // The qcow2 node reached from the top through raw formats and filters
+  // (`qcow2` itself for a qcow2 top node): QEMU's bdrv_get_info answers for
+  // those with its cluster size. Null if there is none; not owned.
+  qcow2::Qcow2Node* qcow2_below = nullptr;
 };
 
 // Opens the graph described by `options` (see the file comment for the

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/errno_status.h"
@@ -367,7 +368,17 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
   absl::StatusOr<qcow2::CheckResult> result =
       io::RunSync(*engine, qcow2::CheckQcow2(node, repair, streams.err));
   absl::Status closed = close();
-  if (!result.ok()) return result.status();
+  if (!result.ok()) {
+    // The checker names the file node; qemu-img names the image as given
+    // (the --image-opts string or json: filename).
+    absl::string_view message = result.status().message();
+    if (absl::ConsumePrefix(&message, absl::StrCat("Could not open '",
+                                                   node.filename(), "': "))) {
+      return CouldNotOpen(filename,
+                          absl::Status(result.status().code(), message));
+    }
+    return result.status();
+  }
   if (!closed.ok()) {
     return absl::Status(closed.code(),
                         absl::StrCat("Check failed: ", closed.message()));

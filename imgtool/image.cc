@@ -89,6 +89,7 @@ absl::StatusOr<OpenedImage> OpenImage(const ImageSpec& spec, std::ostream& err,
   image.node_names = std::move(opened->node_names);
   image.file = opened->file;
   image.qcow2 = opened->qcow2;
+  image.qcow2_below = opened->qcow2_below;
   return image;
 }
 
@@ -103,6 +104,7 @@ absl::Status CloseImage(OpenedImage& image) {
   absl::Status st = io::RunSync(*image.engine, image.node->Close());
   image.file = nullptr;
   image.qcow2 = nullptr;
+  image.qcow2_below = nullptr;
   image.node_names.clear();
   image.node.reset();
   return st;

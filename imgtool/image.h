@@ -81,6 +81,9 @@ struct OpenedImage {
   // The protocol node at the bottom of the top node's file chain; not owned.
   posix_file::FileNode* file = nullptr;
   qcow2::Qcow2Node* qcow2 = nullptr;  // `node` if format is "qcow2"
+  // The qcow2 node below raw formats and filters whose cluster size info
+  // shows (block::OpenedGraph::qcow2_below); not owned.
+  qcow2::Qcow2Node* qcow2_below = nullptr;
 };
 
 // Opens the image. Errors name the file (the --image-opts string or json:

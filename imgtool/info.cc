@@ -234,6 +234,10 @@ absl::StatusOr<ImageInfo> Describe(const OpenedImage& image,
       data->set_corrupt(q->corrupt());
       data->set_extended_l2(q->extended_l2());
     }
+  } else if (image.qcow2_below != nullptr) {
+    // A raw format or a filter over a qcow2 node: QEMU's bdrv_get_info
+    // answers with the qcow2 node's cluster size.
+    info.set_cluster_size(image.qcow2_below->cluster_size());
   } else if (image.format != "qcow2") {
     if (std::optional<uint64_t> hint = image.file->ExtentSizeHint();
         hint.has_value() && *hint != 0) {

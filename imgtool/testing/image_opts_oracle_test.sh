@@ -56,6 +56,8 @@ for o in "$Q" "$QRAW" "$R" "$RR" "$OV" "$P" "$PS" "$PR" \
   driver=preallocate,file.driver=preallocate,file.file.filename=r.raw \
   file.driver=preallocate,file.file.filename=x.qcow2 \
   "$PR,prealloc-align=0,prealloc-size=0" file.filename=x.qcow2 \
+  file.driver=qcow2,file.file.filename=x.qcow2 \
+  driver=preallocate,file.driver=qcow2,file.file.filename=ov.qcow2 \
   file.filename=r.raw driver=file,filename=x.qcow2 \
   "$Q,l2-cache-size=1M,refcount-cache-size=256k,lazy-refcounts=on" \
   "$Q,file.locking=off,file.aio=threads,cache.direct=off,read-only=on" \
@@ -130,6 +132,8 @@ same_output "$D" check --output=json "$JQRAW"
 same_output "$D" check -f qcow2 --image-opts "$Q"
 same_output "$D" check --image-opts "$PR,prealloc-align=3"
 same_output "$D" check --image-opts file.foo=1,file.file.filename=x.qcow2
+same_output "$D" check --image-opts file.filename=r.raw,driver=qcow2
+same_output "$D" check --image-opts file.driver=qcow2,file.file.filename=x.qcow2
 same_output "$D" check --image-opts driver=qcow2,file.file.driver=file,file.file.filename=x.qcow2
 copy_images() { cp -a "$D/." .; }
 same_effect copy_images check -r all --image-opts "$Q,read-only=on"
