@@ -49,8 +49,9 @@ struct DioAlignment {
   uint64_t memory = 1;
 };
 
-// Finds the O_DIRECT alignment of `fd` (opened with O_DIRECT): statx
-// STATX_DIOALIGN, else BLKSSZGET for block devices, else pread probes of
+// Finds the O_DIRECT alignment of `fd` (opened with O_DIRECT):
+// XFS_IOC_DIOINFO on XFS files (as QEMU), else statx STATX_DIOALIGN, else
+// BLKSSZGET for block devices, else pread probes of
 // 1, 512 .. 4096 bytes on the first allocated data (a hole proves nothing;
 // with no data, or if 1 byte works, max(4096, page size)). Blocking; for
 // Open. kInvalidArgument "Could not find working O_DIRECT alignment".
