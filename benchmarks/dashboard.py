@@ -167,6 +167,17 @@ def _log_scale(series, kind):
     return max(vals) / min(vals) >= 50
 
 
+def _log_min(series):
+    """Bottom of a logarithmic axis: the power of ten below the smallest
+    value, strictly (a bar starts at the axis' bottom, so a bar whose value
+    is the bottom would have no height and look missing)."""
+    low = min(v for s in series for v in s["data"] if v is not None)
+    bottom = 10.0 ** math.floor(math.log10(low))
+    if bottom >= low * 0.999:
+        bottom /= 10.0
+    return bottom
+
+
 def build_model(suites):
     """The page's data: per suite its charts (per metric) and metadata."""
     model = {"suites": []}
@@ -206,8 +217,10 @@ def build_model(suites):
                 series = _series_for(cases_by_run, spec, x_values, m, skip,
                                      len(runs) > 1)
                 if series:
-                    by_metric[m] = {"series": series,
-                                    "log": _log_scale(series, spec["kind"])}
+                    log = _log_scale(series, spec["kind"])
+                    by_metric[m] = {"series": series, "log": log}
+                    if log:
+                        by_metric[m]["y_min"] = _log_min(series)
             title = suite if facet is None else "%s: %s:%s" % (
                 suite, spec["facet"], facet)
             chart_default = default if default in by_metric else (

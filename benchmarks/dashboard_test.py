@@ -289,6 +289,41 @@ class FailuresAndUnknownSuitesTest(unittest.TestCase):
         self.assertIn('<td class="error">ERROR</td>', page)
 
 
+class LogScaleBarsTest(unittest.TestCase):
+    """On a logarithmic axis a bar starts at the axis' bottom: the smallest
+    bar must still have a height. The full run's hint map times span
+    1.7 us (xfs, 8M hint) to 24 ms; before the axis got a bottom below the
+    smallest value, that bar had no height and looked missing (the page
+    now counts a bar as drawn only if it has a visible height)."""
+
+    def test_smallest_bar_is_visible(self):
+        d = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        paths = ["testdata/benchmarks/full/hint-vm.json"]
+        suites = results.load_all(paths, _WS)
+        model = dashboard.build_model(suites)
+        chart = [c for c in model["suites"][0]["charts"]
+                 if c["id"] == "chart-hint-map"][0]
+        seconds = chart["by_metric"]["seconds"]
+        self.assertTrue(seconds["log"])
+        # smallest mean 1.7e-6 s: the axis starts at 1e-6 s
+        self.assertEqual(seconds["y_min"], 1e-6)
+        path = os.path.join(d, "index.html")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(dashboard.render_page(suites, dashboard.find_chartjs(),
+                                          paths))
+        dom = read_dom(path)
+        self.assertEqual(dom.errors, [])
+        fig = dom.figures["chart-hint-map"]
+        self.assertEqual((fig.get("data-expected-points"),
+                          fig.get("data-rendered-points")), ("6", "6"))
+
+    def test_axis_bottom_is_below_a_power_of_ten(self):
+        # extents 1 .. 100: the bottom is 0.1, not 1 (the 1 bar is seen)
+        series = [{"data": [1.0, None, 100.0]}]
+        self.assertEqual(dashboard._log_min(series), 0.1)
+        self.assertEqual(dashboard._log_min([{"data": [3.5, 900.0]}]), 1.0)
+
+
 class FindChartjsTest(unittest.TestCase):
 
     def test_missing_explicit_file_is_one_clear_error(self):

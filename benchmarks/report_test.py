@@ -198,10 +198,102 @@ class ReportFiguresTest(unittest.TestCase):
     def test_unknown_by_key_says_so(self):
         name = self.write("hint-vm.json", [
             gb_entry("hint/fs:xfs/hint:0/op:write", {"seconds": 1.0})])
-        rc, out, _ = run_report([name, "--by", "cluster"], self.dir)
-        self.assertEqual((rc, out),
-                         (0, "== hint: no key \"cluster\" in its benchmark "
-                          "names\n"))
+        rc, out, err = run_report([name, "--by", "cluster"], self.dir)
+        self.assertEqual((rc, out, err), (
+            1, "", "report: no result has the key \"cluster\" in its "
+            "benchmark names (keys: fs, hint, op)\n"))
+        # a key of some suites only: the others say so in the output
+        other = self.write("subcluster-vm.json", [
+            gb_entry("subcluster/fs:xfs/cluster:65536", {"IOPS": 1.0})])
+        rc, out, err = run_report([name, other, "--by", "cluster"],
+                                  self.dir)
+        self.assertEqual((rc, err), (0, ""))
+        self.assertTrue(out.startswith(
+            "== hint: no key \"cluster\" in its benchmark names\n"), out)
+
+    def test_legend_keeps_a_dirty_commit_whole(self):
+        # the runner writes `abc1234-dirty` for a tree with changes; a full
+        # hash is shortened to 12 digits
+        for commit, shown in (("abc1234-dirty", "abc1234-dirty"),
+                              ("0123456789abcdef0123", "0123456789ab")):
+            name = self.write("hint-vm.json", [
+                gb_entry("hint/fs:xfs/hint:0/op:write", {"seconds": 1.0})],
+                imgtool_commit=commit)
+            rc, out, _ = run_report([name], self.dir)
+            self.assertEqual(rc, 0)
+            self.assertIn("   hint-vm.json (vm, commit %s, 2026-12-01" % shown,
+                          out)
+
+    def test_unknown_metric_says_so(self):
+        # a typo (iops for IOPS) printed nothing and exited 0
+        name = self.write("hint-vm.json", [
+            gb_entry("hint/fs:xfs/hint:0/op:write", {"seconds": 1.0,
+                                                     "extents": 3.0})])
+        rc, out, err = run_report([name, "--metric", "iops"], self.dir)
+        self.assertEqual((rc, out, err), (
+            1, "", "report: no result has the metric \"iops\" (metrics: "
+            "seconds, extents)\n"))
+
+    def test_infinite_values_are_no_value(self):
+        # Google Benchmark writes Infinity for x/0 (e.g. IOPS of a phase
+        # that took no measurable time); Python's json reads it. An
+        # infinite stddev gives no ± part, an infinite run no value.
+        a = "subcluster/fs:xfs/cluster:65536/extended_l2:off"
+        b = "subcluster/fs:xfs/cluster:65536/extended_l2:on"
+        text = json.dumps({"context": {}, "benchmarks": [
+            gb_entry(a, {"IOPS": 5.0}, "aggregate", "mean"),
+            gb_entry(a, {"IOPS": "Infinity"}, "aggregate", "stddev"),
+            gb_entry(b, {"IOPS": "Infinity"}, index=0),
+            gb_entry(b, {"IOPS": 7.0}, index=1)]})
+        with open(os.path.join(self.dir, "inf.json"), "w") as f:
+            f.write(text.replace('"Infinity"', "Infinity"))
+        rc, out, err = run_report(["inf.json"], self.dir)
+        self.assertEqual((rc, err), (0, ""))
+        self.assertEqual(out, (
+            "== subcluster: IOPS (higher is better)\n"
+            "   inf.json (?)\n"
+            "   every row: fs:xfs/cluster:64k\n"
+            "\n"
+            "       extended_l2:off  extended_l2:on\n"
+            "-----  ---------------  --------------\n"
+            "(all)  5                -\n"))
+
+    def test_corrupt_entries_and_mixed_suites_fail_naming_the_file(self):
+        name = "hint/fs:xfs/hint:0/op:write"
+        good = gb_entry(name, {"seconds": 1.0})
+        cases = {
+            "runname.json": ([dict(good, run_name=5)],
+                             "report: runname.json: benchmark \"%s\": "
+                             "run_name is not a string\n" % name),
+            "aggname.json": ([dict(gb_entry(name, {"seconds": 1.0},
+                                            "aggregate", "mean"),
+                                   aggregate_name=["mean"])],
+                             "report: aggname.json: benchmark \"%s_mean\": "
+                             "aggregate_name is not a string\n" % name),
+            "entry.json": ([good, 7],
+                           "report: entry.json: benchmark entry 2 is not "
+                           "an object\n"),
+            "noname.json": ([dict(good, name="/fs:xfs", run_name="")],
+                            "report: noname.json: a benchmark entry has no "
+                            "name\n"),
+        }
+        for fname, (entries, message) in cases.items():
+            self.write(fname, entries)
+            rc, out, err = run_report([fname], self.dir)
+            self.assertEqual((rc, out, err), (1, "", message), fname)
+        # one file per suite: a hint file with engine entries merged in
+        with open(os.path.join(self.dir, "hint-m.json"), "w") as f:
+            json.dump({"context": {"suite": "hint"}, "benchmarks": [
+                good, gb_entry("engine/op:randread", {"IOPS": 1.0})]}, f)
+        rc, out, err = run_report(["hint-m.json"], self.dir)
+        self.assertEqual((rc, out, err), (
+            1, "", "report: hint-m.json: context suite \"hint\" but "
+            "benchmarks of suite \"engine\"\n"))
+        with open(os.path.join(self.dir, "deep.json"), "w") as f:
+            f.write("[" * 100000 + "]" * 100000)
+        rc, out, err = run_report(["deep.json"], self.dir)
+        self.assertEqual((rc, out, err), (
+            1, "", "report: deep.json: not JSON: nested too deeply\n"))
 
 
 if __name__ == "__main__":

@@ -107,10 +107,11 @@ class Stat(object):
     def rsd_percent(self):
         """Relative standard deviation in percent; None if undefined (one
         repetition, zero mean, or a NaN in the file)."""
-        if (self.n < 2 or self.mean == 0 or math.isnan(self.mean) or
-                math.isnan(self.stddev)):
+        if (self.n < 2 or self.mean == 0 or not math.isfinite(self.mean) or
+                not math.isfinite(self.stddev)):
             return None
-        return abs(self.stddev / self.mean) * 100.0
+        rsd = abs(self.stddev / self.mean) * 100.0
+        return rsd if math.isfinite(rsd) else None
 
 
 class Case(object):
@@ -148,7 +149,9 @@ class Run(object):
         parts = [str(ctx.get("machine") or ctx.get("host_name") or "?")]
         commit = ctx.get("imgtool_commit")
         if commit:
-            parts.append("commit " + str(commit)[:12])
+            # a full hash shortened; `abc1234-dirty` kept whole
+            head, sep, tail = str(commit).partition("-")
+            parts.append("commit " + head[:12] + sep + tail)
         if ctx.get("date"):
             parts.append(str(ctx["date"]))
         return ", ".join(parts)
@@ -202,6 +205,8 @@ def load(path, display_name=None):
         raise ResultError("%s: cannot read: %s" % (name, e.strerror or e))
     except ValueError as e:
         raise ResultError("%s: not JSON: %s" % (name, e))
+    except RecursionError:
+        raise ResultError("%s: not JSON: nested too deeply" % name)
     if (not isinstance(data, dict) or
             not isinstance(data.get("benchmarks"), list) or
             not isinstance(data.get("context", {}), dict)):
@@ -214,10 +219,8 @@ def load(path, display_name=None):
     #              "error": error_message or None}
     groups = {}
     order = []
-    for entry in data["benchmarks"]:
-        if not isinstance(entry, dict) or not isinstance(
-                entry.get("name"), str):
-            raise ResultError("%s: a benchmark entry has no name" % name)
+    for index, entry in enumerate(data["benchmarks"]):
+        _check_entry(name, index, entry)
         run_name = entry.get("run_name") or entry["name"]
         if run_name not in groups:
             groups[run_name] = {"iter": [], "agg": {}, "error": None}
@@ -253,6 +256,10 @@ def load(path, display_name=None):
                         metrics.append(m)
             for m in metrics:
                 vals = [it[m] for it in g["iter"] if m in it]
+                if not all(math.isfinite(v) for v in vals):
+                    # NaN or infinity in a run: no value, like a NaN mean
+                    case.metrics[m] = Stat(math.nan, math.nan, len(vals))
+                    continue
                 sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
                 case.metrics[m] = Stat(statistics.fmean(vals), sd, len(vals))
         for m in case.metrics:
@@ -262,10 +269,31 @@ def load(path, display_name=None):
     if not runs:
         raise ResultError("%s: no benchmarks in the file" % name)
     ctx_suite = context.get("suite")
-    if ctx_suite and len(runs) == 1 and ctx_suite not in runs:
-        raise ResultError("%s: context suite \"%s\" but benchmarks are \"%s\"" %
-                          (name, ctx_suite, next(iter(runs))))
+    others = [s for s in runs if s != ctx_suite]
+    if ctx_suite and others:
+        # one file per suite (README "Result files"): a file whose
+        # benchmarks belong to another suite was mixed up or merged
+        raise ResultError(
+            "%s: context suite \"%s\" but benchmarks of suite%s %s" % (
+                name, ctx_suite, "s" if len(others) > 1 else "",
+                ", ".join("\"%s\"" % s for s in others)))
     return list(runs.values())
+
+
+def _check_entry(name, index, entry):
+    """ResultError naming the file and the entry if a benchmark entry lacks
+    what Google Benchmark always writes (a name; strings for run_name and
+    aggregate_name)."""
+    if not isinstance(entry, dict):
+        raise ResultError("%s: benchmark entry %d is not an object" %
+                          (name, index + 1))
+    if not isinstance(entry.get("name"), str) or not entry["name"].split(
+            "/")[0]:
+        raise ResultError("%s: a benchmark entry has no name" % name)
+    for field in ("run_name", "aggregate_name", "error_message"):
+        if field in entry and not isinstance(entry[field], (str, type(None))):
+            raise ResultError("%s: benchmark \"%s\": %s is not a string" %
+                              (name, entry["name"], field))
 
 
 def expand(paths, base_dir):

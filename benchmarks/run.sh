@@ -75,7 +75,16 @@ fi
 if [[ "$out" != /* && -n "${BUILD_WORKING_DIRECTORY:-}" ]]; then
   out="$BUILD_WORKING_DIRECTORY/$out"
 fi
-mkdir -p "$out"
+# A bad --out fails now, with one line, not after the suites ran.
+if ! err=$(mkdir -p -- "$out" 2>&1); then
+  echo "run: --out $out: cannot create the directory: ${err##*: }" >&2
+  exit 1
+fi
+if ! probe=$(mktemp -p "$out" .run-probe.XXXXXX 2>/dev/null); then
+  echo "run: --out $out: cannot write files there" >&2
+  exit 1
+fi
+rm -f -- "$probe"
 
 commit=unknown
 src="${BUILD_WORKSPACE_DIRECTORY:-}"

@@ -14,6 +14,23 @@ if [[ $(id -u) != 0 ]]; then
   echo "run_test: needs root (loop mounts); skipped"
   exit 0
 fi
+# Bad arguments: one line naming the problem, exit status != 0, and no
+# suite runs.
+expect_error() {  # expect_error MESSAGE ARGS...
+  local want="$1" err rc=0
+  shift
+  err=$("$HERE/run.sh" "$@" 2>&1 >/dev/null) || rc=$?
+  if [[ $rc == 0 || "$err" != "$want" ]]; then
+    echo "FAIL: run.sh $*: exit $rc, stderr:"; echo "$err"
+    echo "want: $want"; exit 1
+  fi
+}
+expect_error "run: unknown suite 'nosuch' (suites: hint create_prealloc prealloc_filter subcluster engine)" nosuch
+touch "$TEST_TMPDIR/a-file"
+expect_error "run: --out $TEST_TMPDIR/a-file: cannot create the directory: File exists" \
+  --quick hint --out "$TEST_TMPDIR/a-file"
+expect_error "run: --out /sys/kernel: cannot write files there" --quick hint --out /sys/kernel
+
 "$HERE/run.sh" --quick hint create_prealloc --out "$OUT"
 host=$(hostname)
 ls -l "$OUT"

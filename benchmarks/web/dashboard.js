@@ -79,8 +79,12 @@
         if (el.skip || ds.data[j] === null) return;
         var x = el.x;
         var y = el.y;
+        // a bar must have a visible height (not sit on the axis' bottom)
+        var tall = chart.config.type !== 'bar' ||
+            Math.abs(el.base - y) >= 1;
         if (isFinite(x) && isFinite(y) && x >= area.left - 1 &&
-            x <= area.right + 1 && y >= area.top - 1 && y <= area.bottom + 1) {
+            x <= area.right + 1 && y >= area.top - 1 &&
+            y <= area.bottom + 1 && tall) {
           points++;
         }
       });
@@ -153,6 +157,7 @@
           y: {
             type: m.log ? 'logarithmic' : 'linear',
             beginAtZero: !m.log,
+            min: m.log ? m.y_min : undefined,
             title: {display: true, text: title},
             ticks: {
               callback: function (v) {
