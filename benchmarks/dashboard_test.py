@@ -316,6 +316,9 @@ class LogScaleBarsTest(unittest.TestCase):
         fig = dom.figures["chart-hint-map"]
         self.assertEqual((fig.get("data-expected-points"),
                           fig.get("data-rendered-points")), ("6", "6"))
+        # labelled in the user's units, powers of ten without `.0`
+        self.assertEqual(fig.get("data-y-ticks"),
+                         "1 µs|10 µs|100 µs|1 ms|10 ms")
 
     def test_axis_bottom_is_below_a_power_of_ten(self):
         # extents 1 .. 100: the bottom is 0.1, not 1 (the 1 bar is seen)

@@ -99,6 +99,11 @@
     figure.setAttribute('data-rendered-series', String(series));
     figure.setAttribute('data-rendered-points', String(points));
     figure.setAttribute('data-painted-pixels', String(painted));
+    // the labelled ticks of the value axis, bottom to top
+    var ticks = chart.scales.y.ticks.map(function (t) {
+      return t.label;
+    }).filter(function (l) { return l !== ''; });
+    figure.setAttribute('data-y-ticks', ticks.join('|'));
   }
 
   function draw(suite, chart, metric) {
@@ -168,7 +173,8 @@
                     return '';
                   }
                 }
-                return formatValue(metric, v);
+                // axis labels: `10 ms`, not `10.0 ms`
+                return formatValue(metric, v).replace(/\.0(?= |$)/, '');
               },
             },
           },
