@@ -30,21 +30,14 @@ struct Event {
 };
 
 // Forwards to `target` and records what reached it.
-class RecordingNode final : public io::BlockNode {
+class RecordingNode final : public testing::ForwardingNode {
  public:
   RecordingNode(std::unique_ptr<io::BlockNode> target, std::vector<Event>* log)
-      : io::BlockNode(target->filename(), target->read_only()),
-        target_(std::move(target)),
-        log_(log) {}
-  uint64_t size() const override { return target_->size(); }
-  io::Task<absl::Status> Close() override { return target_->Close(); }
+      : ForwardingNode(std::move(target)), log_(log) {}
 
  protected:
-  io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override {
-    return target_->Read(offset, buf);
-  }
   io::Task<absl::Status> DoWrite(uint64_t offset, io::ConstIoVec data) override {
-    absl::Status st = co_await target_->Write(offset, data);
+    absl::Status st = co_await ForwardingNode::DoWrite(offset, data);
     if (st.ok()) {
       log_->push_back({Event::kWrite, offset, {data.begin(), data.end()}});
     }
@@ -52,7 +45,7 @@ class RecordingNode final : public io::BlockNode {
   }
   io::Task<absl::Status> DoWriteZeroes(uint64_t offset, uint64_t length,
                                        io::WriteZeroesFlags flags) override {
-    absl::Status st = co_await target_->WriteZeroes(offset, length, flags);
+    absl::Status st = co_await ForwardingNode::DoWriteZeroes(offset, length, flags);
     if (st.ok()) {
       log_->push_back({Event::kWrite, offset, std::vector<uint8_t>(length, 0)});
     }
@@ -60,7 +53,7 @@ class RecordingNode final : public io::BlockNode {
   }
   io::Task<absl::Status> DoDiscard(uint64_t offset, uint64_t length) override {
     // A hole reads as zeroes, but may also not have happened yet.
-    absl::Status st = co_await target_->Discard(offset, length);
+    absl::Status st = co_await ForwardingNode::DoDiscard(offset, length);
     if (st.ok()) {
       log_->push_back({Event::kWrite, offset, std::vector<uint8_t>(length, 0)});
     }
@@ -68,22 +61,17 @@ class RecordingNode final : public io::BlockNode {
   }
   io::Task<absl::Status> DoFlush() override {
     log_->push_back({Event::kFlushStart});
-    absl::Status st = co_await target_->Flush();
+    absl::Status st = co_await ForwardingNode::DoFlush();
     if (st.ok()) log_->push_back({Event::kFlushEnd});
     co_return st;
   }
   io::Task<absl::Status> DoTruncate(uint64_t size, io::PreallocMode mode) override {
-    absl::Status st = co_await target_->Truncate(size, mode);
+    absl::Status st = co_await ForwardingNode::DoTruncate(size, mode);
     if (st.ok()) log_->push_back({Event::kTruncate, size});
     co_return st;
   }
-  io::Task<absl::StatusOr<io::BlockStatus>> DoGetBlockStatus(
-      uint64_t offset, uint64_t max_length) override {
-    return target_->GetBlockStatus(offset, max_length);
-  }
 
  private:
-  std::unique_ptr<io::BlockNode> target_;
   std::vector<Event>* log_;
 };
 

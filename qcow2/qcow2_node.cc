@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "io/aligned_buffer.h"
 #include "qcow2/check.h"
 #include "qcow2/bytes.h"
 #include "qcow2/format/refcount.h"
@@ -177,9 +178,9 @@ io::Task<absl::Status> Qcow2Node::LoadTables() {
   // L1 table (DecodeHeader checked its position and size).
   l1_.assign(header_.l1_size, 0);
   if (header_.l1_size > 0) {
-    std::vector<uint8_t> bytes(uint64_t{header_.l1_size} * 8);
+    io::AlignedBuffer bytes(uint64_t{header_.l1_size} * 8);
     CO_RETURN_IF_ERROR(
-        co_await file_->Read(header_.l1_table_offset, io::IoVec(bytes)));
+        co_await file_->Read(header_.l1_table_offset, bytes.span()));
     for (uint64_t i = 0; i < l1_.size(); ++i) {
       l1_[i] = LoadBE64(bytes.data() + i * 8);
       const uint64_t l2 = l1_[i] & format::kL1OffsetMask;
@@ -189,9 +190,9 @@ io::Task<absl::Status> Qcow2Node::LoadTables() {
   // Refcount table.
   const uint64_t rt_bytes = uint64_t{header_.refcount_table_clusters}
                             << cluster_bits_;
-  std::vector<uint8_t> bytes(rt_bytes);
+  io::AlignedBuffer bytes(rt_bytes);
   CO_RETURN_IF_ERROR(
-      co_await file_->Read(header_.refcount_table_offset, io::IoVec(bytes)));
+      co_await file_->Read(header_.refcount_table_offset, bytes.span()));
   std::vector<uint64_t> table(rt_bytes / 8);
   for (uint64_t i = 0; i < table.size(); ++i) {
     table[i] = LoadBE64(bytes.data() + i * 8);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "io/aligned_buffer.h"
 #include "qcow2/bytes.h"
 #include "qcow2/qcow2_node.h"
 
@@ -37,9 +38,9 @@ io::Task<absl::Status> Qcow2Node::GrowL1(uint64_t min_size, bool exact) {
   CO_ASSIGN_OR_RETURN(const uint64_t table, co_await refcounts_->Allocate(bytes));
   CO_RETURN_IF_ERROR(co_await refcounts_->WriteDirty());
   CO_RETURN_IF_ERROR(co_await SyncFile());
-  std::vector<uint8_t> data(bytes, 0);
+  io::AlignedBuffer data(bytes);
   for (uint64_t i = 0; i < l1_.size(); ++i) StoreBE64(data.data() + i * 8, l1_[i]);
-  CO_RETURN_IF_ERROR(co_await WriteMetadata(table, data, 0));
+  CO_RETURN_IF_ERROR(co_await WriteMetadata(table, data.span(), 0));
   CO_RETURN_IF_ERROR(co_await SyncFile());
   uint8_t field[12];
   StoreBE32(field, static_cast<uint32_t>(new_size));

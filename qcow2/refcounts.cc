@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "io/aligned_buffer.h"
 #include "qcow2/bytes.h"
 #include "qcow2/format/header.h"
 #include "qcow2/format/refcount.h"
@@ -90,7 +91,7 @@ bool Refcounts::PeekRefcount(uint64_t cluster_index, uint64_t* refcount) {
   TableCache::Table* t = cache_.Peek(table_[table_index]);
   if (t == nullptr) return false;
   *refcount = format::GetRefcount(
-      t->data, cluster_index & ((uint64_t{1} << block_bits_) - 1),
+      t->data.span(), cluster_index & ((uint64_t{1} << block_bits_) - 1),
       refcount_order_);
   return true;
 }
@@ -389,12 +390,12 @@ io::Task<absl::StatusOr<uint64_t>> Refcounts::RefcountArea(
   }
   CO_RETURN_IF_ERROR(co_await FlushBlocks());
 
-  std::vector<uint8_t> bytes(table_size * 8, 0);
+  io::AlignedBuffer bytes(table_size * 8);
   for (uint64_t i = 0; i < table_size; ++i) {
     StoreBE64(bytes.data() + i * 8, new_table[i]);
   }
-  CO_RETURN_IF_ERROR(
-      co_await io_.WriteMetadata(new_table_offset, bytes, kOverlapRefcountTable));
+  CO_RETURN_IF_ERROR(co_await io_.WriteMetadata(new_table_offset, bytes.span(),
+                                                kOverlapRefcountTable));
   CO_RETURN_IF_ERROR(co_await io_.SyncFile());
   CO_RETURN_IF_ERROR(co_await io_.SetRefcountTable(
       new_table_offset, static_cast<uint32_t>(table_clusters)));

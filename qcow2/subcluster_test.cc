@@ -41,16 +41,10 @@ constexpr uint64_t kMiB = 1024 * 1024;
 
 // Counts the reads, the bytes read, the writes and the write-zeroes requests
 // through it; forwards everything to `target`.
-class CountingNode final : public io::BlockNode {
+class CountingNode final : public testing::ForwardingNode {
  public:
   explicit CountingNode(std::unique_ptr<io::BlockNode> target)
-      : io::BlockNode(target->filename(), target->read_only()),
-        target_(std::move(target)) {}
-  uint64_t size() const override { return target_->size(); }
-  absl::StatusOr<uint64_t> AllocatedSize() const override {
-    return target_->AllocatedSize();
-  }
-  io::Task<absl::Status> Close() override { return target_->Close(); }
+      : ForwardingNode(std::move(target)) {}
   uint64_t bytes_read = 0;
   uint64_t reads = 0;
   uint64_t writes = 0;
@@ -60,32 +54,17 @@ class CountingNode final : public io::BlockNode {
   io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override {
     bytes_read += buf.size();
     ++reads;
-    return target_->Read(offset, buf);
+    return ForwardingNode::DoRead(offset, buf);
   }
   io::Task<absl::Status> DoWrite(uint64_t offset, io::ConstIoVec data) override {
     ++writes;
-    return target_->Write(offset, data);
+    return ForwardingNode::DoWrite(offset, data);
   }
   io::Task<absl::Status> DoWriteZeroes(uint64_t offset, uint64_t length,
                                        io::WriteZeroesFlags flags) override {
     ++write_zeroes;
-    return target_->WriteZeroes(offset, length, flags);
+    return ForwardingNode::DoWriteZeroes(offset, length, flags);
   }
-  io::Task<absl::Status> DoDiscard(uint64_t offset, uint64_t length) override {
-    return target_->Discard(offset, length);
-  }
-  io::Task<absl::Status> DoFlush() override { return target_->Flush(); }
-  io::Task<absl::Status> DoTruncate(uint64_t size,
-                                    io::PreallocMode prealloc) override {
-    return target_->Truncate(size, prealloc);
-  }
-  io::Task<absl::StatusOr<io::BlockStatus>> DoGetBlockStatus(
-      uint64_t offset, uint64_t max_length) override {
-    return target_->GetBlockStatus(offset, max_length);
-  }
-
- private:
-  std::unique_ptr<io::BlockNode> target_;
 };
 
 // One line of `qemu-img map --output=json`.

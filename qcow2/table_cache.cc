@@ -1,6 +1,8 @@
 #include "qcow2/table_cache.h"
 
 #include <algorithm>
+#include <bit>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -36,6 +38,10 @@ void TableCache::Ref::reset() {
 TableCache::TableCache(uint64_t table_size, size_t capacity, ReadFn read,
                        WriteFn write)
     : table_size_(table_size),
+      alignment_(std::min<size_t>(
+          io::AlignedBuffer::kDefaultAlignment,
+          table_size == 0 ? io::AlignedBuffer::kDefaultAlignment
+                          : size_t{1} << std::countr_zero(table_size))),
       capacity_(std::max<size_t>(capacity, 1)),
       read_(std::move(read)),
       write_(std::move(write)) {}
@@ -67,7 +73,7 @@ io::Task<absl::Status> TableCache::MakeRoom() {
     if (victim->dirty) {
       // Pin while writing so that nothing else evicts or reuses it.
       Ref pin(this, victim);
-      CO_RETURN_IF_ERROR(co_await write_(victim->offset, victim->data));
+      CO_RETURN_IF_ERROR(co_await write_(victim->offset, victim->data.span()));
       victim->dirty = false;
       // Someone may have touched it meanwhile; start over.
       continue;
@@ -90,13 +96,13 @@ io::Task<absl::StatusOr<TableCache::Ref>> TableCache::Get(uint64_t offset) {
   }
   auto table = std::make_unique<Table>();
   table->offset = offset;
-  table->data.assign(table_size_, 0);
+  table->data = io::AlignedBuffer(table_size_, alignment_);
   table->last_use = ++clock_;
   Table* raw = table.get();
   tables_[offset] = std::move(table);
   // Pinned during the read so that it can't be evicted meanwhile.
   Ref ref(this, raw);
-  absl::Status st = co_await read_(offset, absl::MakeSpan(raw->data));
+  absl::Status st = co_await read_(offset, raw->data.span());
   if (!st.ok()) {
     auto again = tables_.find(offset);
     if (again != tables_.end() && again->second.get() == raw) Drop(again);
@@ -114,13 +120,14 @@ io::Task<absl::StatusOr<TableCache::Ref>> TableCache::GetEmpty(uint64_t offset) 
   Table* raw;
   if (it != tables_.end()) {
     raw = it->second.get();
+    std::memset(raw->data.data(), 0, table_size_);
   } else {
     auto table = std::make_unique<Table>();
     table->offset = offset;
+    table->data = io::AlignedBuffer(table_size_, alignment_);  // zeroes
     raw = table.get();
     tables_[offset] = std::move(table);
   }
-  raw->data.assign(table_size_, 0);
   raw->dirty = true;
   raw->last_use = ++clock_;
   co_return Ref(this, raw);
@@ -154,7 +161,7 @@ io::Task<absl::Status> TableCache::WriteOne(uint64_t offset) {
   Ref pin(this, t);
   // Clear first: a change made while the write is in flight sets it again.
   t->dirty = false;
-  absl::Status st = co_await write_(offset, t->data);
+  absl::Status st = co_await write_(offset, t->data.span());
   if (!st.ok()) t->dirty = true;
   co_return st;
 }

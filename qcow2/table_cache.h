@@ -5,6 +5,10 @@
 // and with them the write ordering (an L2 table is written only after the
 // refcounts it relies on) and the metadata overlap check.
 //
+// Table buffers are io::AlignedBuffers (aligned to min(4096, table size)
+// bytes), so an image opened with O_DIRECT reads and writes tables straight
+// from them, without the file layer's bounce buffer.
+//
 // A Ref pins its table: pinned tables are never evicted, so a Ref stays valid
 // across co_awaits. When every table is pinned the cache grows past its
 // capacity rather than failing.
@@ -23,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "io/aligned_buffer.h"
 #include "io/block_node.h"
 #include "io/task.h"
 
@@ -32,7 +37,7 @@ class TableCache {
  public:
   struct Table {
     uint64_t offset = 0;
-    std::vector<uint8_t> data;
+    io::AlignedBuffer data;  // table_size() bytes, aligned to alignment()
     bool dirty = false;
     bool discarded = false;  // freed while pinned: dropped on unpin
     uint64_t last_use = 0;
@@ -53,8 +58,8 @@ class TableCache {
     void reset();
     explicit operator bool() const { return table_ != nullptr; }
     uint64_t offset() const { return table_->offset; }
-    absl::Span<uint8_t> data() { return absl::MakeSpan(table_->data); }
-    absl::Span<const uint8_t> data() const { return table_->data; }
+    absl::Span<uint8_t> data() { return table_->data.span(); }
+    absl::Span<const uint8_t> data() const { return table_->data.span(); }
 
    private:
     friend class TableCache;
@@ -99,6 +104,9 @@ class TableCache {
   bool HasDirty() const;
   size_t cached() const { return tables_.size(); }
   uint64_t table_size() const { return table_size_; }
+  // Start alignment of every table buffer in bytes: min(4096, the largest
+  // power of two dividing table_size()).
+  size_t alignment() const { return alignment_; }
 
  private:
   void Unpin(Table* table);
@@ -108,6 +116,7 @@ class TableCache {
   io::Task<absl::Status> MakeRoom();
 
   const uint64_t table_size_;
+  const size_t alignment_;
   const size_t capacity_;
   ReadFn read_;
   WriteFn write_;

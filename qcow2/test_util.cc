@@ -124,6 +124,41 @@ std::vector<uint8_t> Pattern(uint64_t length, uint64_t seed) {
   return v;
 }
 
+ForwardingNode::ForwardingNode(std::unique_ptr<io::BlockNode> target)
+    : io::BlockNode(target->filename(), target->read_only()),
+      target_(std::move(target)) {}
+
+io::Task<absl::Status> ForwardingNode::DoRead(uint64_t offset, io::IoVec buf) {
+  return target_->Read(offset, buf);
+}
+
+io::Task<absl::Status> ForwardingNode::DoWrite(uint64_t offset,
+                                               io::ConstIoVec data) {
+  return target_->Write(offset, data);
+}
+
+io::Task<absl::Status> ForwardingNode::DoWriteZeroes(
+    uint64_t offset, uint64_t length, io::WriteZeroesFlags flags) {
+  return target_->WriteZeroes(offset, length, flags);
+}
+
+io::Task<absl::Status> ForwardingNode::DoDiscard(uint64_t offset,
+                                                 uint64_t length) {
+  return target_->Discard(offset, length);
+}
+
+io::Task<absl::Status> ForwardingNode::DoFlush() { return target_->Flush(); }
+
+io::Task<absl::Status> ForwardingNode::DoTruncate(uint64_t size,
+                                                  io::PreallocMode prealloc) {
+  return target_->Truncate(size, prealloc);
+}
+
+io::Task<absl::StatusOr<io::BlockStatus>> ForwardingNode::DoGetBlockStatus(
+    uint64_t offset, uint64_t max_length) {
+  return target_->GetBlockStatus(offset, max_length);
+}
+
 Env::Env() {
   absl::StatusOr<std::unique_ptr<io::Engine>> engine =
       io::CreateEngine(std::getenv("QCOW2_TEST_THREADS") != nullptr

@@ -40,6 +40,34 @@ int64_t FirstDifference(const std::string& a, const std::string& b);
 // Deterministic test data.
 std::vector<uint8_t> Pattern(uint64_t length, uint64_t seed);
 
+// Forwards every request to `target` (owned). Tests that watch what a
+// driver sends to its file derive from it and override the Do* functions
+// they observe, calling the ForwardingNode's version to pass requests on.
+class ForwardingNode : public io::BlockNode {
+ public:
+  explicit ForwardingNode(std::unique_ptr<io::BlockNode> target);
+  uint64_t size() const override { return target_->size(); }
+  absl::StatusOr<uint64_t> AllocatedSize() const override {
+    return target_->AllocatedSize();
+  }
+  io::Task<absl::Status> Close() override { return target_->Close(); }
+
+ protected:
+  io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override;
+  io::Task<absl::Status> DoWrite(uint64_t offset, io::ConstIoVec data) override;
+  io::Task<absl::Status> DoWriteZeroes(uint64_t offset, uint64_t length,
+                                       io::WriteZeroesFlags flags) override;
+  io::Task<absl::Status> DoDiscard(uint64_t offset, uint64_t length) override;
+  io::Task<absl::Status> DoFlush() override;
+  io::Task<absl::Status> DoTruncate(uint64_t size,
+                                    io::PreallocMode prealloc) override;
+  io::Task<absl::StatusOr<io::BlockStatus>> DoGetBlockStatus(
+      uint64_t offset, uint64_t max_length) override;
+
+ private:
+  std::unique_ptr<io::BlockNode> target_;
+};
+
 // One engine per test (io_uring if it works; the thread pool when
 // QCOW2_TEST_THREADS is set), and helpers running tasks on it.
 class Env {
