@@ -97,7 +97,34 @@ else
 fi
 host=$(hostname)
 
+# The suites make their loop filesystems (backing files and mount points)
+# under $TEST_TMPDIR (base/testing/loop_mount.h): a directory of this run's
+# own, so that a suite killed by Ctrl-C or `kill` (its destructors do not
+# run) leaves no mounted filesystem or backing file behind.
+work=$(mktemp -d "${TMPDIR:-/tmp}/imgtool-bench.XXXXXX")
+cleanup() {
+  local mnt
+  while read -r _ mnt _; do
+    case "$mnt" in
+      "$work"/*) umount "$mnt" 2>/dev/null || umount -l "$mnt" ;;
+    esac
+  done </proc/self/mounts
+  rm -rf --one-file-system -- "$work"
+}
+trap cleanup EXIT
+trap 'echo "run: interrupted" >&2; exit 130' INT
+trap 'echo "run: terminated" >&2; exit 143' TERM
+export TEST_TMPDIR="$work"
+
 failed=()
+# A failed suite's file (empty, partial or off the contract) becomes
+# <file>.failed, so that report/dashboard on DIR read only good files.
+set_aside() {
+  if [[ -e "$1" ]]; then
+    mv -f -- "$1" "$1.failed"
+    echo "run: kept what it wrote as $1.failed" >&2
+  fi
+}
 start_all=$SECONDS
 for suite in "${suites[@]}"; do
   bin="$HERE/$(binary_of "$suite")"
@@ -117,11 +144,13 @@ for suite in "${suites[@]}"; do
   start=$SECONDS
   if ! "$bin" "${args[@]}" "${extra[@]}"; then
     echo "run: suite $suite failed" >&2
+    set_aside "$file"
     failed+=("$suite")
     continue
   fi
   if ! /usr/bin/python3 "$HERE/check_results.py" "$file"; then
     echo "run: $file does not follow the result file contract" >&2
+    set_aside "$file"
     failed+=("$suite")
     continue
   fi

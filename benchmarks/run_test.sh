@@ -31,6 +31,38 @@ expect_error "run: --out $TEST_TMPDIR/a-file: cannot create the directory: File 
   --quick hint --out "$TEST_TMPDIR/a-file"
 expect_error "run: --out /sys/kernel: cannot write files there" --quick hint --out /sys/kernel
 
+# A suite that fails leaves no .json in DIR (report/dashboard on DIR would
+# stop at it): a filter that matches nothing makes Google Benchmark write an
+# empty file.
+rc=0
+"$HERE/run.sh" --quick hint --out "$TEST_TMPDIR/f" -- --benchmark_filter=nomatch \
+  >/dev/null 2>&1 || rc=$?
+if [[ $rc != 1 || -n "$(cd "$TEST_TMPDIR/f" && ls -- *.json 2>/dev/null)" ]]; then
+  echo "FAIL: failed suite: exit $rc, DIR:"; ls -la "$TEST_TMPDIR/f"; exit 1
+fi
+
+# Killed in the middle of a suite (Ctrl-C signals the whole process group):
+# no loop filesystem of the run stays mounted, no backing file stays.
+KILLED="$TEST_TMPDIR/killed"
+mkdir -p "$KILLED"
+TMPDIR="$KILLED" setsid "$HERE/run.sh" --quick hint --out "$TEST_TMPDIR/k" \
+  >"$TEST_TMPDIR/killed.log" 2>&1 &
+pid=$!
+for _ in $(seq 300); do
+  grep -q " $KILLED/imgtool-bench\.[^/ ]*/loop_mount_mnt_" /proc/self/mounts && break
+  sleep 0.1
+done
+grep -q " $KILLED/" /proc/self/mounts || { echo "FAIL: no mount seen"; exit 1; }
+kill -TERM -- "-$pid"
+rc=0
+wait "$pid" || rc=$?
+if [[ $rc != 143 ]] || grep -q " $KILLED/" /proc/self/mounts ||
+   [[ -n "$(ls -A "$KILLED")" ]]; then
+  echo "FAIL: after kill: exit $rc, left behind:"
+  grep " $KILLED/" /proc/self/mounts; ls -A "$KILLED"; cat "$TEST_TMPDIR/killed.log"
+  exit 1
+fi
+
 "$HERE/run.sh" --quick hint create_prealloc --out "$OUT"
 host=$(hostname)
 ls -l "$OUT"
