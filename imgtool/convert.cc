@@ -815,7 +815,10 @@ absl::Status CheckTargetFeatures(const ConvertArgs& a, size_t num_sources,
         "Use of backing file requires explicit backing format");
   }
   if (a.compress) {
-    if (target_format != "qcow2") {
+    // With -n the target's format is known only once it is open
+    // (--target-image-opts names it in its options): Copy() checks then,
+    // after the open errors, as qemu-img does.
+    if (!a.skip_create && target_format != "qcow2") {
       return absl::InvalidArgumentError(
           "Compression not supported for this file format");
     }
@@ -849,6 +852,10 @@ absl::Status Copy(const ConvertArgs& a, absl::Span<OpenedImage> sources,
     copy_sources.push_back(CopySource{image.node.get(), total, length});
     total += length;
   }
+  if (a.compress && target.qcow2 == nullptr) {
+    return absl::InvalidArgumentError(
+        "Compression not supported for this file format");
+  }
   if (a.skip_create && VirtualSize(target) < total) {
     return absl::InvalidArgumentError("output file is smaller than input file");
   }
@@ -869,10 +876,6 @@ absl::Status Copy(const ConvertArgs& a, absl::Span<OpenedImage> sources,
   settings.copy_whole_chunks = a.copy_range;
   settings.num_workers = a.num_coroutines;
   if (a.compress) {
-    if (target.qcow2 == nullptr) {
-      return absl::InvalidArgumentError(
-          "Compression not supported for this file format");
-    }
     settings.compressed_target = target.qcow2;
     settings.compressed_cluster_size = target.qcow2->cluster_size();
   }

@@ -189,6 +189,20 @@ same_effect with_target convert -n --image-opts "$Q" \
 same_effect with_target convert -n -O qcow2 x.qcow2 \
   --target-image-opts driver=qcow2,file.filename=t.qcow2
 same_effect copy_images convert -f qcow2 --image-opts "$Q" out.raw
+# -c with -n: the target's format is checked once it is open (through the
+# filter it is qcow2, so compression works; open errors come first).
+same_effect with_target convert -n -c -f qcow2 x.qcow2 \
+  --target-image-opts driver=qcow2,file.driver=preallocate,file.file.filename=t.qcow2
+same_effect with_target convert -n -c -f qcow2 x.qcow2 \
+  --target-image-opts file.filename=t.qcow2
+same_effect with_target convert -n -c -f qcow2 x.qcow2 \
+  --target-image-opts driver=preallocate,file.driver=qcow2,file.file.filename=t.qcow2
+same_effect with_target convert -n -c -f qcow2 x.qcow2 \
+  --target-image-opts driver=qcow2,file.filename=nonexist
+same_effect with_target convert -n -c -O raw -f qcow2 x.qcow2 \
+  --target-image-opts driver=qcow2,file.filename=t.qcow2
+same_effect with_target convert -n -c -f qcow2 x.qcow2 nonexist
+same_effect copy_images convert -n -c -f qcow2 x.qcow2 r.raw
 
 echo "== bench"
 # The run time varies: compare the first line and the exit status.
