@@ -430,6 +430,9 @@ def main(argv):
     try:
         paths = results.expand(args.results, base_dir)
         suites = results.load_all(paths, base_dir)
+        problem = results.check_choices(suites, by=args.by)
+        if problem:
+            raise results.ResultError(problem)
         chartjs = find_chartjs(args.chartjs)
         page = render_page(suites, chartjs, paths, by=args.by)
         out_dir = os.path.join(base_dir, args.out)

@@ -9,7 +9,9 @@ test.outputs/outputs.zip).
 Needs /usr/bin/chromium and benchmarks/web/node_modules (tools/setup.sh).
 """
 
+import contextlib
 import html.parser
+import io
 import json
 import os
 import shutil
@@ -325,6 +327,29 @@ class LogScaleBarsTest(unittest.TestCase):
         series = [{"data": [1.0, None, 100.0]}]
         self.assertEqual(dashboard._log_min(series), 0.1)
         self.assertEqual(dashboard._log_min([{"data": [3.5, 900.0]}]), 1.0)
+
+
+class CommandLineTest(unittest.TestCase):
+
+    def test_unknown_by_key_is_one_line_error(self):
+        # report says the same; the page would silently lack its tables
+        d = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        err = io.StringIO()
+        old = os.environ.get("BUILD_WORKING_DIRECTORY")
+        os.environ["BUILD_WORKING_DIRECTORY"] = _WS
+        try:
+            with contextlib.redirect_stderr(err):
+                rc = dashboard.main(["testdata/benchmarks/run2/hint-vm.json",
+                                     "--by", "clustr", "--out", d])
+        finally:
+            if old is None:
+                del os.environ["BUILD_WORKING_DIRECTORY"]
+            else:
+                os.environ["BUILD_WORKING_DIRECTORY"] = old
+        self.assertEqual((rc, err.getvalue()), (
+            1, "dashboard: no result has the key \"clustr\" in its benchmark "
+            "names (keys: fs, hint, op)\n"))
+        self.assertEqual(os.listdir(d), [])
 
 
 class FindChartjsTest(unittest.TestCase):

@@ -48,29 +48,12 @@ def main(argv):
     except results.ResultError as e:
         sys.stderr.write("report: %s\n" % e)
         return 1
-    problem = check_choices(suites, by=args.by, metrics=args.metric)
+    problem = results.check_choices(suites, by=args.by, metrics=args.metric)
     if problem:
         sys.stderr.write("report: %s\n" % problem)
         return 1
     sys.stdout.write(render(suites, by=args.by, metrics=args.metric))
     return 0
-
-
-def check_choices(suites, by=None, metrics=None):
-    """A one-line problem if no suite has the --by key or a --metric (a
-    typo would otherwise print nothing), else None."""
-    runs = [r for _, rs in suites for r in rs]
-    if by and by != "run":
-        keys = results.config_keys(runs)
-        if by not in keys:
-            return "no result has the key \"%s\" in its benchmark names " \
-                "(keys: %s)" % (by, ", ".join(keys))
-    known = results.run_metrics(runs)
-    for m in metrics or []:
-        if m not in known:
-            return "no result has the metric \"%s\" (metrics: %s)" % (
-                m, ", ".join(known))
-    return None
 
 
 if __name__ == "__main__":

@@ -503,6 +503,23 @@ def add_arguments(parser):
                         "of the benchmark names, e.g. extended_l2")
 
 
+def check_choices(suites, by=None, metrics=None):
+    """A one-line problem if no suite has the --by key or a --metric (a
+    typo would otherwise print nothing), else None."""
+    runs = [r for _, rs in suites for r in rs]
+    if by and by != "run":
+        keys = config_keys(runs)
+        if by not in keys:
+            return "no result has the key \"%s\" in its benchmark names " \
+                "(keys: %s)" % (by, ", ".join(keys))
+    known = run_metrics(runs)
+    for m in metrics or []:
+        if m not in known:
+            return "no result has the metric \"%s\" (metrics: %s)" % (
+                m, ", ".join(known))
+    return None
+
+
 def column_key(suite, runs, by=None):
     """`run` to compare runs (files); else the key whose values are the
     columns. Default: `run` with more than one run of the suite, else the
