@@ -238,6 +238,9 @@ def build_model(suites):
             "suite": suite,
             "metrics": metrics,
             "metric_titles": {m: results.metric_title(m) for m in metrics},
+            # [unit, divisor]: the page shows values as report does
+            "metric_units": {m: list(results.metric_info(m)[:2])
+                             for m in metrics},
             "default_metric": default,
             "charts": charts,
         })

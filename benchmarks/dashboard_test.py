@@ -220,6 +220,30 @@ class DashboardTest(unittest.TestCase):
         self.assertEqual(len(dom.errors), 1)
         self.assertIn("probe error", dom.errors[0])
 
+    def test_bytes_from_backing_in_mib(self):
+        # switched to bytes_from_backing, the subcluster axis counts MiB
+        # (as report's tables), not raw bytes
+        probe = os.path.join(self.dir, "probe-bytes.html")
+        script = (
+            "<script>"
+            "var s = document.querySelector('select[data-suite=subcluster]');"
+            "s.value = 'bytes_from_backing';"
+            "s.dispatchEvent(new Event('change'));"
+            "</script></body>")
+        with open(probe, "w", encoding="utf-8") as f:
+            f.write(self.page.replace("</body>", script))
+        dom = read_dom(probe)
+        self.assertEqual(dom.errors, [])
+        fig = dom.figures["chart-subcluster"]
+        self.assertEqual(fig.get("data-metric"), "bytes_from_backing")
+        ticks = fig.get("data-y-ticks").split("|")
+        self.assertGreater(len(ticks), 2, ticks)
+        self.assertEqual(ticks[0], "0 MiB")
+        for t in ticks:
+            self.assertRegex(t, r"^[0-9.,]+ MiB$")
+        self.assertLess(float(ticks[-1].split()[0].replace(",", "")), 4096)
+        self.assertIn("bytes_from_backing (MiB, lower is better)", self.page)
+
     def test_screenshot(self):
         out_dir = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR", self.dir)
         shot = os.path.join(out_dir, "dashboard.png")

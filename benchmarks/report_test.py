@@ -224,6 +224,25 @@ class ReportFiguresTest(unittest.TestCase):
             self.assertIn("   hint-vm.json (vm, commit %s, 2026-12-01" % shown,
                           out)
 
+    def test_bytes_from_backing_in_mib(self):
+        # the copy-on-write bytes read from the backing file, in MiB
+        name = self.write("subcluster-vm.json", [
+            gb_entry("subcluster/fs:xfs/cluster:65536/extended_l2:" + x,
+                     {"bytes_from_backing": float(b)}, index=i)
+            for x, b in (("off", 3 << 20), ("on", 1 << 19)) for i in (0, 1)])
+        rc, out, err = run_report([name, "--metric", "bytes_from_backing"],
+                                  self.dir)
+        self.assertEqual((rc, err), (0, ""))
+        self.assertEqual(out, (
+            "== subcluster: bytes_from_backing (MiB, lower is better)\n"
+            "   subcluster-vm.json (vm, 2026-12-01T10:00:00+00:00)\n"
+            "   every row: fs:xfs/cluster:64k\n"
+            "\n"
+            "       extended_l2:off  extended_l2:on\n"
+            "-----  ---------------  --------------\n"
+            "(all)  3 ± 0%           0.5 ± 0%\n"
+            "                        -83%\n"))
+
     def test_unknown_metric_says_so(self):
         # a typo (iops for IOPS) printed nothing and exited 0
         name = self.write("hint-vm.json", [

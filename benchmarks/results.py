@@ -46,6 +46,7 @@ _METRICS = {
     "seconds": ("s", 1, False),
     "answers": ("block status calls", 1, False),
     "allocated_bytes": ("MiB", 1 << 20, None),
+    "bytes_from_backing": ("MiB", 1 << 20, False),
     "writes": ("writes", 1, None),
 }
 

@@ -19,7 +19,9 @@
     return String(Number(v.toPrecision(3)));
   }
 
-  function formatValue(metric, v) {
+  // unit: [unit, divisor] from the model (results.metric_info), e.g.
+  // ['MiB', 1048576] for byte counts.
+  function formatValue(metric, v, unit) {
     if (v === null || v === undefined || !isFinite(v)) return '-';
     if (metric === 'seconds' || /_seconds$/.test(metric)) {
       var a = Math.abs(v);
@@ -28,8 +30,8 @@
       if (a >= 1e-6) return formatNumber(v * 1e6) + ' µs';
       return formatNumber(v * 1e9) + ' ns';
     }
-    if (/bytes$/.test(metric)) return formatNumber(v / 1048576) + ' MiB';
-    return formatNumber(v);
+    if (unit && unit[0] === 'MiB') return formatNumber(v / unit[1]) + ' MiB';
+    return formatNumber(unit ? v / unit[1] : v);
   }
 
   function withAlpha(hex, alpha) {
@@ -128,6 +130,7 @@
     caption.textContent = errors.length ?
         'Failed configurations: ' + errors.join('; ') : '';
     var title = suite.metric_titles[metric];
+    var unit = suite.metric_units[metric];
     var canvas = figure.querySelector('canvas');
     charts[chart.id] = new Chart(canvas, {
       type: chart.kind,
@@ -151,7 +154,7 @@
               label: function (ctx) {
                 var rsd = ctx.dataset.rsd[ctx.dataIndex];
                 return ctx.dataset.label + ': ' +
-                    formatValue(metric, ctx.parsed.y) +
+                    formatValue(metric, ctx.parsed.y, unit) +
                     (rsd === null ? '' : ' ± ' + rsd + '%');
               },
             },
@@ -174,7 +177,7 @@
                   }
                 }
                 // axis labels: `10 ms`, not `10.0 ms`
-                return formatValue(metric, v).replace(/\.0(?= |$)/, '');
+                return formatValue(metric, v, unit).replace(/\.0(?= |$)/, '');
               },
             },
           },
