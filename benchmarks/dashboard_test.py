@@ -194,21 +194,26 @@ class DashboardTest(unittest.TestCase):
                      "<th>imgtool_commit</th><td>bad69fb</td><td>c18ac46</td>"]:
             self.assertTrue(text in self.page, text)
 
+    def switch_metric(self, suite, metric, then=""):
+        """The DOM of the page plus a script that picks `metric` in the
+        suite's selector and then runs the script `then`."""
+        probe = os.path.join(self.dir, "probe-%s-%s.html" % (suite, metric))
+        script = (
+            "<script>"
+            "var s = document.querySelector('select[data-suite=%s]');"
+            "s.value = '%s';"
+            "s.dispatchEvent(new Event('change'));%s"
+            "</script></body>" % (suite, metric, then))
+        with open(probe, "w", encoding="utf-8") as f:
+            f.write(self.page.replace("</body>", script))
+        return read_dom(probe)
+
     def test_metric_switch_redraws_and_errors_are_caught(self):
         # The same page plus a script that switches the hint charts to
         # extents and then throws: the page must redraw and record the
         # error (so test_no_script_error would see one).
-        probe = os.path.join(self.dir, "probe.html")
-        script = (
-            "<script>"
-            "var s = document.querySelector('select[data-suite=hint]');"
-            "s.value = 'extents';"
-            "s.dispatchEvent(new Event('change'));"
-            "throw new Error('probe error');"
-            "</script></body>")
-        with open(probe, "w", encoding="utf-8") as f:
-            f.write(self.page.replace("</body>", script))
-        dom = read_dom(probe)
+        dom = self.switch_metric("hint", "extents",
+                                 "throw new Error('probe error');")
         fig = dom.figures["chart-hint-write"]
         self.assertEqual((fig.get("data-metric"),
                           fig.get("data-rendered-series"),
@@ -223,16 +228,7 @@ class DashboardTest(unittest.TestCase):
     def test_bytes_from_backing_in_mib(self):
         # switched to bytes_from_backing, the subcluster axis counts MiB
         # (as report's tables), not raw bytes
-        probe = os.path.join(self.dir, "probe-bytes.html")
-        script = (
-            "<script>"
-            "var s = document.querySelector('select[data-suite=subcluster]');"
-            "s.value = 'bytes_from_backing';"
-            "s.dispatchEvent(new Event('change'));"
-            "</script></body>")
-        with open(probe, "w", encoding="utf-8") as f:
-            f.write(self.page.replace("</body>", script))
-        dom = read_dom(probe)
+        dom = self.switch_metric("subcluster", "bytes_from_backing")
         self.assertEqual(dom.errors, [])
         fig = dom.figures["chart-subcluster"]
         self.assertEqual(fig.get("data-metric"), "bytes_from_backing")
