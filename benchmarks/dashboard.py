@@ -160,6 +160,11 @@ def _series_for(cases_by_run, spec, labels, metric, skip, multi_run):
     return series
 
 
+def _has_value(runs, metric):
+    return any(_finite(c.metrics[metric].mean) for r in runs
+               for c in r.cases if metric in c.metrics)
+
+
 def _log_scale(series, kind):
     vals = [v for s in series for v in s["data"] if v is not None]
     if not vals or min(vals) <= 0:
@@ -189,8 +194,12 @@ def build_model(suites):
         if spec["facet"]:
             skip.add(spec["facet"])
         metrics = results.run_metrics(runs)
-        default = spec.get("metric") if spec.get("metric") in metrics else (
-            metrics[0] if metrics else None)
+        # the suite's metric, unless no chart can draw it (no finite
+        # value, e.g. every IOPS NaN): then the first one a chart can draw,
+        # so that the selector names what the charts show
+        drawable = [m for m in metrics if _has_value(runs, m)]
+        default = spec.get("metric") if spec.get("metric") in drawable else (
+            drawable[0] if drawable else (metrics[0] if metrics else None))
         facets = [None]
         if spec["facet"]:
             facets = []

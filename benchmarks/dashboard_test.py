@@ -13,6 +13,7 @@ import contextlib
 import html.parser
 import io
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -347,6 +348,25 @@ class LogScaleBarsTest(unittest.TestCase):
         series = [{"data": [1.0, None, 100.0]}]
         self.assertEqual(dashboard._log_min(series), 0.1)
         self.assertEqual(dashboard._log_min([{"data": [3.5, 900.0]}]), 1.0)
+
+
+class ModelTest(unittest.TestCase):
+
+    def test_selector_names_what_the_charts_draw(self):
+        # every IOPS NaN (0/0): the charts draw seconds, and so must the
+        # selector say (it said IOPS over seconds charts)
+        d = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        entries = [gb_entry("subcluster/fs:xfs/cluster:%d/extended_l2:off" % c,
+                            {"IOPS": math.nan, "seconds": 0.5}, index=i)
+                   for c in (65536, 131072) for i in (0, 1)]
+        with open(os.path.join(d, "subcluster-x.json"), "w") as f:
+            json.dump({"context": {}, "benchmarks": entries}, f)
+        model = dashboard.build_model(
+            results.load_all(["subcluster-x.json"], d))
+        suite = model["suites"][0]
+        self.assertEqual(suite["default_metric"], "seconds")
+        self.assertEqual([c["default_metric"] for c in suite["charts"]],
+                         ["seconds"])
 
 
 class CommandLineTest(unittest.TestCase):
