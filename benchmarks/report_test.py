@@ -224,6 +224,17 @@ class ReportFiguresTest(unittest.TestCase):
             self.assertIn("   hint-vm.json (vm, commit %s, 2026-12-01" % shown,
                           out)
 
+    def test_legend_marks_quick_and_fastbuild_runs(self):
+        # a --quick run's figures (small sizes) do not compare with a full
+        # run's: the legend says which column is one
+        name = self.write("hint-vm.json", [
+            gb_entry("hint/fs:xfs/hint:0/op:write", {"seconds": 1.0})],
+            quick="true", build="fastbuild", imgtool_commit="abc1234")
+        rc, out, _ = run_report([name], self.dir)
+        self.assertEqual(rc, 0)
+        self.assertIn("   hint-vm.json (vm, commit abc1234, "
+                      "2026-12-01T10:00:00+00:00, --quick, fastbuild)\n", out)
+
     def test_bytes_from_backing_in_mib(self):
         # the copy-on-write bytes read from the backing file, in MiB
         name = self.write("subcluster-vm.json", [

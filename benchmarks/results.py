@@ -145,7 +145,9 @@ class Run(object):
         self.letter = ""  # column name in a report, set by assign_letters
 
     def label(self):
-        """Short description: machine, commit and date from the context."""
+        """Short description: machine, commit and date from the context,
+        and `--quick` or `fastbuild` when the run was one (its figures do
+        not compare with a full run's: smaller sizes, or no -c opt)."""
         ctx = self.context
         parts = [str(ctx.get("machine") or ctx.get("host_name") or "?")]
         commit = ctx.get("imgtool_commit")
@@ -155,6 +157,10 @@ class Run(object):
             parts.append("commit " + head[:12] + sep + tail)
         if ctx.get("date"):
             parts.append(str(ctx["date"]))
+        if ctx.get("quick") == "true":
+            parts.append("--quick")
+        if ctx.get("build") == "fastbuild":
+            parts.append("fastbuild")
         return ", ".join(parts)
 
     def case(self, key):
