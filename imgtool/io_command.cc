@@ -1447,9 +1447,12 @@ absl::Status RunIo(const std::vector<std::string>& args, Streams streams) {
   Session session(streams);
   if (operands.size() == 1) {
     spec.filename = operands[0];
+    // Worded as Session::Open's errors ("can't open: " for --image-opts).
     const auto cant_open = [&](absl::string_view why) {
       return absl::InvalidArgumentError(
-          absl::StrCat("can't open device ", spec.filename, ": ", why));
+          spec.image_opts
+              ? absl::StrCat("can't open: ", why)
+              : absl::StrCat("can't open device ", spec.filename, ": ", why));
     };
     if (spec.force_share && !spec.read_only) {
       return cant_open("force-share=on can only be used with read-only images");

@@ -283,5 +283,7 @@ io_same --image-opts -c 'read 0 1' driver=qcow2,file.filename=nonexist
 io_same -c 'read 0 1' 'json:{"driver":"qcow2","file":{"driver":"file","filename":"x.qcow2"},"foo":1}'
 io_same -f qcow2 --image-opts -c 'read 0 1' "$Q"
 io_same -r --image-opts -c 'write 0 1' "$Q"
+io_same -U --image-opts -c 'read 0 1' "$P"
+io_same -i native --image-opts -c 'read 0 1' "$P"
 
 finish
