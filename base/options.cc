@@ -141,6 +141,11 @@ class JsonParser {
     } else if (Consume("false")) {
       scalar = "false";
     } else if (Consume("null")) {
+      const size_t dot = key.rfind('.');
+      if ((dot == std::string::npos ? key : key.substr(dot + 1)) ==
+          "backing") {
+        return AddOption(root, key, std::string(kJsonNullBacking));
+      }
       return ParseError(absl::StrCat("null is not a valid value for '", key,
                                      "'"));
     } else if (c == '-' || (c >= '0' && c <= '9')) {

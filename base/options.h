@@ -50,6 +50,10 @@ struct NodeOptions {
 // ("file..x", ".x", "x."), or is given twice.
 absl::StatusOr<NodeOptions> BuildNodeOptions(const OptionList& options);
 
+// The value ParseJsonFilename gives `"backing": null` (QEMU: no backing
+// file), a string no JSON text or option list yields as a value.
+inline constexpr absl::string_view kJsonNullBacking{"\0null", 5};
+
 // Parses a `json:{...}` filename (QEMU's JSON pseudo-protocol; the "json:"
 // prefix is optional here) into the same tree: nested objects are children,
 // dotted keys are split as in BuildNodeOptions ({"file.filename": "x"} is
@@ -60,7 +64,8 @@ absl::StatusOr<NodeOptions> BuildNodeOptions(const OptionList& options);
 // %.17g). Single-quoted strings are accepted, as QEMU does. Errors
 // (kInvalidArgument): "Invalid JSON object given" if the value is not an
 // object; "Could not parse the JSON options: <reason>" for bad JSON, a
-// duplicate key ("JSON parse error, duplicate key") or a null; the
+// duplicate key ("JSON parse error, duplicate key") or a null other than
+// a "backing" key's (that one becomes kJsonNullBacking); the
 // BuildNodeOptions errors for clashing keys.
 absl::StatusOr<NodeOptions> ParseJsonFilename(absl::string_view text);
 

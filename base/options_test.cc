@@ -196,6 +196,20 @@ TEST(ParseJsonFilenameTest, Errors) {
             "Could not parse the JSON options: Expecting at most one JSON value");
   EXPECT_EQ(JsonError(R"(json:{"a":null})"),
             "Could not parse the JSON options: null is not a valid value for 'a'");
+  EXPECT_EQ(JsonError(R"(json:{"backing":{"x":null}})"),
+            "Could not parse the JSON options: null is not a valid value for "
+            "'backing.x'");
+  {
+    // "backing": null (no backing file) at any level is kept, as a value
+    // no JSON string or option list gives.
+    absl::StatusOr<NodeOptions> tree = ParseJsonFilename(
+        R"(json:{"backing":null,"file":{"backing":null,"filename":"x"}})");
+    ASSERT_TRUE(tree.ok()) << tree.status();
+    EXPECT_EQ(tree->values.at("backing"), kJsonNullBacking);
+    EXPECT_EQ(tree->children.at("file").values.at("backing"),
+              kJsonNullBacking);
+    EXPECT_EQ(tree->children.at("file").values.at("filename"), "x");
+  }
   EXPECT_EQ(JsonError(R"(json:{"a":01})"),
             "Could not parse the JSON options: JSON parse error, invalid number "
             "at offset 7");

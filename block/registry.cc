@@ -326,11 +326,12 @@ bool ChainHasFormatOtherThanRaw(const NodeOptions& node) {
   }
 }
 
-// `backing=` (QEMU's deprecated spelling of "backing": null): the node has
-// no backing file.
+// `"backing": null` in json: or `backing=` (QEMU's deprecated spelling of
+// it): the node has no backing file.
 bool IsNullBacking(const NodeOptions& node) {
   auto it = node.values.find("backing");
-  return it != node.values.end() && it->second.empty();
+  return it != node.values.end() &&
+         (it->second.empty() || it->second == kJsonNullBacking);
 }
 
 // kUnimplemented for QEMU options imgtool does not implement; adds the
@@ -577,7 +578,8 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
     }
   }
   const Driver& driver = *FindDriver(driver_name);
-  if (IsNullBacking(node) && ctx.settings->warn) {
+  if (IsNullBacking(node) && node.values.at("backing").empty() &&
+      ctx.settings->warn) {
     ctx.settings->warn(
         "Use of \"backing\": \"\" is deprecated; use \"backing\": null "
         "instead");

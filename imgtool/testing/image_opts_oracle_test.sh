@@ -73,6 +73,17 @@ for j in "$JQ" "$JQRAW" 'json:{"file":{"driver":"file","filename":"x.qcow2"}}' \
   same_output "$D" info "$j"
   same_output "$D" info --output=json "$j"
 done
+# "backing": null: no backing file (qcow2), accepted and ignored on other
+# nodes; no deprecation warning (that is for "backing": "").
+for j in '{"driver":"qcow2","file":{"driver":"file","filename":"ov.qcow2"},"backing":null}' \
+  '{"driver":"qcow2","backing":null,"file":{"driver":"preallocate","file":{"driver":"file","filename":"ov.qcow2"}}}' \
+  '{"driver":"qcow2","file":{"driver":"preallocate","backing":null,"file":{"filename":"ov.qcow2","backing":null}}}' \
+  '{"backing":null,"file":{"filename":"ov.qcow2"}}' '{"driver":"raw","file":{"filename":"x.qcow2"},"backing":null}'; do
+  same_output "$D" info "json:$j"
+  same_output "$D" map --output=json "json:$j"
+  same_output "$D" check "json:$j"
+  same_output "$D" compare "json:$j" x.qcow2
+done
 same_output "$D" info -f raw "$JQ"
 same_output "$D" info -f preallocate x.qcow2
 
@@ -283,6 +294,8 @@ io_same --image-opts -c 'read 0 1' driver=qcow2,file.filename=nonexist
 io_same -c 'read 0 1' 'json:{"driver":"qcow2","file":{"driver":"file","filename":"x.qcow2"},"foo":1}'
 io_same -f qcow2 --image-opts -c 'read 0 1' "$Q"
 io_same -r --image-opts -c 'write 0 1' "$Q"
+io_same -c 'read -P 0 0 64k' -c 'read -P 3 64k 64k' -c map \
+  'json:{"driver":"qcow2","backing":null,"file":{"driver":"preallocate","file":{"filename":"ov.qcow2"}}}'
 io_same -U --image-opts -c 'read 0 1' "$P"
 io_same -i native --image-opts -c 'read 0 1' "$P"
 
