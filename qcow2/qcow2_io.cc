@@ -2,6 +2,7 @@
 // status.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,31 @@ io::ConstIoVec Zeroes(uint64_t length) {
 bool IsAllocated(ClusterType t) {
   return t == ClusterType::kNormal || t == ClusterType::kZeroAlloc ||
          t == ClusterType::kCompressed;
+}
+
+// Runs a write's data I/O `task` with `lock` released, keeping the order in
+// which the writes took the lock: the task starts first and runs until it
+// first suspends (its request is queued to the engine), only then is the
+// lock released. Releasing first resumes the next waiter for the lock
+// inline, which queued its request before ours, so 64 concurrent writes
+// reached the file in reverse order per batch; ext4 and XFS hand sub-block
+// O_DIRECT writes (a 1 KiB offset) to io_uring's workers, which run them in
+// that order, as unwritten-extent conversions and holes out of sequence
+// (QEMU's Linux AIO submits them in the order they were allocated).
+io::Task<absl::Status> StartThenUnlock(io::ScopedLock& lock,
+                                       io::Task<absl::Status> task) {
+  struct Result {
+    absl::Status status;
+    io::Event done;
+  };
+  auto result = std::make_shared<Result>();
+  io::Spawn(std::move(task), [result](absl::Status st) {
+    result->status = std::move(st);
+    result->done.Set();
+  });
+  lock.Release();
+  co_await result->done.Wait();
+  co_return std::move(result->status);
 }
 
 }  // namespace
@@ -633,8 +659,8 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
     CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, bytes, 0));
     const uint64_t seq = BeginDataOp();
     l2.reset();
-    lock.Release();
-    absl::Status st = co_await file_->Write(host, part);
+    absl::Status st =
+        co_await StartThenUnlock(lock, file_->Write(host, part));
     EndDataOp(seq);
     CO_RETURN_IF_ERROR(st);
     ++write_gen_;
@@ -654,9 +680,8 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
   inflight_[cluster] = inflight;
   const uint64_t seq = BeginDataOp();
   l2.reset();
-  lock.Release();
-
-  absl::Status st = co_await WriteAllocated(offset, part, cluster, n, host, olds);
+  absl::Status st = co_await StartThenUnlock(
+      lock, WriteAllocated(offset, part, cluster, n, host, olds));
   EndDataOp(seq);
   auto relock = co_await io::ScopedLock::Take(meta_lock_);
   if (st.ok()) {
@@ -735,8 +760,8 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
     CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, bytes, 0));
     const uint64_t seq = BeginDataOp();
     l2.reset();
-    lock.Release();
-    absl::Status st = co_await file_->Write(host, part);
+    absl::Status st =
+        co_await StartThenUnlock(lock, file_->Write(host, part));
     EndDataOp(seq);
     CO_RETURN_IF_ERROR(st);
     ++write_gen_;
