@@ -366,6 +366,14 @@ io::Task<absl::Status> PreallocFilterNode::DoDiscard(uint64_t offset,
 }
 
 io::Task<absl::Status> PreallocFilterNode::DoFlush() {
+  // The crash marker learns the data end at each flush: zero writes
+  // dropped inside the preallocated tail (a new cluster's padding) leave no
+  // written extent, so without this a recovery after SIGKILL would cut the
+  // file inside the last cluster a flushed L2 table points to.
+  if (active_ && marker_.has_value() && data_end_.has_value() &&
+      *data_end_ > marker_->first) {
+    SetMarker(*data_end_, marker_->second);
+  }
   co_return co_await file_->Flush();
 }
 
