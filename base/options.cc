@@ -86,6 +86,7 @@ class JsonParser {
     if (text_[pos_] != '{') {
       // Any other value: check it is one, then refuse it.
       NodeOptions scratch;
+      any_null_ = true;  // nulls are values too here, as in QEMU
       RETURN_IF_ERROR(ParseValue(&scratch, "", 0));
       return absl::InvalidArgumentError("Invalid JSON object given");
     }
@@ -141,6 +142,7 @@ class JsonParser {
     } else if (Consume("false")) {
       scalar = "false";
     } else if (Consume("null")) {
+      if (any_null_) return absl::OkStatus();
       const size_t dot = key.rfind('.');
       if ((dot == std::string::npos ? key : key.substr(dot + 1)) ==
           "backing") {
@@ -393,6 +395,8 @@ class JsonParser {
 
   absl::string_view text_;
   size_t pos_ = 0;
+  // Inside a document that is not an object (refused after the parse).
+  bool any_null_ = false;
 };
 
 }  // namespace

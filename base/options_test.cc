@@ -189,6 +189,9 @@ TEST(ParseJsonFilenameTest, Errors) {
   EXPECT_EQ(JsonError("json:"),
             "Could not parse the JSON options: Expecting a JSON value");
   EXPECT_EQ(JsonError("json:[1]"), "Invalid JSON object given");
+  EXPECT_EQ(JsonError("json:null"), "Invalid JSON object given");
+  EXPECT_EQ(JsonError("json:[null,{\"a\":null}]"),
+            "Invalid JSON object given");
   EXPECT_EQ(JsonError("json:\"x\""), "Invalid JSON object given");
   EXPECT_EQ(JsonError(R"(json:{"driver":"raw","driver":"raw"})"),
             "Could not parse the JSON options: JSON parse error, duplicate key");

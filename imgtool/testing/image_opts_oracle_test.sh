@@ -114,7 +114,8 @@ for o in "$Q,file.foo=1" "$Q,foo=1" "$Q,foo.bar=1" "$Q,cache.foo=1" \
 done
 for j in 'json:{"driver":"qcow2","file":{"driver":"file","filename":"x.qcow2"},"foo":1}' \
   'json:{"filename":"x.qcow2"}' 'json:[]' 'json:{"driver":"qcow2","file":"x.qcow2"}' \
-  'json:{"driver":"qcow2","file":{"driver":"file","filename":"x.qcow2"}'; do
+  'json:{"driver":"qcow2","file":{"driver":"file","filename":"x.qcow2"}' \
+  'json:null' 'json:[null,{"a":null}]'; do
   same_output "$D" info "$j"
   same_output "$D" info -f qcow2 "$j"
 done
