@@ -38,6 +38,12 @@
 #   STEP      offset step in bytes (default 4182016 = 4 KiB * 1021)
 #   CLUSTERS  cluster sizes (default "4k 16k 32k 64k 128k 256k 512k 1M 2M")
 #   WORKDIR   where the XFS backing file goes (default /var/tmp)
+#   LOOP_DIRECT_IO  1: the loop device under XFS uses direct I/O on its
+#             backing file (losetup --direct-io=on), so what XFS writes and
+#             reads reaches WORKDIR's disk instead of ending in the host's
+#             page cache, and copy-on-write costs real I/O (default 0: a
+#             plain `mount -o loop`, where a whole-cluster copy of data the
+#             host has cached is nearly free)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,12 +56,13 @@ DEPTH=${DEPTH:-64}
 STEP=${STEP:-4182016}
 CLUSTERS=${CLUSTERS:-"4k 16k 32k 64k 128k 256k 512k 1M 2M"}
 WORKDIR=${WORKDIR:-/var/tmp}
+LOOP_DIRECT_IO=${LOOP_DIRECT_IO:-0}
 
 if [[ $(id -u) -ne 0 ]]; then
   echo "subcluster_side_by_side.sh: needs root (loop mount of XFS)" >&2
   exit 1
 fi
-for tool in qemu-img mkfs.xfs python3; do
+for tool in qemu-img mkfs.xfs losetup python3; do
   command -v "$tool" >/dev/null || { echo "subcluster_side_by_side.sh: $tool missing (tools/setup.sh)" >&2; exit 1; }
 done
 
@@ -68,9 +75,11 @@ fi
 
 work=$(mktemp -d "$WORKDIR/imgtool-sub.XXXXXX")
 mnt="$work/mnt"
+loopdev=
 cleanup() {
   cd /
   if mountpoint -q "$mnt" 2>/dev/null; then umount "$mnt" 2>/dev/null || umount -l "$mnt"; fi
+  if [[ -n "$loopdev" ]]; then losetup -d "$loopdev" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -81,12 +90,24 @@ fs_bytes=$(((BASE_MIB * 3 + 512) << 20))
 truncate -s "$fs_bytes" "$work/xfs.img"
 mkfs.xfs -q "$work/xfs.img"
 mkdir "$mnt"
-mount -o loop "$work/xfs.img" "$mnt"
+if [[ "$LOOP_DIRECT_IO" == 1 ]]; then
+  loopdev=$(losetup --direct-io=on -f --show "$work/xfs.img")
+  loop_dio=$(cat "/sys/block/${loopdev#/dev/}/loop/dio")
+  if [[ "$loop_dio" != 1 ]]; then
+    echo "subcluster_side_by_side.sh: $loopdev did not take --direct-io=on (dio=$loop_dio)" >&2
+    exit 1
+  fi
+  mount "$loopdev" "$mnt"
+  storage="XFS on a loop device with direct I/O (losetup --direct-io=on) on a file in $WORKDIR"
+else
+  mount -o loop "$work/xfs.img" "$mnt"
+  storage="XFS on a loop device (buffered: its backing file in $WORKDIR sits in the host page cache)"
+fi
 cd "$mnt"
 
 echo "imgtool:  $IMGTOOL" >&2
 echo "qemu-img: $(qemu-img --version | head -1)" >&2
-echo "kernel:   $(uname -r), $(nproc) CPUs, XFS on a loop device in $WORKDIR" >&2
+echo "kernel:   $(uname -r), $(nproc) CPUs, $storage" >&2
 
 # --- backing file: every byte written (no holes, no unwritten extents) -------
 echo "== writing the ${BASE_MIB} MiB backing file" >&2
@@ -149,11 +170,11 @@ done
 
 # --- table -------------------------------------------------------------------
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
-python3 - "$REPS" "$BASE_MIB" "$STEP" "$DEPTH" "$load_before" "$load_after" "${results[@]}" <<'EOF'
+python3 - "$REPS" "$BASE_MIB" "$STEP" "$DEPTH" "$load_before" "$load_after" "$storage" "${results[@]}" <<'EOF'
 import statistics, sys
-reps, base_mib, step, depth, load_before, load_after = sys.argv[1:7]
+reps, base_mib, step, depth, load_before, load_after, storage = sys.argv[1:8]
 rows, by = [], {}
-for r in sys.argv[7:]:
+for r in sys.argv[8:]:
     head, qemu = r.split("|")
     c, sub, count, *ours = head.split()
     a = statistics.median(int(x) for x in ours) if ours != ["-"] else None
@@ -163,8 +184,8 @@ for r in sys.argv[7:]:
 
 print(f"4 KiB random writes into an empty qcow2 overlay on a fully written "
       f"{base_mib} MiB raw backing file (-t none -d {depth} -S {step}), "
-      f"IOPS, median of {reps}; load average (1/5/15 min) {load_before} "
-      f"before, {load_after} after")
+      f"IOPS, median of {reps}; {storage}; load average (1/5/15 min) "
+      f"{load_before} before, {load_after} after")
 print()
 print("| cluster size | subclusters | writes/run | imgtool IOPS | qemu-img IOPS | ratio |")
 print("|---|---|---:|---:|---:|---:|")
