@@ -35,30 +35,8 @@ COUNT=${COUNT:-10000}
 FSES=${FSES:-"xfs ext4"}
 WORKDIR=${WORKDIR:-/var/tmp}
 
-if [[ $(id -u) -ne 0 ]]; then
-  echo "prealloc_side_by_side.sh: needs root (loop mounts)" >&2
-  exit 1
-fi
-for tool in qemu-img mkfs.xfs mkfs.ext4 python3; do
-  command -v "$tool" >/dev/null || { echo "prealloc_side_by_side.sh: $tool missing (tools/setup.sh)" >&2; exit 1; }
-done
-
-if [[ -z "${IMGTOOL:-}" ]]; then
-  BAZEL=${BAZEL:-bazel}
-  $BAZEL build -c opt //imgtool >&2
-  IMGTOOL="$($BAZEL info -c opt bazel-bin 2>/dev/null)/imgtool/imgtool"
-fi
-[[ -x "$IMGTOOL" ]] || { echo "prealloc_side_by_side.sh: no imgtool binary at $IMGTOOL" >&2; exit 1; }
-
-work=$(mktemp -d "$WORKDIR/imgtool-prealloc.XXXXXX")
-mnt="$work/mnt"
-cleanup() {
-  cd /
-  if mountpoint -q "$mnt" 2>/dev/null; then umount "$mnt" 2>/dev/null || umount -l "$mnt"; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-mkdir "$mnt"
+source benchmarks/side_by_side_lib.sh
+sbs_setup prealloc_side_by_side.sh imgtool-prealloc qemu-img mkfs.xfs mkfs.ext4 python3
 
 echo "imgtool:  $IMGTOOL" >&2
 echo "qemu-img: $(qemu-img --version | head -1)" >&2

@@ -32,36 +32,14 @@ MAP_EXTENTS=${MAP_EXTENTS:-200000}
 MAP_RUNS=${MAP_RUNS:-5}
 WORKDIR=${WORKDIR:-/var/tmp}
 
-if [[ $(id -u) -ne 0 ]]; then
-  echo "side_by_side.sh: needs root (loop mount of XFS)" >&2
-  exit 1
-fi
-for tool in qemu-img mkfs.xfs hyperfine python3 filefrag; do
-  command -v "$tool" >/dev/null || { echo "side_by_side.sh: $tool missing (tools/setup.sh)" >&2; exit 1; }
-done
-
-if [[ -z "${IMGTOOL:-}" ]]; then
-  BAZEL=${BAZEL:-bazel}
-  $BAZEL build -c opt //imgtool >&2
-  IMGTOOL="$($BAZEL info -c opt bazel-bin 2>/dev/null)/imgtool/imgtool"
-fi
-[[ -x "$IMGTOOL" ]] || { echo "side_by_side.sh: no imgtool binary at $IMGTOOL" >&2; exit 1; }
-
-work=$(mktemp -d "$WORKDIR/imgtool-sbs.XXXXXX")
-mnt="$work/mnt"
-cleanup() {
-  cd /
-  if mountpoint -q "$mnt" 2>/dev/null; then umount "$mnt" 2>/dev/null || umount -l "$mnt"; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source benchmarks/side_by_side_lib.sh
+sbs_setup side_by_side.sh imgtool-sbs qemu-img mkfs.xfs hyperfine python3 filefrag
 
 # Big enough for the 1 GiB bench image and the map file (8 KiB per extent).
 map_bytes=$((MAP_EXTENTS * 8192))
 fs_bytes=$(((map_bytes + (1 << 30)) * 2 + (1 << 30)))
 truncate -s "$fs_bytes" "$work/xfs.img"
 mkfs.xfs -q "$work/xfs.img"
-mkdir "$mnt"
 mount -o loop "$work/xfs.img" "$mnt"
 cd "$mnt"
 

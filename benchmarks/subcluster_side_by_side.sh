@@ -58,38 +58,14 @@ CLUSTERS=${CLUSTERS:-"4k 16k 32k 64k 128k 256k 512k 1M 2M"}
 WORKDIR=${WORKDIR:-/var/tmp}
 LOOP_DIRECT_IO=${LOOP_DIRECT_IO:-0}
 
-if [[ $(id -u) -ne 0 ]]; then
-  echo "subcluster_side_by_side.sh: needs root (loop mount of XFS)" >&2
-  exit 1
-fi
-for tool in qemu-img mkfs.xfs losetup python3; do
-  command -v "$tool" >/dev/null || { echo "subcluster_side_by_side.sh: $tool missing (tools/setup.sh)" >&2; exit 1; }
-done
-
-if [[ -z "${IMGTOOL:-}" ]]; then
-  BAZEL=${BAZEL:-bazel}
-  $BAZEL build -c opt //imgtool >&2
-  IMGTOOL="$($BAZEL info -c opt bazel-bin 2>/dev/null)/imgtool/imgtool"
-fi
-[[ -x "$IMGTOOL" ]] || { echo "subcluster_side_by_side.sh: no imgtool binary at $IMGTOOL" >&2; exit 1; }
-
-work=$(mktemp -d "$WORKDIR/imgtool-sub.XXXXXX")
-mnt="$work/mnt"
-loopdev=
-cleanup() {
-  cd /
-  if mountpoint -q "$mnt" 2>/dev/null; then umount "$mnt" 2>/dev/null || umount -l "$mnt"; fi
-  if [[ -n "$loopdev" ]]; then losetup -d "$loopdev" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source benchmarks/side_by_side_lib.sh
+sbs_setup subcluster_side_by_side.sh imgtool-sub qemu-img mkfs.xfs losetup python3
 
 # The backing file, one overlay template and one overlay that grows up to
 # the virtual size, plus room for XFS.
 fs_bytes=$(((BASE_MIB * 3 + 512) << 20))
 truncate -s "$fs_bytes" "$work/xfs.img"
 mkfs.xfs -q "$work/xfs.img"
-mkdir "$mnt"
 if [[ "$LOOP_DIRECT_IO" == 1 ]]; then
   loopdev=$(losetup --direct-io=on -f --show "$work/xfs.img")
   loop_dio=$(cat "/sys/block/${loopdev#/dev/}/loop/dio")
