@@ -286,6 +286,25 @@ struct AioRequest {
   Clock::time_point start;
 };
 
+// The options of the request commands (read, write, readv, writev, aio_read,
+// aio_write, discard); each command's optstring says which it takes.
+struct IoOptions {
+  bool machine = false;      // -C
+  bool quiet = false;        // -q
+  bool verbose = false;      // -v
+  bool vmstate = false;      // -b
+  bool compressed = false;   // -c
+  bool fua = false;          // -f
+  bool invalid = false;      // -i
+  bool no_fallback = false;  // -n
+  bool unmap = false;        // -u
+  bool zero = false;         // -z
+  std::optional<uint8_t> pattern;          // -P
+  std::optional<uint64_t> pattern_offset;  // read -s
+  std::optional<uint64_t> pattern_count;   // read -l
+  std::optional<std::string> source_file;  // write -s
+};
+
 // ---------------------------------------------------------------------------
 // Commands.
 
@@ -451,6 +470,74 @@ class Session {
     }
     optind = 0;
     return ok;
+  }
+
+  // GetOptions for the request commands: `optstring` is a subset of
+  // "bcCfilnpP:qs:uvz" (-p is accepted and ignored, as by qemu-io); -s is the
+  // pattern verification offset where `optstring` has -l, else the source
+  // file. Values are checked as they come, so the first bad one is reported.
+  bool GetIoOptions(const CommandDef& def, std::vector<std::string>& words,
+                    const char* optstring, IoOptions* opts,
+                    std::vector<std::string>* operands) {
+    const bool s_is_offset = std::strchr(optstring, 'l') != nullptr;
+    return GetOptions(
+        def, words, optstring,
+        [&](int c, const char* arg) {
+          uint64_t v = 0;
+          uint8_t p = 0;
+          switch (c) {
+            case 'b':
+              opts->vmstate = true;
+              break;
+            case 'c':
+              opts->compressed = true;
+              break;
+            case 'C':
+              opts->machine = true;
+              break;
+            case 'f':
+              opts->fua = true;
+              break;
+            case 'i':
+              opts->invalid = true;
+              break;
+            case 'l':
+              if (!ParseNumber(arg, &v)) return false;
+              opts->pattern_count = v;
+              break;
+            case 'n':
+              opts->no_fallback = true;
+              break;
+            case 'p':
+              break;  // ignored, as by qemu-io
+            case 'P':
+              if (!ParsePattern(arg, &p)) return false;
+              opts->pattern = p;
+              break;
+            case 'q':
+              opts->quiet = true;
+              break;
+            case 's':
+              if (s_is_offset) {
+                if (!ParseNumber(arg, &v)) return false;
+                opts->pattern_offset = v;
+              } else {
+                opts->source_file = arg;
+              }
+              break;
+            case 'u':
+              opts->unmap = true;
+              break;
+            case 'v':
+              opts->verbose = true;
+              break;
+            case 'z':
+              opts->zero = true;
+              break;
+          }
+          return true;
+        },
+        operands);
   }
 
   // A number as qemu-io's cvtnum reads it (base/size.h grammar).
@@ -667,51 +754,12 @@ bool Session::Execute(const std::string& line) {
 }
 
 bool Session::CmdRead(const CommandDef& def, std::vector<std::string>& words) {
-  bool machine = false, quiet = false, verbose = false, vmstate = false;
-  std::optional<uint8_t> pattern;
-  std::optional<uint64_t> pattern_offset, pattern_count;
+  IoOptions o;
   std::vector<std::string> operands;
-  if (!GetOptions(
-          def, words, "bCl:pP:qs:v",
-          [&](int c, const char* arg) {
-            uint64_t v = 0;
-            uint8_t p = 0;
-            switch (c) {
-              case 'b':
-                vmstate = true;
-                break;
-              case 'C':
-                machine = true;
-                break;
-              case 'l':
-                if (!ParseNumber(arg, &v)) return false;
-                pattern_count = v;
-                break;
-              case 'p':
-                break;  // ignored, as by qemu-io
-              case 'P':
-                if (!ParsePattern(arg, &p)) return false;
-                pattern = p;
-                break;
-              case 'q':
-                quiet = true;
-                break;
-              case 's':
-                if (!ParseNumber(arg, &v)) return false;
-                pattern_offset = v;
-                break;
-              case 'v':
-                verbose = true;
-                break;
-            }
-            return true;
-          },
-          &operands)) {
-    return false;
-  }
+  if (!GetIoOptions(def, words, "bCl:pP:qs:v", &o, &operands)) return false;
   if (operands.size() != 2) return Usage(def);
-  if (!pattern.has_value() &&
-      (pattern_offset.has_value() || pattern_count.has_value())) {
+  if (!o.pattern.has_value() &&
+      (o.pattern_offset.has_value() || o.pattern_count.has_value())) {
     return Usage(def);
   }
   uint64_t offset = 0, count = 0;
@@ -723,12 +771,12 @@ bool Session::CmdRead(const CommandDef& def, std::vector<std::string>& words) {
           << operands[1] << "\n";
     return false;
   }
-  if (vmstate && !CheckSectorAligned(offset, count)) return false;
-  const uint64_t check_offset = pattern_offset.value_or(0);
+  if (o.vmstate && !CheckSectorAligned(offset, count)) return false;
+  const uint64_t check_offset = o.pattern_offset.value_or(0);
   uint64_t check_count = 0;
-  if (pattern.has_value()) {
-    if (pattern_count.has_value()) {
-      check_count = *pattern_count;
+  if (o.pattern.has_value()) {
+    if (o.pattern_count.has_value()) {
+      check_count = *o.pattern_count;
     } else if (check_offset <= count) {
       check_count = count - check_offset;
     }
@@ -737,7 +785,7 @@ bool Session::CmdRead(const CommandDef& def, std::vector<std::string>& words) {
       return false;
     }
   }
-  if (vmstate) {
+  if (o.vmstate) {
     // The VM state area is not part of the io::BlockNode interface.
     out() << "read failed: " << std::strerror(ENOTSUP) << "\n";
     return false;
@@ -755,78 +803,36 @@ bool Session::CmdRead(const CommandDef& def, std::vector<std::string>& words) {
     return false;
   }
   bool ok = true;
-  if (pattern.has_value() && !AllBytesAre(absl::MakeConstSpan(buffer).subspan(
-                                              check_offset, check_count),
-                                          *pattern)) {
+  if (o.pattern.has_value() &&
+      !AllBytesAre(
+          absl::MakeConstSpan(buffer).subspan(check_offset, check_count),
+          *o.pattern)) {
     out() << "Pattern verification failed at offset " << offset + check_offset
           << ", " << check_count << " bytes\n";
     ok = false;
   }
-  if (quiet) return ok;
-  if (verbose) out() << HexDump(buffer, offset);
-  out() << Report("read", seconds, offset, count, count, 1, machine);
+  if (o.quiet) return ok;
+  if (o.verbose) out() << HexDump(buffer, offset);
+  out() << Report("read", seconds, offset, count, count, 1, o.machine);
   return ok;
 }
 
 bool Session::CmdWrite(const CommandDef& def, std::vector<std::string>& words) {
-  bool machine = false, quiet = false, vmstate = false, compressed = false;
-  bool fua = false, zero = false, unmap = false, no_fallback = false;
-  bool pattern_set = false;
-  uint8_t pattern = kDefaultPattern;
-  std::optional<std::string> source_file;
+  IoOptions o;
   std::vector<std::string> operands;
-  if (!GetOptions(
-          def, words, "bcCfnpP:qs:uz",
-          [&](int c, const char* arg) {
-            switch (c) {
-              case 'b':
-                vmstate = true;
-                break;
-              case 'c':
-                compressed = true;
-                break;
-              case 'C':
-                machine = true;
-                break;
-              case 'f':
-                fua = true;
-                break;
-              case 'n':
-                no_fallback = true;
-                break;
-              case 'p':
-                break;  // ignored, as by qemu-io
-              case 'P':
-                pattern_set = true;
-                return ParsePattern(arg, &pattern);
-              case 'q':
-                quiet = true;
-                break;
-              case 's':
-                source_file = arg;
-                break;
-              case 'u':
-                unmap = true;
-                break;
-              case 'z':
-                zero = true;
-                break;
-            }
-            return true;
-          },
-          &operands)) {
-    return false;
-  }
+  if (!GetIoOptions(def, words, "bcCfnpP:qs:uz", &o, &operands)) return false;
   if (operands.size() != 2) return Usage(def);
-  if (int(zero) + int(pattern_set) + int(source_file.has_value()) > 1) {
+  const int sources = int(o.zero) + int(o.pattern.has_value()) +
+                      int(o.source_file.has_value());
+  if (sources > 1) {
     out() << "Only one of -z, -P, and -s can be specified at the same time\n";
     return false;
   }
-  if (no_fallback && !zero) {
+  if (o.no_fallback && !o.zero) {
     out() << "-n requires -z to be specified\n";
     return false;
   }
-  if (unmap && !zero) {
+  if (o.unmap && !o.zero) {
     out() << "-u requires -z to be specified\n";
     return false;
   }
@@ -834,29 +840,29 @@ bool Session::CmdWrite(const CommandDef& def, std::vector<std::string>& words) {
   if (!ParseNumber(operands[0], &offset) || !ParseNumber(operands[1], &count)) {
     return false;
   }
-  if (count > kMaxRequestBytes && !no_fallback) {
+  if (count > kMaxRequestBytes && !o.no_fallback) {
     out() << "length cannot exceed " << kMaxRequestBytes
           << " without -n, given " << operands[1] << "\n";
     return false;
   }
-  if ((vmstate || compressed) && !CheckSectorAligned(offset, count)) {
+  if ((o.vmstate || o.compressed) && !CheckSectorAligned(offset, count)) {
     return false;
   }
-  if (vmstate || compressed) {
-    // Neither the VM state nor compressed writes are part of io::BlockNode.
+  if (o.vmstate || o.compressed) {
+    // Neither the VM state nor o.compressed writes are part of io::BlockNode.
     out() << "write failed: " << std::strerror(ENOTSUP) << "\n";
     return false;
   }
   std::vector<uint8_t> buffer;
   Request r{
-      .kind = Request::kWrite, .offset = offset, .bytes = count, .fua = fua};
-  if (zero) {
+      .kind = Request::kWrite, .offset = offset, .bytes = count, .fua = o.fua};
+  if (o.zero) {
     r.kind = Request::kWriteZeroes;
-    r.may_unmap = unmap;
-    r.no_fallback = no_fallback;
+    r.may_unmap = o.unmap;
+    r.no_fallback = o.no_fallback;
   } else {
-    buffer.assign(count, pattern);
-    if (source_file.has_value() && !FillFromFile(*source_file, buffer)) {
+    buffer.assign(count, o.pattern.value_or(kDefaultPattern));
+    if (o.source_file.has_value() && !FillFromFile(*o.source_file, buffer)) {
       return false;
     }
     r.buffer = absl::MakeSpan(buffer);
@@ -868,40 +874,16 @@ bool Session::CmdWrite(const CommandDef& def, std::vector<std::string>& words) {
     out() << "write failed: " << ErrorText(st) << "\n";
     return false;
   }
-  if (!quiet) {
-    out() << Report("wrote", seconds, offset, count, count, 1, machine);
+  if (!o.quiet) {
+    out() << Report("wrote", seconds, offset, count, count, 1, o.machine);
   }
   return true;
 }
 
 bool Session::CmdReadv(const CommandDef& def, std::vector<std::string>& words) {
-  bool machine = false, quiet = false, verbose = false;
-  std::optional<uint8_t> pattern;
+  IoOptions o;
   std::vector<std::string> operands;
-  if (!GetOptions(
-          def, words, "CP:qv",
-          [&](int c, const char* arg) {
-            uint8_t p = 0;
-            switch (c) {
-              case 'C':
-                machine = true;
-                break;
-              case 'P':
-                if (!ParsePattern(arg, &p)) return false;
-                pattern = p;
-                break;
-              case 'q':
-                quiet = true;
-                break;
-              case 'v':
-                verbose = true;
-                break;
-            }
-            return true;
-          },
-          &operands)) {
-    return false;
-  }
+  if (!GetIoOptions(def, words, "CP:qv", &o, &operands)) return false;
   if (operands.size() < 2) return Usage(def);
   uint64_t offset = 0, count = 0;
   if (!ParseNumber(operands[0], &offset) ||
@@ -921,55 +903,34 @@ bool Session::CmdReadv(const CommandDef& def, std::vector<std::string>& words) {
     return false;
   }
   bool ok = true;
-  if (pattern.has_value() && !AllBytesAre(buffer, *pattern)) {
+  if (o.pattern.has_value() && !AllBytesAre(buffer, *o.pattern)) {
     out() << "Pattern verification failed at offset " << offset << ", " << count
           << " bytes\n";
     ok = false;
   }
-  if (quiet) return ok;
-  if (verbose) out() << HexDump(buffer, offset);
-  out() << Report("read", seconds, offset, count, count, 1, machine);
+  if (o.quiet) return ok;
+  if (o.verbose) out() << HexDump(buffer, offset);
+  out() << Report("read", seconds, offset, count, count, 1, o.machine);
   return ok;
 }
 
 bool Session::CmdWritev(const CommandDef& def,
                         std::vector<std::string>& words) {
-  bool machine = false, quiet = false, fua = false;
-  uint8_t pattern = kDefaultPattern;
+  IoOptions o;
   std::vector<std::string> operands;
-  if (!GetOptions(
-          def, words, "CfP:q",
-          [&](int c, const char* arg) {
-            switch (c) {
-              case 'C':
-                machine = true;
-                break;
-              case 'f':
-                fua = true;
-                break;
-              case 'P':
-                return ParsePattern(arg, &pattern);
-              case 'q':
-                quiet = true;
-                break;
-            }
-            return true;
-          },
-          &operands)) {
-    return false;
-  }
+  if (!GetIoOptions(def, words, "CfP:q", &o, &operands)) return false;
   if (operands.size() < 2) return Usage(def);
   uint64_t offset = 0, count = 0;
   if (!ParseNumber(operands[0], &offset) ||
       !ParseLengths(absl::MakeConstSpan(operands).subspan(1), &count)) {
     return false;
   }
-  std::vector<uint8_t> buffer(count, pattern);
+  std::vector<uint8_t> buffer(count, o.pattern.value_or(kDefaultPattern));
   Request r{.kind = Request::kWrite,
             .offset = offset,
             .bytes = count,
             .buffer = absl::MakeSpan(buffer),
-            .fua = fua};
+            .fua = o.fua};
   const Clock::time_point start = Clock::now();
   absl::Status st = Wait(RunRequest(&node(), ImageLength(), r));
   const double seconds = Seconds(Clock::now() - start);
@@ -977,8 +938,8 @@ bool Session::CmdWritev(const CommandDef& def,
     out() << "writev failed: " << ErrorText(st) << "\n";
     return false;
   }
-  if (!quiet) {
-    out() << Report("wrote", seconds, offset, count, count, 1, machine);
+  if (!o.quiet) {
+    out() << Report("wrote", seconds, offset, count, count, 1, o.machine);
   }
   return true;
 }
@@ -1015,37 +976,15 @@ void Session::SubmitAio(std::shared_ptr<AioRequest> aio, const char* op) {
 bool Session::CmdAioRead(const CommandDef& def,
                          std::vector<std::string>& words) {
   auto aio = std::make_shared<AioRequest>();
-  bool invalid = false;
+  IoOptions o;
   std::vector<std::string> operands;
-  if (!GetOptions(
-          def, words, "CiP:qv",
-          [&](int c, const char* arg) {
-            uint8_t p = 0;
-            switch (c) {
-              case 'C':
-                aio->machine = true;
-                break;
-              case 'i':
-                invalid = true;
-                break;
-              case 'P':
-                if (!ParsePattern(arg, &p)) return false;
-                aio->pattern = p;
-                break;
-              case 'q':
-                aio->quiet = true;
-                break;
-              case 'v':
-                aio->verbose = true;
-                break;
-            }
-            return true;
-          },
-          &operands)) {
-    return false;
-  }
+  if (!GetIoOptions(def, words, "CiP:qv", &o, &operands)) return false;
+  aio->machine = o.machine;
+  aio->quiet = o.quiet;
+  aio->verbose = o.verbose;
+  aio->pattern = o.pattern;
   if (operands.size() < 2) return Usage(def);
-  if (invalid) {
+  if (o.invalid) {
     // qemu-io's -i only counts a failed request in its statistics.
     out() << "injecting invalid read request\n";
     return true;
@@ -1065,68 +1004,42 @@ bool Session::CmdAioRead(const CommandDef& def,
 bool Session::CmdAioWrite(const CommandDef& def,
                           std::vector<std::string>& words) {
   auto aio = std::make_shared<AioRequest>();
-  bool invalid = false, fua = false, zero = false, unmap = false;
-  uint8_t pattern = kDefaultPattern;
+  IoOptions o;
   std::vector<std::string> operands;
-  if (!GetOptions(
-          def, words, "CfiP:quz",
-          [&](int c, const char* arg) {
-            switch (c) {
-              case 'C':
-                aio->machine = true;
-                break;
-              case 'f':
-                fua = true;
-                break;
-              case 'i':
-                invalid = true;
-                break;
-              case 'P':
-                return ParsePattern(arg, &pattern);
-              case 'q':
-                aio->quiet = true;
-                break;
-              case 'u':
-                unmap = true;
-                break;
-              case 'z':
-                zero = true;
-                break;
-            }
-            return true;
-          },
-          &operands)) {
-    return false;
-  }
+  if (!GetIoOptions(def, words, "CfiP:quz", &o, &operands)) return false;
+  aio->machine = o.machine;
+  aio->quiet = o.quiet;
   if (operands.size() < 2) return Usage(def);
-  if (zero && operands.size() > 2) {
+  if (o.zero && operands.size() > 2) {
     out() << "-z supports only a single length parameter\n";
     return false;
   }
-  if (unmap && !zero) {
+  if (o.unmap && !o.zero) {
     out() << "-u requires -z to be specified\n";
     return false;
   }
-  if (invalid) {
+  if (o.invalid) {
     out() << "injecting invalid write request\n";
     return true;
   }
   uint64_t offset = 0, count = 0;
   if (!ParseNumber(operands[0], &offset)) return false;
-  if (zero) {
+  if (o.zero) {
     if (!ParseNumber(operands[1], &count)) return false;
     aio->request = Request{.kind = Request::kWriteZeroes,
                            .offset = offset,
                            .bytes = count,
-                           .may_unmap = unmap,
-                           .fua = fua};
+                           .may_unmap = o.unmap,
+                           .fua = o.fua};
   } else {
     if (!ParseLengths(absl::MakeConstSpan(operands).subspan(1), &count)) {
       return false;
     }
-    aio->buffer.assign(count, pattern);
-    aio->request = Request{
-        .kind = Request::kWrite, .offset = offset, .bytes = count, .fua = fua};
+    aio->buffer.assign(count, o.pattern.value_or(kDefaultPattern));
+    aio->request = Request{.kind = Request::kWrite,
+                           .offset = offset,
+                           .bytes = count,
+                           .fua = o.fua};
   }
   SubmitAio(std::move(aio), "wrote");
   return true;
@@ -1139,18 +1052,9 @@ bool Session::CmdAioFlush(const CommandDef&, std::vector<std::string>&) {
 
 bool Session::CmdDiscard(const CommandDef& def,
                          std::vector<std::string>& words) {
-  bool machine = false, quiet = false;
+  IoOptions o;
   std::vector<std::string> operands;
-  if (!GetOptions(
-          def, words, "Cq",
-          [&](int c, const char*) {
-            if (c == 'C') machine = true;
-            if (c == 'q') quiet = true;
-            return true;
-          },
-          &operands)) {
-    return false;
-  }
+  if (!GetIoOptions(def, words, "Cq", &o, &operands)) return false;
   if (operands.size() != 2) return Usage(def);
   uint64_t offset = 0, count = 0;
   if (!ParseNumber(operands[0], &offset) || !ParseNumber(operands[1], &count)) {
@@ -1167,8 +1071,8 @@ bool Session::CmdDiscard(const CommandDef& def,
     out() << "discard failed: " << ErrorText(st) << "\n";
     return false;
   }
-  if (!quiet) {
-    out() << Report("discard", seconds, offset, count, count, 1, machine);
+  if (!o.quiet) {
+    out() << Report("discard", seconds, offset, count, count, 1, o.machine);
   }
   return true;
 }
