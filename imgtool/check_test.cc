@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "imgtool/command.h"
 #include "imgtool/testing/command_runner.h"
+#include "qcow2/test_util.h"
 
 namespace imgtool::cli {
 namespace {
@@ -30,42 +31,10 @@ namespace {
 using testing::CommandResult;
 using ::testing::UnorderedElementsAreArray;
 
-struct Shell {
-  int rc = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-Shell RunShell(const std::string& dir, const std::string& command) {
-  const std::string out = dir + "/../sh_out";
-  const std::string err = dir + "/../sh_err";
-  const std::string full = absl::StrCat("cd '", dir, "' && (", command, ") >'",
-                                        out, "' 2>'", err, "'");
-  const int status = std::system(full.c_str());
-  Shell r;
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = ReadAll(out);
-  r.err = ReadAll(err);
-  return r;
-}
-
-void Patch(const std::string& path, uint64_t offset, const std::string& hex) {
-  std::string bytes;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    bytes.push_back(
-        static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  }
-  const int fd = open(path.c_str(), O_WRONLY);
-  ASSERT_GE(fd, 0) << path;
-  ASSERT_EQ(pwrite(fd, bytes.data(), bytes.size(), offset),
-            static_cast<ssize_t>(bytes.size()));
-  close(fd);
-}
+using Shell = qcow2::testing::ShellOutput;
+using qcow2::testing::PatchHex;
+using qcow2::testing::ReadAll;
+using qcow2::testing::RunShell;
 
 // What main prints on stderr: an empty message (exit codes 2 and 3) is
 // not printed.
@@ -194,7 +163,7 @@ TEST_F(CheckCommandTest, EmptyAndFragmentedImages) {
 TEST_F(CheckCommandTest, LeakedCluster) {
   MakeBaseImage("x.qcow2");
   Sh("truncate -s 589824 x.qcow2");
-  Patch(Work("x.qcow2"), 0x20000 + 2 * 8, "0001");
+  PatchHex(Work("x.qcow2"), 0x20000 + 2 * 8, "0001");
   CommandResult r = Compare({}, "x.qcow2");
   EXPECT_EQ(ExitCodeOf(r.status), 3);
   EXPECT_EQ(r.out,
@@ -229,8 +198,8 @@ TEST_F(CheckCommandTest, CorruptionsAndRebuild) {
   Sh("qemu-io -c 'write -c -P 3 2M 64k' -c 'write -P 4 3M 64k' x.qcow2 "
      ">/dev/null");
   Sh("cp x.qcow2 before.qcow2");
-  Patch(Work("x.qcow2"), 0x20000 + 2 * 7, "0002");
-  Patch(Work("x.qcow2"), 0x20000 + 2 * 5, "0000");
+  PatchHex(Work("x.qcow2"), 0x20000 + 2 * 7, "0002");
+  PatchHex(Work("x.qcow2"), 0x20000 + 2 * 5, "0000");
   CommandResult r = Compare({}, "x.qcow2");
   EXPECT_EQ(ExitCodeOf(r.status), 2);
   r = Compare({"--output=json"}, "x.qcow2");
@@ -278,7 +247,7 @@ TEST_F(CheckCommandTest, L1AndL2EntryErrors) {
   for (const auto& recipe : recipes) {
     SCOPED_TRACE(recipe.name);
     MakeBaseImage(recipe.name);
-    Patch(Work(recipe.name), recipe.offset, recipe.bytes);
+    PatchHex(Work(recipe.name), recipe.offset, recipe.bytes);
     Compare({}, recipe.name);
     Compare({"--output=json"}, recipe.name);
     Compare({"-r", "leaks"}, recipe.name);
@@ -290,7 +259,7 @@ TEST_F(CheckCommandTest, L1AndL2EntryErrors) {
 // Recipe: refcount table entry 1 -> 2^56, far past the end of the file.
 TEST_F(CheckCommandTest, RefcountBlockFarPastEndOfFile) {
   MakeBaseImage("x.qcow2");
-  Patch(Work("x.qcow2"), 0x10008, "0100000000000000");
+  PatchHex(Work("x.qcow2"), 0x10008, "0100000000000000");
   Compare({}, "x.qcow2");
   Compare({"-r", "leaks", "--output=json"}, "x.qcow2");
   Compare({"-r", "all"}, "x.qcow2");
@@ -301,7 +270,7 @@ TEST_F(CheckCommandTest, RefcountBlockFarPastEndOfFile) {
 // the report is printed, then "Check failed" (exit 1).
 TEST_F(CheckCommandTest, InternalErrors) {
   MakeBaseImage("x.qcow2");
-  Patch(Work("x.qcow2"), 0x10000, "0000000000020200");
+  PatchHex(Work("x.qcow2"), 0x10000, "0000000000020200");
   CommandResult r = Compare({}, "x.qcow2");
   EXPECT_EQ(r.status.message(), "Check failed");
   Compare({"--output=json"}, "x.qcow2");

@@ -36,6 +36,7 @@
 #include "io/engine.h"
 #include "posix_file/file_node.h"
 #include "posix_file/file_options.pb.h"
+#include "qcow2/test_util.h"
 
 namespace imgtool::qcow2 {
 namespace {
@@ -44,30 +45,10 @@ using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAreArray;
 
-struct Shell {
-  int rc = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// Runs `command` with /bin/sh in `dir`.
-Shell RunShell(const std::string& dir, const std::string& command) {
-  const std::string out = dir + "/.sh_out";
-  const std::string err = dir + "/.sh_err";
-  const std::string full = absl::StrCat("cd '", dir, "' && (", command, ") >'",
-                                        out, "' 2>'", err, "'");
-  const int status = std::system(full.c_str());
-  Shell r;
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = ReadAll(out);
-  r.err = ReadAll(err);
-  return r;
-}
+using Shell = testing::ShellOutput;
+using testing::PatchHex;
+using testing::ReadAll;
+using testing::RunShell;
 
 std::string MakeTestDir() {
   static std::atomic<int> counter{0};
@@ -81,19 +62,6 @@ std::string MakeTestDir() {
 }
 
 // Writes `bytes` (hex) at `offset` of `path`.
-void Patch(const std::string& path, uint64_t offset, const std::string& hex) {
-  std::string bytes;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    bytes.push_back(
-        static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  }
-  const int fd = open(path.c_str(), O_WRONLY);
-  ASSERT_GE(fd, 0) << path;
-  ASSERT_EQ(pwrite(fd, bytes.data(), bytes.size(), offset),
-            static_cast<ssize_t>(bytes.size()));
-  close(fd);
-}
-
 std::vector<std::string> Lines(const std::string& text) {
   std::vector<std::string> lines;
   for (absl::string_view l : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
@@ -393,7 +361,7 @@ TEST_F(CheckTest, BitmapsAreCounted) {
 TEST_F(CheckTest, LeakedCluster) {
   MakeBaseImage("leak.qcow2");
   Sh("truncate -s 589824 leak.qcow2");
-  Patch(Path("leak.qcow2"), 0x20000 + 2 * 8, "0001");
+  PatchHex(Path("leak.qcow2"), 0x20000 + 2 * 8, "0001");
   Outcome o = CompareWithQemu("leak.qcow2", RepairMode::kNone);
   EXPECT_THAT(o.messages,
               ElementsAre("Leaked cluster 8 refcount=1 reference=0"));
@@ -418,7 +386,7 @@ TEST_F(CheckTest, LeakedCluster) {
 TEST_F(CheckTest, ZeroRefcountOfUsedClusterRebuildsRefcounts) {
   MakeBaseImage("zero.qcow2");
   Sh("cp zero.qcow2 before.qcow2");
-  Patch(Path("zero.qcow2"), 0x20000 + 2 * 5, "0000");
+  PatchHex(Path("zero.qcow2"), 0x20000 + 2 * 5, "0000");
   Outcome o = CompareWithQemu("zero.qcow2", RepairMode::kNone);
   EXPECT_THAT(o.messages,
               UnorderedElementsAreArray(
@@ -478,7 +446,7 @@ TEST_F(CheckTest, RebuildOfManyShapes) {
       ASSERT_TRUE(absl::SimpleHexAtoi(HexAt(name, 96, 4), &order));
     }
     const uint64_t bits = uint64_t{1} << order;
-    Patch(Path(name), refblock + 6 * bits / 8,
+    PatchHex(Path(name), refblock + 6 * bits / 8,
           std::string(2 * std::max<uint64_t>(1, bits / 8), '0'));
     CompareAllModes(name);
     EXPECT_EQ(QemuCheck(name + ".ours"), 0);
@@ -489,7 +457,7 @@ TEST_F(CheckTest, RebuildOfManyShapes) {
 // cluster 5 (cluster 6 is then leaked).
 TEST_F(CheckTest, TwoL2EntriesShareACluster) {
   MakeBaseImage("shared.qcow2");
-  Patch(Path("shared.qcow2"), 0x40008, "8000000000050000");
+  PatchHex(Path("shared.qcow2"), 0x40008, "8000000000050000");
   Outcome o = CompareWithQemu("shared.qcow2", RepairMode::kNone);
   EXPECT_THAT(o.messages, UnorderedElementsAreArray(
                               {"ERROR cluster 5 refcount=1 reference=2",
@@ -506,7 +474,7 @@ TEST_F(CheckTest, TwoL2EntriesShareACluster) {
 // Recipe: L1 entry 0 -> 0x40200 (L2 table offset not cluster aligned).
 TEST_F(CheckTest, MisalignedL2Table) {
   MakeBaseImage("l2.qcow2");
-  Patch(Path("l2.qcow2"), 0x30000, "8000000000040200");
+  PatchHex(Path("l2.qcow2"), 0x30000, "8000000000040200");
   Outcome o = CompareWithQemu("l2.qcow2", RepairMode::kNone);
   EXPECT_EQ(o.messages.front(),
             "ERROR l2_offset=40200: Table is not cluster aligned; L1 entry "
@@ -520,7 +488,7 @@ TEST_F(CheckTest, MisalignedL2Table) {
 // the largest offset an L2 entry holds.
 TEST_F(CheckTest, DataClusterPastEndOfFile) {
   MakeBaseImage("eof.qcow2");
-  Patch(Path("eof.qcow2"), 0x40000, "8000000100000000");
+  PatchHex(Path("eof.qcow2"), 0x40000, "8000000100000000");
   Outcome o = CompareWithQemu("eof.qcow2", RepairMode::kNone);
   EXPECT_THAT(o.messages,
               UnorderedElementsAreArray(
@@ -534,7 +502,7 @@ TEST_F(CheckTest, DataClusterPastEndOfFile) {
   CompareWithQemu("eof.qcow2", RepairMode::kAll);
 
   MakeBaseImage("far.qcow2");
-  Patch(Path("far.qcow2"), 0x40008, "80ffffffffff0000");
+  PatchHex(Path("far.qcow2"), 0x40008, "80ffffffffff0000");
   CompareAllModes("far.qcow2");
 }
 
@@ -542,7 +510,7 @@ TEST_F(CheckTest, DataClusterPastEndOfFile) {
 // entry.
 TEST_F(CheckTest, ReservedBits) {
   MakeBaseImage("resv.qcow2");
-  Patch(Path("resv.qcow2"), 0x40000, "8000000000050002");
+  PatchHex(Path("resv.qcow2"), 0x40000, "8000000000050002");
   Outcome o = CompareWithQemu("resv.qcow2", RepairMode::kNone);
   EXPECT_THAT(o.messages,
               ElementsAre("ERROR found l2 entry with reserved bits set: "
@@ -551,7 +519,7 @@ TEST_F(CheckTest, ReservedBits) {
   CompareAllModes("resv.qcow2");
 
   MakeBaseImage("l1resv.qcow2");
-  Patch(Path("l1resv.qcow2"), 0x30000, "8100000000040000");
+  PatchHex(Path("l1resv.qcow2"), 0x30000, "8100000000040000");
   o = CompareWithQemu("l1resv.qcow2", RepairMode::kNone);
   EXPECT_THAT(o.messages,
               ElementsAre("ERROR found L1 entry with reserved bits set: "
@@ -564,7 +532,7 @@ TEST_F(CheckTest, ReservedBits) {
 // the file that far (as qemu-img on ext4) and rebuilds instead.
 TEST_F(CheckTest, RefcountBlockFarPastEndOfFileKeepsMemoryBounded) {
   MakeBaseImage("far.qcow2");
-  Patch(Path("far.qcow2"), 0x10008, "0100000000000000");
+  PatchHex(Path("far.qcow2"), 0x10008, "0100000000000000");
   struct rusage before;
   getrusage(RUSAGE_SELF, &before);
   Outcome o = CompareWithQemu("far.qcow2", RepairMode::kNone);
@@ -580,7 +548,7 @@ TEST_F(CheckTest, RefcountBlockFarPastEndOfFileKeepsMemoryBounded) {
 
   // A block just past the end: -r all grows the file to hold it.
   MakeBaseImage("near.qcow2");
-  Patch(Path("near.qcow2"), 0x10008, "00000000000a0000");
+  PatchHex(Path("near.qcow2"), 0x10008, "00000000000a0000");
   CompareAllModes("near.qcow2");
   EXPECT_EQ(QemuCheck("near.qcow2.ours"), 0);
 }
@@ -590,7 +558,7 @@ TEST_F(CheckTest, RefcountBlockFarPastEndOfFileKeepsMemoryBounded) {
 // repair marks the image corrupt.
 TEST_F(CheckTest, MisalignedRefcountBlock) {
   MakeBaseImage("rb.qcow2");
-  Patch(Path("rb.qcow2"), 0x10000, "0000000000020200");
+  PatchHex(Path("rb.qcow2"), 0x10000, "0000000000020200");
   Outcome o = CompareWithQemu("rb.qcow2", RepairMode::kNone);
   EXPECT_EQ(o.result.check_errors, 8u);
   EXPECT_EQ(o.messages[1],
@@ -605,8 +573,8 @@ TEST_F(CheckTest, MisalignedRefcountBlock) {
 // 64 KiB, at 0x40008).
 TEST_F(CheckTest, CopiedFlagsAreRepaired) {
   MakeBaseImage("copied.qcow2");
-  Patch(Path("copied.qcow2"), 0x30000, "0000000000040000");
-  Patch(Path("copied.qcow2"), 0x40008, "0000000000060000");
+  PatchHex(Path("copied.qcow2"), 0x30000, "0000000000040000");
+  PatchHex(Path("copied.qcow2"), 0x40008, "0000000000060000");
   Outcome o = CompareWithQemu("copied.qcow2", RepairMode::kNone);
   EXPECT_THAT(o.messages,
               ElementsAre("ERROR OFLAG_COPIED L2 cluster: l1_index=0 "
@@ -626,7 +594,7 @@ TEST_F(CheckTest, CompressedClusterWithCopiedFlag) {
   Sh("qemu-io -c 'write -c -P 3 0 64k' c.qcow2 >/dev/null");
   const std::string entry = HexAt("c.qcow2", 0x40000, 8);
   ASSERT_EQ(entry.substr(0, 2), "40");
-  Patch(Path("c.qcow2"), 0x40000, "c0" + entry.substr(2));
+  PatchHex(Path("c.qcow2"), 0x40000, "c0" + entry.substr(2));
   Outcome o = CompareWithQemu("c.qcow2", RepairMode::kNone);
   EXPECT_EQ(o.result.corruptions, 1u);
   CompareAllModes("c.qcow2");
@@ -639,7 +607,7 @@ TEST_F(CheckTest, MisalignedPreallocatedZeroCluster) {
   MakeBaseImage("z.qcow2");
   Sh("qemu-io -c 'write -z 64k 64k' z.qcow2 >/dev/null");
   ASSERT_EQ(HexAt("z.qcow2", 0x40008, 8), "8000000000060001");
-  Patch(Path("z.qcow2"), 0x40008, "8000000000060201");
+  PatchHex(Path("z.qcow2"), 0x40008, "8000000000060201");
   Outcome o = CompareWithQemu("z.qcow2", RepairMode::kNone);
   EXPECT_THAT(o.messages,
               ::testing::Contains("ERROR offset=60200: Preallocated cluster is "
@@ -650,7 +618,7 @@ TEST_F(CheckTest, MisalignedPreallocatedZeroCluster) {
 
   // A misaligned data cluster cannot be repaired.
   MakeBaseImage("d.qcow2");
-  Patch(Path("d.qcow2"), 0x40008, "8000000000060200");
+  PatchHex(Path("d.qcow2"), 0x40008, "8000000000060200");
   o = CompareWithQemu("d.qcow2", RepairMode::kNone);
   EXPECT_THAT(o.messages,
               ::testing::Contains("ERROR offset=60200: Data cluster is not "
@@ -665,8 +633,8 @@ TEST_F(CheckTest, ExtendedL2BitmapErrors) {
   Sh("qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=128k "
      "x.qcow2 64M");
   Sh("qemu-io -c 'write -P 1 0 4k' x.qcow2 >/dev/null");
-  Patch(Path("x.qcow2"), 0x80008, "0000000100000001");
-  Patch(Path("x.qcow2"), 0x80018, "0000000000000003");
+  PatchHex(Path("x.qcow2"), 0x80008, "0000000100000001");
+  PatchHex(Path("x.qcow2"), 0x80018, "0000000000000003");
   Outcome o = CompareWithQemu("x.qcow2", RepairMode::kNone);
   EXPECT_THAT(o.messages,
               UnorderedElementsAreArray(
@@ -681,7 +649,7 @@ TEST_F(CheckTest, ExtendedL2BitmapErrors) {
 // on one cluster).
 TEST_F(CheckTest, OverlappingMetadata) {
   MakeBaseImage("ov.qcow2");
-  Patch(Path("ov.qcow2"), 40, "0000000000010000");  // l1_table_offset
+  PatchHex(Path("ov.qcow2"), 40, "0000000000010000");  // l1_table_offset
   CompareAllModes("ov.qcow2");
 }
 
@@ -696,7 +664,7 @@ TEST_F(CheckTest, SnapshotTableEntryErrors) {
   Sh("qemu-img snapshot -c second sn.qcow2");
   ASSERT_EQ(HexAt("sn.qcow2", 64, 8), "00000000000d0000");
   Sh("cp sn.qcow2 sn1.qcow2 && cp sn.qcow2 sn2.qcow2");
-  Patch(Path("sn1.qcow2"), 0xd0000, "0000000000080200");
+  PatchHex(Path("sn1.qcow2"), 0xd0000, "0000000000080200");
   Outcome o = CompareWithQemu("sn1.qcow2", RepairMode::kNone);
   EXPECT_EQ(o.messages.front(),
             "ERROR snapshot 1 (first) l1_offset=0x80200: L1 table is not "
@@ -704,7 +672,7 @@ TEST_F(CheckTest, SnapshotTableEntryErrors) {
   EXPECT_EQ(o.result.leaks, 5u);
   CompareAllModes("sn1.qcow2");
 
-  Patch(Path("sn2.qcow2"), 0xd0048 + 8, "00800000");
+  PatchHex(Path("sn2.qcow2"), 0xd0048 + 8, "00800000");
   o = CompareWithQemu("sn2.qcow2", RepairMode::kNone);
   EXPECT_EQ(o.messages.front(),
             "ERROR snapshot 2 (second) l1_size=0x800000: L1 table is too "
@@ -716,7 +684,7 @@ TEST_F(CheckTest, SnapshotTableEntryErrors) {
 // entry 0 -> 0x20000): one cluster used as two tables.
 TEST_F(CheckTest, L2TableOnRefcountBlock) {
   MakeBaseImage("ov2.qcow2");
-  Patch(Path("ov2.qcow2"), 0x30000, "8000000000020000");
+  PatchHex(Path("ov2.qcow2"), 0x30000, "8000000000020000");
   Outcome o = CompareWithQemu("ov2.qcow2", RepairMode::kNone);
   EXPECT_THAT(o.messages,
               ::testing::Contains("ERROR refcount block 0 refcount=2"));
@@ -732,7 +700,7 @@ TEST_F(CheckTest, L2TableOnRefcountBlock) {
 // (clusters 1-2) are freed on disk, flushed, and only then discarded.
 TEST_F(CheckTest, RebuildWritesInCrashSafeOrder) {
   MakeBaseImage("order.qcow2");
-  Patch(Path("order.qcow2"), 0x20000 + 2 * 5, "0000");
+  PatchHex(Path("order.qcow2"), 0x20000 + 2 * 5, "0000");
   EXPECT_THAT(
       RepairTrace(Path("order.qcow2"), RepairMode::kAll),
       ElementsAre("W 80000+10000", "W 80000+10000", "W 90000+10000", "F",
@@ -746,7 +714,7 @@ TEST_F(CheckTest, RebuildWritesInCrashSafeOrder) {
 // after its refcount 0 is on disk.
 TEST_F(CheckTest, CopiedFlagsChangeAfterRefcountsAreDurable) {
   MakeBaseImage("order.qcow2");
-  Patch(Path("order.qcow2"), 0x40008, "8000000000050000");
+  PatchHex(Path("order.qcow2"), 0x40008, "8000000000050000");
   EXPECT_THAT(
       RepairTrace(Path("order.qcow2"), RepairMode::kAll),
       ElementsAre("W 20000+10000", "F", "D 60000+10000", "W 40000+10000"));
@@ -766,8 +734,8 @@ TEST_F(CheckTest, NotQcow2) {
 TEST_F(CheckTest, RebuildRefcountsRepairsDirtyImage) {
   Sh("qemu-img create -q -f qcow2 -o lazy_refcounts=on dirty.qcow2 64M");
   Sh("qemu-io -c 'write -P 1 0 128k' dirty.qcow2 >/dev/null");
-  Patch(Path("dirty.qcow2"), 0x20000 + 2 * 6, "0000");  // used: too low
-  Patch(Path("dirty.qcow2"), 79, "01");                 // dirty bit
+  PatchHex(Path("dirty.qcow2"), 0x20000 + 2 * 6, "0000");  // used: too low
+  PatchHex(Path("dirty.qcow2"), 79, "01");                 // dirty bit
   absl::StatusOr<std::unique_ptr<io::Engine>> engine =
       io::CreateEngine(io::EngineKind::kAuto, 4, nullptr);
   ASSERT_TRUE(engine.ok());

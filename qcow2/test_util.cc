@@ -13,9 +13,12 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/errno_status.h"
 #include "base/status_macros.h"
+#include "gtest/gtest.h"
 #include "posix_file/file_node.h"
 #include "posix_file/file_options.pb.h"
+#include "qcow2/create.h"
 
 namespace imgtool::qcow2::testing {
 
@@ -42,6 +45,38 @@ ShellResult Shell(const std::string& command) {
 std::vector<uint8_t> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+ShellOutput RunShell(const std::string& dir, const std::string& command) {
+  const std::string out = dir + ".sh_out";
+  const std::string err = dir + ".sh_err";
+  const std::string full = absl::StrCat("cd '", dir, "' && (", command, ") >'",
+                                        out, "' 2>'", err, "'");
+  const int status = std::system(full.c_str());
+  ShellOutput r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = ReadAll(out);
+  r.err = ReadAll(err);
+  return r;
+}
+
+void PatchHex(const std::string& path, uint64_t offset,
+              const std::string& hex) {
+  std::string bytes;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    bytes.push_back(
+        static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  const int fd = open(path.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(pwrite(fd, bytes.data(), bytes.size(), offset),
+            static_cast<ssize_t>(bytes.size()));
+  close(fd);
 }
 
 void WriteFile(const std::string& path, const std::vector<uint8_t>& bytes) {

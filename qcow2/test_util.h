@@ -29,7 +29,23 @@ struct ShellResult {
 // Runs `command` with /bin/sh -c.
 ShellResult Shell(const std::string& command);
 
+// Runs `command` with /bin/sh in `dir`, stdout and stderr apart (kept in
+// `dir`.sh_out and `dir`.sh_err, beside `dir`, not in it).
+struct ShellOutput {
+  int rc = -1;  // exit code, -1 if the shell did not exit
+  std::string out;
+  std::string err;
+};
+ShellOutput RunShell(const std::string& dir, const std::string& command);
+
 std::vector<uint8_t> ReadFile(const std::string& path);
+// The whole file as a string ("" if it cannot be read).
+std::string ReadAll(const std::string& path);
+// Writes the bytes spelled by `hex` (two digits a byte, e.g. "8000") at byte
+// `offset` of the existing file `path`; a gtest failure if that fails. Tests
+// break images with it.
+void PatchHex(const std::string& path, uint64_t offset,
+              const std::string& hex);
 void WriteFile(const std::string& path, const std::vector<uint8_t>& bytes);
 
 // Compares two files without reading their holes: the offset of the first
