@@ -194,12 +194,14 @@ io::Task<absl::StatusOr<io::BlockStatus>> ForwardingNode::DoGetBlockStatus(
   return target_->GetBlockStatus(offset, max_length);
 }
 
-Env::Env() {
+Env::Env()
+    : Env(std::getenv("QCOW2_TEST_THREADS") != nullptr
+              ? io::EngineKind::kThreads
+              : io::EngineKind::kAuto) {}
+
+Env::Env(io::EngineKind kind, int depth) {
   absl::StatusOr<std::unique_ptr<io::Engine>> engine =
-      io::CreateEngine(std::getenv("QCOW2_TEST_THREADS") != nullptr
-                           ? io::EngineKind::kThreads
-                           : io::EngineKind::kAuto,
-                       64, nullptr);
+      io::CreateEngine(kind, depth, nullptr);
   if (!engine.ok()) std::abort();
   engine_ = *std::move(engine);
 }
@@ -244,6 +246,38 @@ absl::StatusOr<std::unique_ptr<Qcow2Node>> Env::OpenQcow2(
     const std::string& path, bool read_only, Qcow2OpenOptions options) {
   ASSIGN_OR_RETURN(std::unique_ptr<io::BlockNode> file, OpenFile(path, read_only));
   return Run(Qcow2Node::Open(std::move(file), options, Opener()));
+}
+
+absl::Status Env::CreateImage(const std::string& path,
+                              const Qcow2CreateOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<io::BlockNode> file, CreateEmpty(path));
+  absl::Status st = Run(CreateQcow2(*file, options));
+  absl::Status closed = Run(file->Close());
+  RETURN_IF_ERROR(st);
+  return closed;
+}
+
+absl::Status Env::DumpToRaw(io::BlockNode& node, const std::string& path) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return ErrnoStatus(path, "open", errno);
+  std::vector<uint8_t> buf(1 << 20);
+  absl::Status st;
+  for (uint64_t pos = 0; pos < node.size() && st.ok();) {
+    const uint64_t n = std::min<uint64_t>(buf.size(), node.size() - pos);
+    st = Run(node.Read(pos, io::IoVec(buf.data(), n)));
+    if (!st.ok()) break;
+    const bool zero = std::all_of(buf.begin(), buf.begin() + n,
+                                  [](uint8_t b) { return b == 0; });
+    if (!zero && pwrite(fd, buf.data(), n, pos) != static_cast<ssize_t>(n)) {
+      st = ErrnoStatus(path, "pwrite", errno);
+    }
+    pos += n;
+  }
+  if (st.ok() && ftruncate(fd, node.size()) != 0) {
+    st = ErrnoStatus(path, "ftruncate", errno);
+  }
+  close(fd);
+  return st;
 }
 
 }  // namespace imgtool::qcow2::testing

@@ -89,6 +89,9 @@ class ForwardingNode : public io::BlockNode {
 class Env {
  public:
   Env();
+  // An engine of `kind` (kAuto: io_uring if it works, else threads) with
+  // `depth` requests in flight at most.
+  explicit Env(io::EngineKind kind, int depth = 64);
   io::Engine& engine() { return *engine_; }
 
   template <typename T>
@@ -109,6 +112,15 @@ class Env {
       Qcow2OpenOptions options = Qcow2OpenOptions());
 
   BackingOpener Opener();
+
+  // CreateQcow2 into a new file `path`.
+  absl::Status CreateImage(const std::string& path,
+                           const Qcow2CreateOptions& options);
+
+  // Writes what `node` reads, [0, size()), into a new raw file `path`
+  // (zero chunks left as holes). Errors: the node's read errors, and the
+  // errno of a failed open/pwrite/ftruncate of `path`.
+  absl::Status DumpToRaw(io::BlockNode& node, const std::string& path);
 
  private:
   std::unique_ptr<io::Engine> engine_;

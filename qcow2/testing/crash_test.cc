@@ -183,7 +183,7 @@ class CrashTest : public ::testing::Test {
     kill(pid, SIGKILL);
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    const std::vector<uint8_t> err = ReadWholeFile(err_path);
+    const std::vector<uint8_t> err = ReadFile(err_path);
     unlink(err_path.c_str());
     ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
         << "crash_writer ended before the kill (status " << status

@@ -3,6 +3,7 @@
 // and stderr, opening images through posix_file and Qcow2Node (backing
 // files probed: qcow2 magic -> qcow2, else raw), dumping a node to a raw
 // file, comparing files, and block status maps in qemu-img map's form.
+// Env, TempPath, Pattern, FirstDifference and ReadFile are qcow2/test_util's.
 // Thread model: one Env (engine) per test, used from the test's thread.
 #ifndef IMGTOOL_QCOW2_TESTING_HARNESS_H_
 #define IMGTOOL_QCOW2_TESTING_HARNESS_H_
@@ -20,11 +21,9 @@
 #include "io/task.h"
 #include "qcow2/qcow2_node.h"
 #include "qcow2/qcow2_options.pb.h"
+#include "qcow2/test_util.h"
 
 namespace imgtool::qcow2::testing {
-
-// $TEST_TMPDIR/<name> (or /tmp/<name>).
-std::string TempPath(absl::string_view name);
 
 struct CommandResult {
   int exit_code = 0;  // -1 if the command did not exit normally
@@ -33,52 +32,6 @@ struct CommandResult {
 };
 // Runs `command` with /bin/sh -c, capturing stdout and stderr apart.
 CommandResult RunCommand(const std::string& command);
-
-// Deterministic bytes (never all-zero runs): xorshift of `seed`.
-std::vector<uint8_t> Pattern(uint64_t length, uint64_t seed);
-
-// The offset of the first byte where files `a` and `b` differ, -1 if they
-// are identical (a length difference counts as a difference at the shorter
-// length); holes are not read.
-int64_t FirstDifference(const std::string& a, const std::string& b);
-
-// Reads the whole file; empty if it does not exist.
-std::vector<uint8_t> ReadWholeFile(const std::string& path);
-
-class Env {
- public:
-  // `kind` kAuto: io_uring if it works, else threads.
-  explicit Env(io::EngineKind kind = io::EngineKind::kAuto, int depth = 64);
-  io::Engine& engine() { return *engine_; }
-
-  template <typename T>
-  T Run(io::Task<T> task) {
-    return io::RunSync(*engine_, std::move(task));
-  }
-
-  // An empty file node (created with size 0, opened read-write).
-  absl::StatusOr<std::unique_ptr<io::BlockNode>> CreateEmpty(
-      const std::string& path);
-  // A read-only open shares every permission (qemu-img -U).
-  absl::StatusOr<std::unique_ptr<io::BlockNode>> OpenFile(
-      const std::string& path, bool read_only);
-  // Opens a qcow2 image with its backing chain (read-only, probed).
-  absl::StatusOr<std::unique_ptr<Qcow2Node>> OpenQcow2(
-      const std::string& path, bool read_only,
-      Qcow2OpenOptions options = Qcow2OpenOptions());
-  BackingOpener Opener();
-
-  // CreateQcow2 into a new file `path`.
-  absl::Status CreateImage(const std::string& path,
-                           const Qcow2CreateOptions& options);
-
-  // Writes what `node` reads, [0, size()), into a new raw file `path`
-  // (zero chunks left as holes).
-  absl::Status DumpToRaw(io::BlockNode& node, const std::string& path);
-
- private:
-  std::unique_ptr<io::Engine> engine_;
-};
 
 // One line of `qemu-img map --output=json`.
 struct MapEntry {

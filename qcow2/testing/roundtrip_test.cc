@@ -147,7 +147,7 @@ class RoundTripTest : public ::testing::Test {
     CommandResult r =
         RunCommand(absl::StrCat("qemu-img convert -O raw ", image, " ", out));
     EXPECT_EQ(r.exit_code, 0) << r.err;
-    std::vector<uint8_t> bytes = ReadWholeFile(out);
+    std::vector<uint8_t> bytes = ReadFile(out);
     unlink(out.c_str());
     bytes.resize(size, 0);
     return bytes;
@@ -647,7 +647,7 @@ TEST_F(RoundTripTest, CreateIsByteIdenticalToQemuImgCreate) {
         RunCommand(absl::StrCat("qemu-img create -q -f qcow2 -o ",
                                 c.qemu_options, " ", theirs, " ", c.size));
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_TRUE(ReadWholeFile(ours) == ReadWholeFile(theirs));
+    EXPECT_TRUE(ReadFile(ours) == ReadFile(theirs));
     EXPECT_EQ(FirstDifference(ours, theirs), -1);
   }
 }
