@@ -540,6 +540,40 @@ class Session {
         operands);
   }
 
+  // Runs `r`, setting *seconds to how long it took; prints "<op> failed:
+  // <error>" and returns false if it failed.
+  bool RunTimed(const Request& r, absl::string_view op, double* seconds) {
+    const Clock::time_point start = Clock::now();
+    absl::Status st = Wait(RunRequest(&node(), ImageLength(), r));
+    *seconds = Seconds(Clock::now() - start);
+    if (!st.ok()) {
+      out() << op << " failed: " << ErrorText(st) << "\n";
+      return false;
+    }
+    return true;
+  }
+
+  // The end of read and readv once `buffer` was read at `offset` in
+  // `seconds`: with -P, checks that its bytes [check_offset, check_offset +
+  // check_count) all hold the pattern (false and a message if not); then,
+  // unless -q, the hex dump (-v) and the report.
+  bool FinishRead(const IoOptions& o, absl::Span<const uint8_t> buffer,
+                  uint64_t offset, uint64_t check_offset, uint64_t check_count,
+                  double seconds) {
+    bool ok = true;
+    if (o.pattern.has_value() &&
+        !AllBytesAre(buffer.subspan(check_offset, check_count), *o.pattern)) {
+      out() << "Pattern verification failed at offset "
+            << offset + check_offset << ", " << check_count << " bytes\n";
+      ok = false;
+    }
+    if (o.quiet) return ok;
+    if (o.verbose) out() << HexDump(buffer, offset);
+    out() << Report("read", seconds, offset, buffer.size(), buffer.size(), 1,
+                    o.machine);
+    return ok;
+  }
+
   // A number as qemu-io's cvtnum reads it (base/size.h grammar).
   bool ParseNumber(const std::string& text, uint64_t* value) {
     absl::StatusOr<uint64_t> v = ParseSize(text);
@@ -795,26 +829,9 @@ bool Session::CmdRead(const CommandDef& def, std::vector<std::string>& words) {
             .offset = offset,
             .bytes = count,
             .buffer = absl::MakeSpan(buffer)};
-  const Clock::time_point start = Clock::now();
-  absl::Status st = Wait(RunRequest(&node(), ImageLength(), r));
-  const double seconds = Seconds(Clock::now() - start);
-  if (!st.ok()) {
-    out() << "read failed: " << ErrorText(st) << "\n";
-    return false;
-  }
-  bool ok = true;
-  if (o.pattern.has_value() &&
-      !AllBytesAre(
-          absl::MakeConstSpan(buffer).subspan(check_offset, check_count),
-          *o.pattern)) {
-    out() << "Pattern verification failed at offset " << offset + check_offset
-          << ", " << check_count << " bytes\n";
-    ok = false;
-  }
-  if (o.quiet) return ok;
-  if (o.verbose) out() << HexDump(buffer, offset);
-  out() << Report("read", seconds, offset, count, count, 1, o.machine);
-  return ok;
+  double seconds = 0;
+  if (!RunTimed(r, "read", &seconds)) return false;
+  return FinishRead(o, buffer, offset, check_offset, check_count, seconds);
 }
 
 bool Session::CmdWrite(const CommandDef& def, std::vector<std::string>& words) {
@@ -867,13 +884,8 @@ bool Session::CmdWrite(const CommandDef& def, std::vector<std::string>& words) {
     }
     r.buffer = absl::MakeSpan(buffer);
   }
-  const Clock::time_point start = Clock::now();
-  absl::Status st = Wait(RunRequest(&node(), ImageLength(), r));
-  const double seconds = Seconds(Clock::now() - start);
-  if (!st.ok()) {
-    out() << "write failed: " << ErrorText(st) << "\n";
-    return false;
-  }
+  double seconds = 0;
+  if (!RunTimed(r, "write", &seconds)) return false;
   if (!o.quiet) {
     out() << Report("wrote", seconds, offset, count, count, 1, o.machine);
   }
@@ -895,23 +907,9 @@ bool Session::CmdReadv(const CommandDef& def, std::vector<std::string>& words) {
             .offset = offset,
             .bytes = count,
             .buffer = absl::MakeSpan(buffer)};
-  const Clock::time_point start = Clock::now();
-  absl::Status st = Wait(RunRequest(&node(), ImageLength(), r));
-  const double seconds = Seconds(Clock::now() - start);
-  if (!st.ok()) {
-    out() << "readv failed: " << ErrorText(st) << "\n";
-    return false;
-  }
-  bool ok = true;
-  if (o.pattern.has_value() && !AllBytesAre(buffer, *o.pattern)) {
-    out() << "Pattern verification failed at offset " << offset << ", " << count
-          << " bytes\n";
-    ok = false;
-  }
-  if (o.quiet) return ok;
-  if (o.verbose) out() << HexDump(buffer, offset);
-  out() << Report("read", seconds, offset, count, count, 1, o.machine);
-  return ok;
+  double seconds = 0;
+  if (!RunTimed(r, "readv", &seconds)) return false;
+  return FinishRead(o, buffer, offset, 0, count, seconds);
 }
 
 bool Session::CmdWritev(const CommandDef& def,
@@ -931,13 +929,8 @@ bool Session::CmdWritev(const CommandDef& def,
             .bytes = count,
             .buffer = absl::MakeSpan(buffer),
             .fua = o.fua};
-  const Clock::time_point start = Clock::now();
-  absl::Status st = Wait(RunRequest(&node(), ImageLength(), r));
-  const double seconds = Seconds(Clock::now() - start);
-  if (!st.ok()) {
-    out() << "writev failed: " << ErrorText(st) << "\n";
-    return false;
-  }
+  double seconds = 0;
+  if (!RunTimed(r, "writev", &seconds)) return false;
   if (!o.quiet) {
     out() << Report("wrote", seconds, offset, count, count, 1, o.machine);
   }
@@ -1064,13 +1057,8 @@ bool Session::CmdDiscard(const CommandDef& def,
             .offset = offset,
             .bytes = count,
             .discard_ignored = discard_ignored_};
-  const Clock::time_point start = Clock::now();
-  absl::Status st = Wait(RunRequest(&node(), ImageLength(), r));
-  const double seconds = Seconds(Clock::now() - start);
-  if (!st.ok()) {
-    out() << "discard failed: " << ErrorText(st) << "\n";
-    return false;
-  }
+  double seconds = 0;
+  if (!RunTimed(r, "discard", &seconds)) return false;
   if (!o.quiet) {
     out() << Report("discard", seconds, offset, count, count, 1, o.machine);
   }
