@@ -553,13 +553,22 @@ class Session {
     return true;
   }
 
-  // The end of read and readv once `buffer` was read at `offset` in
-  // `seconds`: with -P, checks that its bytes [check_offset, check_offset +
-  // check_count) all hold the pattern (false and a message if not); then,
-  // unless -q, the hex dump (-v) and the report.
-  bool FinishRead(const IoOptions& o, absl::Span<const uint8_t> buffer,
-                  uint64_t offset, uint64_t check_offset, uint64_t check_count,
-                  double seconds) {
+  // What read and readv (`op`, named in the failure message) do once their
+  // arguments are checked: reads `count` bytes at `offset`; with -P, checks
+  // that bytes [check_offset, check_offset + check_count) of them all hold
+  // the pattern (false and a message if not); then, unless -q, prints the
+  // hex dump (-v) and the report.
+  bool ReadAndCheck(const IoOptions& o, absl::string_view op, uint64_t offset,
+                    uint64_t count, uint64_t check_offset,
+                    uint64_t check_count) {
+    std::vector<uint8_t> data(count);
+    const Request r{.kind = Request::kRead,
+                    .offset = offset,
+                    .bytes = count,
+                    .buffer = absl::MakeSpan(data)};
+    double seconds = 0;
+    if (!RunTimed(r, op, &seconds)) return false;
+    const absl::Span<const uint8_t> buffer = data;
     bool ok = true;
     if (o.pattern.has_value() &&
         !AllBytesAre(buffer.subspan(check_offset, check_count), *o.pattern)) {
@@ -824,14 +833,7 @@ bool Session::CmdRead(const CommandDef& def, std::vector<std::string>& words) {
     out() << "read failed: " << std::strerror(ENOTSUP) << "\n";
     return false;
   }
-  std::vector<uint8_t> buffer(count);
-  Request r{.kind = Request::kRead,
-            .offset = offset,
-            .bytes = count,
-            .buffer = absl::MakeSpan(buffer)};
-  double seconds = 0;
-  if (!RunTimed(r, "read", &seconds)) return false;
-  return FinishRead(o, buffer, offset, check_offset, check_count, seconds);
+  return ReadAndCheck(o, "read", offset, count, check_offset, check_count);
 }
 
 bool Session::CmdWrite(const CommandDef& def, std::vector<std::string>& words) {
@@ -902,14 +904,7 @@ bool Session::CmdReadv(const CommandDef& def, std::vector<std::string>& words) {
       !ParseLengths(absl::MakeConstSpan(operands).subspan(1), &count)) {
     return false;
   }
-  std::vector<uint8_t> buffer(count);
-  Request r{.kind = Request::kRead,
-            .offset = offset,
-            .bytes = count,
-            .buffer = absl::MakeSpan(buffer)};
-  double seconds = 0;
-  if (!RunTimed(r, "readv", &seconds)) return false;
-  return FinishRead(o, buffer, offset, 0, count, seconds);
+  return ReadAndCheck(o, "readv", offset, count, 0, count);
 }
 
 bool Session::CmdWritev(const CommandDef& def,
