@@ -656,6 +656,38 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
   if (kind == WriteKind::kInPlace) {
     const uint64_t host =
         olds[0].host_offset() + (offset & (cluster_size_ - 1));
+    // The write goes on past the clusters written in place into clusters
+    // that need allocating and read as zeroes: allocate them right after the
+    // last one in place if that host range is free and write once over both
+    // (QEMU's handle_copied followed by handle_alloc at the expected host
+    // offset). A write at a 1 KiB offset whose first cluster an earlier
+    // write just allocated so stays one host write instead of 63 KiB + 1 KiB.
+    std::vector<L2Entry> news;
+    for (uint64_t i = n; i < max_n; ++i) {
+      if (FindInflight(cluster + i, 1) != nullptr) break;
+      const L2Entry e = GetEntry(l2, first + i);
+      CO_ASSIGN_OR_RETURN(ClusterType t,
+                          co_await Classify(e, l2.offset(), first + i));
+      if (KindOf(t, e) != WriteKind::kAllocate ||
+          !OldContentsAreZero(e, (cluster + i) << cluster_bits_,
+                              cluster_size_)) {
+        break;
+      }
+      news.push_back(e);
+    }
+    if (!news.empty()) {
+      const uint64_t new_host =
+          olds[0].host_offset() + (n << cluster_bits_);
+      CO_ASSIGN_OR_RETURN(const uint64_t got,
+                          co_await refcounts_->AllocateAt(new_host,
+                                                          news.size()));
+      if (got > 0) {
+        news.resize(got);
+        co_return co_await WriteInPlaceThenNew(std::move(lock), std::move(l2),
+                                               offset, data, cluster, n,
+                                               host, new_host, news);
+      }
+    }
     CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, bytes, 0));
     const uint64_t seq = BeginDataOp();
     l2.reset();
@@ -683,24 +715,79 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
   absl::Status st = co_await StartThenUnlock(
       lock, WriteAllocated(offset, part, cluster, n, host, olds));
   EndDataOp(seq);
+  CO_RETURN_IF_ERROR(co_await FinishAllocatingWrite(
+      std::move(st), inflight, host, olds,
+      /*allocated=*/kind == WriteKind::kAllocate));
+  co_return bytes;
+}
+
+io::Task<absl::Status> Qcow2Node::FinishAllocatingWrite(
+    absl::Status st, std::shared_ptr<Inflight> inflight, uint64_t host,
+    const std::vector<format::L2Entry>& olds, bool allocated) {
   auto relock = co_await io::ScopedLock::Take(meta_lock_);
   if (st.ok()) {
     ++write_gen_;
     st = CheckUsable();
   }
   if (st.ok()) {
-    st = co_await LinkL2(cluster, n, host, olds,
-                         /*free_old=*/kind == WriteKind::kAllocate);
+    st = co_await LinkL2(inflight->first, inflight->count, host, olds,
+                         /*free_old=*/allocated);
   }
-  if (!st.ok() && kind == WriteKind::kAllocate && broken_.ok()) {
+  if (!st.ok() && allocated && broken_.ok()) {
     // Never referenced: give the clusters back now.
-    absl::Status undo = co_await refcounts_->Free(host, n << cluster_bits_);
+    absl::Status undo =
+        co_await refcounts_->Free(host, inflight->count << cluster_bits_);
     (void)undo;
   }
-  inflight_.erase(cluster);
+  inflight_.erase(inflight->first);
   relock.Release();
   inflight->done.Set();
-  CO_RETURN_IF_ERROR(st);
+  co_return st;
+}
+
+io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteInPlaceThenNew(
+    io::ScopedLock lock, TableCache::Ref l2, uint64_t offset,
+    io::ConstIoVec data, uint64_t cluster, uint64_t n, uint64_t host,
+    uint64_t new_host, std::vector<format::L2Entry> news) {
+  const uint64_t count = news.size();
+  const uint64_t new_cluster = cluster + n;
+  const uint64_t new_bytes = count << cluster_bits_;
+  const uint64_t bytes =
+      std::min(offset + data.size(), (new_cluster + count) << cluster_bits_) -
+      offset;
+  absl::Status st = co_await CheckOverlapOrFail(host, bytes, 0);
+  if (st.ok()) st = co_await CheckOverlapOrFail(new_host, new_bytes, 0);
+  if (!st.ok()) {
+    absl::Status undo = co_await refcounts_->Free(new_host, new_bytes);
+    (void)undo;
+    co_return st;
+  }
+  auto inflight = std::make_shared<Inflight>();
+  inflight->first = new_cluster;
+  inflight->count = count;
+  inflight_[new_cluster] = inflight;
+  const uint64_t seq = BeginDataOp();
+  l2.reset();
+  // The new clusters read as zeroes where the data leaves them: zero them
+  // (explicitly when the file cannot do it efficiently), then the data.
+  const uint64_t tail = (new_cluster + count) * cluster_size_ -
+                        (offset + bytes);
+  auto write = [&]() -> io::Task<absl::Status> {
+    io::WriteZeroesFlags flags;
+    flags.no_fallback = true;
+    absl::Status zst = co_await file_->WriteZeroes(new_host, new_bytes, flags);
+    if (absl::IsUnimplemented(zst) && tail != 0) {
+      zst = co_await file_->Write(new_host + new_bytes - tail, Zeroes(tail));
+    } else if (absl::IsUnimplemented(zst)) {
+      zst = absl::OkStatus();
+    }
+    if (!zst.ok()) co_return zst;
+    co_return co_await file_->Write(host, data.first(bytes));
+  };
+  st = co_await StartThenUnlock(lock, write());
+  EndDataOp(seq);
+  CO_RETURN_IF_ERROR(co_await FinishAllocatingWrite(
+      std::move(st), inflight, new_host, news, /*allocated=*/true));
   co_return bytes;
 }
 

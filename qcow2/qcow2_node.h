@@ -317,6 +317,24 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
                                         uint64_t first_cluster, uint64_t count,
                                         uint64_t host,
                                         const std::vector<format::L2Entry>& olds);
+  // A write over `n` clusters written in place from guest cluster `cluster`
+  // (host offset `host` for `offset`) and the `news.size()` clusters after
+  // them, just allocated at `new_host` right after the in-place ones (their
+  // old L2 entries `news`, reading as zeroes): one data request over both,
+  // then the new clusters linked. Takes the metadata lock held and the L2
+  // table reference; returns the bytes of `data` written.
+  io::Task<absl::StatusOr<uint64_t>> WriteInPlaceThenNew(
+      io::ScopedLock lock, TableCache::Ref l2, uint64_t offset,
+      io::ConstIoVec data, uint64_t cluster, uint64_t n, uint64_t host,
+      uint64_t new_host, std::vector<format::L2Entry> news);
+  // After an allocating write's data request ended with `st`: links the
+  // clusters of `inflight` (at `host`, old entries `olds`; the old ones
+  // freed when `allocated`, else reused) under the metadata lock, gives
+  // newly `allocated` clusters back on failure, ends `inflight` and wakes
+  // its waiters. Returns `st` or the linking error.
+  io::Task<absl::Status> FinishAllocatingWrite(
+      absl::Status st, std::shared_ptr<Inflight> inflight, uint64_t host,
+      const std::vector<format::L2Entry>& olds, bool allocated);
   io::Task<absl::Status> LinkL2(uint64_t first_cluster, uint64_t count,
                                 uint64_t host,
                                 const std::vector<format::L2Entry>& olds,
