@@ -80,12 +80,17 @@ absl::StatusOr<uint64_t> LastWrittenEnd(int fd, const std::string& path,
   return std::min(end, file_size);
 }
 
+// prealloc-align as given, else its default.
+uint64_t PreallocAlign(const PreallocFilterOptions& options) {
+  return options.has_prealloc_align() ? options.prealloc_align()
+                                      : kDefaultPreallocAlign;
+}
+
 }  // namespace
 
 absl::Status ValidateOptions(const PreallocFilterOptions& options,
                              uint64_t child_request_alignment) {
-  const uint64_t align = options.has_prealloc_align() ? options.prealloc_align()
-                                                      : kDefaultPreallocAlign;
+  const uint64_t align = PreallocAlign(options);
   if (align % 512 != 0) {
     return absl::InvalidArgumentError(
         "prealloc-align parameter of preallocate filter is not aligned to 512");
@@ -112,10 +117,7 @@ OpenPreallocFilter(std::unique_ptr<io::BlockNode> file,
     (void)co_await file->Close();
     co_return valid;
   }
-  const uint64_t align =
-      std::max(options.has_prealloc_align() ? options.prealloc_align()
-                                            : kDefaultPreallocAlign,
-               request_alignment);
+  const uint64_t align = std::max(PreallocAlign(options), request_alignment);
   const uint64_t size = options.has_prealloc_size() ? options.prealloc_size()
                                                     : kDefaultPreallocSize;
   // §3: the state is valid only while the filter owns write and resize.
@@ -176,6 +178,16 @@ absl::StatusOr<uint64_t> PreallocFilterNode::AllocatedSize() const {
 
 uint64_t PreallocFilterNode::FileLength() const {
   return RoundUpTo(file_->size(), 512);
+}
+
+uint64_t PreallocFilterNode::KnownFileEnd() {
+  if (!file_end_.has_value()) file_end_ = FileLength();
+  return *file_end_;
+}
+
+void PreallocFilterNode::InvalidateFileEnd() {
+  file_end_.reset();
+  ++file_end_epoch_;
 }
 
 void PreallocFilterNode::InitState() {
@@ -270,14 +282,12 @@ io::Task<bool> PreallocFilterNode::HandleWrite(uint64_t offset, uint64_t length,
     // not extend the data end (QEMU forwards it: with many writes in
     // flight, qcow2's zero writes of new clusters often come after a later
     // cluster's).
-    if (!file_end_.has_value()) file_end_ = FileLength();
-    co_return end <= *file_end_&& offset >= *zero_start_ &&
+    co_return end <= KnownFileEnd() && offset >= *zero_start_ &&
         !OverlapsData(offset, end);
   }
   data_end_ = end;
   if (!merge_zero) SetZeroStart(end);
-  if (!file_end_.has_value()) file_end_ = FileLength();
-  if (end <= *file_end_) {
+  if (end <= KnownFileEnd()) {
     co_return merge_zero&& offset >= *zero_start_ && !OverlapsData(offset, end);
   }
 
@@ -297,8 +307,7 @@ io::Task<bool> PreallocFilterNode::HandleWrite(uint64_t offset, uint64_t length,
     if (r.end > start) busy = true;
   }
   if (busy) {
-    file_end_.reset();
-    ++file_end_epoch_;
+    InvalidateFileEnd();
     co_return false;
   }
 
@@ -323,8 +332,7 @@ io::Task<bool> PreallocFilterNode::HandleWrite(uint64_t offset, uint64_t length,
   } else {
     // Failed (unsupported, no space, ...): retried on the next extending
     // write; or others went past it meanwhile: re-read the length.
-    file_end_.reset();
-    ++file_end_epoch_;
+    InvalidateFileEnd();
   }
   done->done.Set();
   co_return st.ok() && merge_zero;
@@ -383,22 +391,21 @@ io::Task<absl::Status> PreallocFilterNode::DoTruncate(
   co_await WaitForPrealloc();
   InitState();
   if (size > *data_end_) {
-    if (!file_end_.has_value()) file_end_ = FileLength();
+    const uint64_t file_end = KnownFileEnd();
     if (prealloc == io::PreallocMode::kFalloc) {
       // Already allocated by the filter: it becomes the user's.
-      if (size <= *file_end_) {
+      if (size <= file_end) {
         data_end_ = size;
-        if (marker_.has_value()) SetMarker(size, *file_end_);
+        if (marker_.has_value()) SetMarker(size, file_end);
         co_return absl::OkStatus();
       }
-    } else if (*file_end_ > *data_end_) {
+    } else if (file_end > *data_end_) {
       // Drop the filter's preallocation first, so that `off` stays sparse
       // and `full` really writes.
       absl::Status st =
           co_await file_->Truncate(*data_end_, io::PreallocMode::kOff);
       if (!st.ok()) {
-        file_end_.reset();
-        ++file_end_epoch_;
+        InvalidateFileEnd();
         co_return st;
       }
       file_end_ = *data_end_;
@@ -410,8 +417,7 @@ io::Task<absl::Status> PreallocFilterNode::DoTruncate(
     data_end_.reset();
     zero_start_.reset();
     data_in_zero_tail_.clear();
-    file_end_.reset();
-    ++file_end_epoch_;
+    InvalidateFileEnd();
     co_return st;
   }
   data_end_ = size;
@@ -437,9 +443,8 @@ io::Task<absl::Status> PreallocFilterNode::Close() {
   if (active_) {
     co_await WaitForPrealloc();
     if (data_end_.has_value()) {
-      if (!file_end_.has_value()) file_end_ = FileLength();
       bool trimmed = true;
-      if (*data_end_ < *file_end_) {
+      if (*data_end_ < KnownFileEnd()) {
         // Errors are ignored, as QEMU: the image is still valid.
         absl::Status st =
             co_await file_->Truncate(*data_end_, io::PreallocMode::kOff);

@@ -166,6 +166,10 @@ class PreallocFilterNode : public io::BlockNode {
   // which is what the filter's state starts from ([V]: a 196624-byte qcow2
   // gets its first preallocation at 197120).
   uint64_t FileLength() const;
+  // file_end, read from the file (FileLength) first if it is unknown.
+  uint64_t KnownFileEnd();
+  // Makes file_end unknown (re-read on next use) and bumps file_end_epoch_.
+  void InvalidateFileEnd();
   // zero_start := `zero_start`; forgets data_in_zero_tail_.
   void SetZeroStart(uint64_t zero_start);
   // Records data written to [start, end) (inside the zero tail).
