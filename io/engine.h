@@ -1,9 +1,11 @@
 // Asynchronous I/O engine: many read/write/fsync/fallocate requests in flight
 // on file descriptors, completed on the thread that polls the engine.
 //
-// Backends: io_uring through liburing (kIoUring, the default) and a pool of
-// worker threads making blocking syscalls (kThreads). CreateEngine(kAuto)
-// tries io_uring and falls back to threads with a one-line notice.
+// Backends: io_uring through liburing (kIoUring, the default), Linux AIO
+// through libaio (kNative, qemu-img's aio=native; io/aio_engine.h) and a
+// pool of worker threads making blocking syscalls (kThreads).
+// CreateEngine(kAuto) tries io_uring and falls back to threads with a
+// one-line notice.
 //
 // Thread model: Submit(), Poll() and the awaitables are used from one thread
 // (the engine's thread); completion callbacks and resumed coroutines run on
@@ -52,11 +54,11 @@ struct Op {
   absl::AnyInvocable<void(Op&)> done;
 };
 
-enum class EngineKind { kAuto, kIoUring, kThreads };
+enum class EngineKind { kAuto, kIoUring, kNative, kThreads };
 
-// Parses qemu-img's `-i` names: "io_uring", "threads"; "native" maps to
-// io_uring (Linux AIO is not implemented). kInvalidArgument otherwise, with
-// the message "Invalid aio option: <name>".
+// Parses qemu-img's `-i` names (and the `aio` option's values): "io_uring",
+// "native" (Linux AIO), "threads". kInvalidArgument otherwise, with the
+// message "Invalid aio option: <name>".
 absl::StatusOr<EngineKind> ParseEngineKind(const std::string& name);
 
 class Engine {
@@ -75,7 +77,7 @@ class Engine {
   // Requests submitted whose `done` has not run yet.
   virtual uint64_t in_flight() const = 0;
 
-  // "io_uring" or "threads".
+  // "io_uring", "native" or "threads" (the `-i` name).
   virtual const char* name() const = 0;
 
   // co_await engine.Run(op) submits `op` and resumes the coroutine with
@@ -98,7 +100,11 @@ class Engine {
 // `queue_depth` is the most requests the caller keeps in flight (1..4096);
 // more are accepted but queue in user space. With kAuto, failure to set up
 // io_uring writes "imgtool: io_uring unavailable (<cause>), using threads"
-// to `notice` (if not null) and returns the thread-pool engine.
+// to `notice` (if not null) and returns the thread-pool engine. Errors
+// (kUnavailable): kIoUring when io_uring cannot be set up (the cause, e.g.
+// "io_uring_queue_init: Operation not permitted"); kNative when Linux AIO
+// cannot, in QEMU's words: "Unable to use native AIO: failed to create
+// linux AIO context: <strerror>".
 absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(EngineKind kind,
                                                      int queue_depth,
                                                      std::ostream* notice);

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "io/aio_engine.h"
 #include "io/aligned_buffer.h"
 #include "io/task.h"
 #include "io/thread_pool_engine.h"
@@ -123,6 +124,20 @@ Task<void> WriteBlock(Engine& engine, int fd, int index, int64_t* result) {
   *result = co_await engine.Run(op);
 }
 
+const char* KindName(EngineKind kind) {
+  switch (kind) {
+    case EngineKind::kIoUring:
+      return "io_uring";
+    case EngineKind::kNative:
+      return "native";
+    case EngineKind::kThreads:
+      return "threads";
+    case EngineKind::kAuto:
+      break;
+  }
+  return "auto";
+}
+
 class EngineTest : public ::testing::TestWithParam<EngineKind> {
  protected:
   std::unique_ptr<Engine> MakeEngine(int queue_depth) {
@@ -130,8 +145,7 @@ class EngineTest : public ::testing::TestWithParam<EngineKind> {
         CreateEngine(GetParam(), queue_depth, nullptr);
     EXPECT_TRUE(engine.ok()) << engine.status();
     if (!engine.ok()) return nullptr;
-    EXPECT_STREQ((*engine)->name(),
-                 GetParam() == EngineKind::kIoUring ? "io_uring" : "threads");
+    EXPECT_STREQ((*engine)->name(), KindName(GetParam()));
     return *std::move(engine);
   }
 
@@ -435,11 +449,141 @@ TEST_P(EngineTest, CallbacksSubmitFurtherRequests) {
   }
 }
 
+// A request refused on its own (bad fd) among good ones: the others still
+// run, each reports its own result, in one batch of the engine.
+TEST_P(EngineTest, ABadRequestInABatchFailsAlone) {
+  std::unique_ptr<Engine> engine = MakeEngine(8);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  std::string data[5];
+  struct iovec iovs[5];
+  Op ops[5];
+  for (int i = 0; i < 5; ++i) {
+    data[i] = Pattern(i, 512);
+    iovs[i] = {data[i].data(), data[i].size()};
+    ops[i] = Op{.kind = OpKind::kWrite, .fd = i % 2 == 1 ? -1 : file.fd(),
+                .iov = &iovs[i], .iovcnt = 1, .offset = i * 512u};
+    ops[i].result = 12345;
+    engine->Submit(&ops[i]);
+  }
+  Drain(*engine);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(ops[i].result, i % 2 == 1 ? -EBADF : 512) << "request " << i;
+  }
+  EXPECT_EQ(PRead(file.fd(), 512, 0), data[0]);
+  EXPECT_EQ(PRead(file.fd(), 512, 2 * 512), data[2]);
+  EXPECT_EQ(PRead(file.fd(), 512, 4 * 512), data[4]);
+}
+
+// One Poll(wait) returns once a request the kernel cannot do asynchronously
+// (run by the native engine's side threads) has finished, with its callback
+// run: the wait wakes up for it.
+TEST_P(EngineTest, OnePollWaitsForAnFdatasyncAlone) {
+  std::unique_ptr<Engine> engine = MakeEngine(8);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  const std::string data(1 << 20, 'x');
+  ASSERT_EQ(pwrite(file.fd(), data.data(), data.size(), 0),
+            static_cast<ssize_t>(data.size()));
+  for (OpKind kind : {OpKind::kFdatasync, OpKind::kFsync,
+                      OpKind::kFallocate}) {
+    bool done = false;
+    Op op{.kind = kind, .fd = file.fd(), .offset = 1 << 20,
+          .length = 1 << 20};
+    op.result = 12345;
+    op.done = [&done](Op&) { done = true; };
+    engine->Submit(&op);
+    ASSERT_TRUE(engine->Poll(/*wait=*/true).ok());
+    EXPECT_TRUE(done);
+    EXPECT_EQ(op.result, 0);
+    EXPECT_EQ(engine->in_flight(), 0u);
+  }
+}
+
+// Reads and writes in flight together with side requests (fallocate,
+// fdatasync): Poll(wait) keeps returning until all have finished, in any
+// order, with every result right.
+TEST_P(EngineTest, MixesReadsAndWritesWithSideRequests) {
+  std::unique_ptr<Engine> engine = MakeEngine(8);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  constexpr int kRounds = 50;
+  std::vector<std::string> data(kRounds);
+  std::vector<struct iovec> iovs(kRounds);
+  std::vector<Op> writes(kRounds), syncs(kRounds), fallocs(kRounds);
+  int completed = 0;
+  auto count = [&completed](Op&) { ++completed; };
+  for (int i = 0; i < kRounds; ++i) {
+    data[i] = Pattern(i, kBlock);
+    iovs[i] = {data[i].data(), data[i].size()};
+    writes[i] = Op{.kind = OpKind::kWrite, .fd = file.fd(), .iov = &iovs[i],
+                   .iovcnt = 1, .offset = i * kBlock};
+    fallocs[i] = Op{.kind = OpKind::kFallocate, .fd = file.fd(),
+                    .offset = (kRounds + i) * kBlock, .length = kBlock};
+    syncs[i] = Op{.kind = OpKind::kFdatasync, .fd = file.fd()};
+    for (Op* op : {&writes[i], &fallocs[i], &syncs[i]}) {
+      op->result = 12345;
+      op->done = count;
+      engine->Submit(op);
+    }
+  }
+  EXPECT_EQ(engine->in_flight(), 3u * kRounds);
+  Drain(*engine);
+  EXPECT_EQ(completed, 3 * kRounds);
+  for (int i = 0; i < kRounds; ++i) {
+    EXPECT_EQ(writes[i].result, static_cast<int64_t>(kBlock));
+    EXPECT_EQ(fallocs[i].result, 0);
+    EXPECT_EQ(syncs[i].result, 0);
+    ASSERT_EQ(PRead(file.fd(), kBlock, i * kBlock), data[i]) << "block " << i;
+  }
+  struct stat st;
+  ASSERT_EQ(fstat(file.fd(), &st), 0);
+  EXPECT_EQ(st.st_size, static_cast<off_t>(2 * kRounds * kBlock));
+}
+
+// Many more O_DIRECT requests than the queue depth, each extending the file:
+// the way bench -w runs on a fresh image.
+TEST_P(EngineTest, QueuesDirectWritesBeyondTheQueueDepth) {
+  std::unique_ptr<Engine> engine = MakeEngine(4);
+  ASSERT_NE(engine, nullptr);
+  std::string dir = DirectIoDir();
+  if (dir.empty()) GTEST_SKIP() << "no writable disk-backed directory";
+  TempFile file(dir, O_DIRECT);
+  ASSERT_GE(file.fd(), 0) << dir << ": " << strerror(errno);
+  constexpr int kCount = 300;
+  AlignedBuffer buffer(kCount * kBlock);
+  for (size_t i = 0; i < buffer.size(); ++i) {
+    buffer.data()[i] = static_cast<uint8_t>(i / kBlock);
+  }
+  std::vector<struct iovec> iovs(kCount);
+  std::vector<Op> ops(kCount);
+  for (int i = 0; i < kCount; ++i) {
+    iovs[i] = {buffer.data() + i * kBlock, kBlock};
+    ops[i] = Op{.kind = OpKind::kWrite, .fd = file.fd(), .iov = &iovs[i],
+                .iovcnt = 1, .offset = i * kBlock};
+    engine->Submit(&ops[i]);
+  }
+  Drain(*engine);
+  for (int i = 0; i < kCount; ++i) {
+    ASSERT_EQ(ops[i].result, static_cast<int64_t>(kBlock)) << "request " << i;
+  }
+  AlignedBuffer back(kCount * kBlock);
+  ASSERT_EQ(pread(file.fd(), back.data(), back.size(), 0),
+            static_cast<ssize_t>(back.size()));
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(back.data()), back.size()),
+            std::string(reinterpret_cast<char*>(buffer.data()),
+                        buffer.size()));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Backends, EngineTest,
-    ::testing::Values(EngineKind::kIoUring, EngineKind::kThreads),
+    ::testing::Values(EngineKind::kIoUring, EngineKind::kNative,
+                      EngineKind::kThreads),
     [](const ::testing::TestParamInfo<EngineKind>& info) {
-      return info.param == EngineKind::kIoUring ? "io_uring" : "threads";
+      return std::string(KindName(info.param));
     });
 
 TEST(CreateEngineTest, AutoPicksIoUring) {
@@ -458,6 +602,22 @@ TEST(CreateEngineTest, ThreadsGivesThePool) {
   EXPECT_STREQ((*engine)->name(), "threads");
 }
 
+TEST(CreateEngineTest, NativeGivesLinuxAio) {
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      CreateEngine(EngineKind::kNative, 64, nullptr);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_STREQ((*engine)->name(), "native");
+}
+
+TEST(AioEngineTest, KeepsTwiceTheQueueDepthInTheKernel) {
+  absl::StatusOr<std::unique_ptr<Engine>> engine = AioEngine::Create(64);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ(static_cast<AioEngine&>(**engine).max_in_kernel(), 128u);
+  engine = AioEngine::Create(1);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ(static_cast<AioEngine&>(**engine).max_in_kernel(), 16u);
+}
+
 TEST(UringEngineTest, RoundsTheRingUpToAPowerOfTwo) {
   absl::StatusOr<std::unique_ptr<Engine>> engine = UringEngine::Create(100);
   ASSERT_TRUE(engine.ok()) << engine.status();
@@ -469,7 +629,7 @@ TEST(UringEngineTest, RoundsTheRingUpToAPowerOfTwo) {
 
 TEST(ParseEngineKindTest, AcceptsQemuNames) {
   EXPECT_EQ(ParseEngineKind("io_uring").value(), EngineKind::kIoUring);
-  EXPECT_EQ(ParseEngineKind("native").value(), EngineKind::kIoUring);
+  EXPECT_EQ(ParseEngineKind("native").value(), EngineKind::kNative);
   EXPECT_EQ(ParseEngineKind("threads").value(), EngineKind::kThreads);
 }
 

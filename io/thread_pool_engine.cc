@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <utility>
 
 namespace imgtool::io {
 
@@ -32,7 +33,9 @@ void ExecuteOpBlocking(Op* op) {
   op->result = r < 0 ? -errno : r;
 }
 
-ThreadPoolEngine::ThreadPoolEngine(int threads) {
+ThreadPoolEngine::ThreadPoolEngine(int threads,
+                                   absl::AnyInvocable<void()> on_finished)
+    : on_finished_(std::move(on_finished)) {
   threads = std::clamp(threads, 1, 256);
   workers_.reserve(threads);
   for (int i = 0; i < threads; ++i) {
@@ -69,9 +72,17 @@ void ThreadPoolEngine::WorkerLoop() {
       pending_.pop_front();
     }
     ExecuteOpBlocking(op);
-    absl::MutexLock lock(&mu_);
-    finished_.push_back(op);
+    {
+      absl::MutexLock lock(&mu_);
+      finished_.push_back(op);
+    }
+    if (on_finished_) on_finished_();
   }
+}
+
+bool ThreadPoolEngine::HasFinished() {
+  absl::MutexLock lock(&mu_);
+  return !finished_.empty();
 }
 
 absl::Status ThreadPoolEngine::Poll(bool wait) {

@@ -1,0 +1,117 @@
+// Linux AIO backend of io::Engine (qemu-img's aio=native), through libaio.
+//
+// Reads and writes are Linux AIO requests (IOCB_CMD_PREAD/PWRITE for one
+// buffer, PREADV/PWRITEV for several): io_submit does the filesystem's work
+// that cannot wait (block allocation of a write that extends the file or
+// hits unwritten extents) inline on the engine's thread, and the data
+// transfer completes asynchronously. io_uring instead punts such O_DIRECT
+// writes to its io-wq worker threads, one context switch pair per request.
+// Linux AIO is only asynchronous for files opened with O_DIRECT; on other
+// files io_submit performs the whole request before returning (QEMU refuses
+// aio=native without cache.direct=on for that reason; this engine does not
+// check).
+//
+// Submit() only queues a read or write; Poll() hands everything queued to
+// the kernel with one io_submit call, then reaps completions. At most
+// max_in_kernel() requests are in the kernel at a time; the others wait in
+// a user-space FIFO and go to the kernel as earlier ones complete. A request
+// io_submit refuses on its own (EBADF for a bad fd, or an fd not open for
+// reading/writing; EINVAL) completes with that -errno in the same Poll().
+// Completions are read from the AIO completion ring the kernel maps into
+// the process (no syscall) and, when Poll must wait, with io_getevents.
+//
+// fsync, fdatasync and fallocate, which Linux AIO cannot do asynchronously
+// (fallocate not at all; IOCB_CMD_FSYNC runs in a kernel workqueue), run on
+// a side pool (a ThreadPoolEngine of 4 threads, started at the first such
+// request), as QEMU's file-posix does with its thread pool. Every AIO
+// request and every side completion signals one eventfd: a Poll(wait) with
+// requests in both places sleeps in poll(2) on it until either finishes; with
+// requests in one place only it sleeps in io_getevents or in the pool's
+// wait (no busy loop in any case).
+//
+// Thread model: like every engine, used from one thread (see io/engine.h);
+// the side threads only run the blocking syscalls and never callbacks.
+#ifndef IMGTOOL_IO_AIO_ENGINE_H_
+#define IMGTOOL_IO_AIO_ENGINE_H_
+
+#include <libaio.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "io/engine.h"
+#include "io/thread_pool_engine.h"
+
+namespace imgtool::io {
+
+class AioEngine : public Engine {
+ public:
+  // Sets up an AIO context for max_in_kernel() = clamp(2 * queue_depth, 16,
+  // 8192) requests and the eventfd. kUnavailable if the kernel refuses,
+  // with QEMU's wording and the cause: "failed to create linux AIO context:
+  // Resource temporarily unavailable" (the system-wide limit
+  // /proc/sys/fs/aio-max-nr is reached) or "failed to initialize event
+  // notifier: <strerror>".
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(int queue_depth);
+
+  // Waits for the requests still in the kernel (io_destroy) and the side
+  // pool's; callbacks of unfinished requests never run.
+  // Callers finish their requests first.
+  ~AioEngine() override;
+
+  AioEngine(const AioEngine&) = delete;
+  AioEngine& operator=(const AioEngine&) = delete;
+
+  void Submit(Op* op) override;
+  // Errors: kInternal for an io_submit/io_getevents/poll failure other than
+  // a per-request one; kUnavailable when io_submit reports EAGAIN (kernel
+  // short of resources) with nothing in flight to wait for.
+  absl::Status Poll(bool wait) override;
+  uint64_t in_flight() const override;
+  const char* name() const override { return "native"; }
+
+  // Most reads and writes in the kernel at once (the AIO context's size).
+  unsigned max_in_kernel() const { return max_in_kernel_; }
+
+ private:
+  AioEngine(io_context_t context, int event_fd, unsigned max_in_kernel);
+
+  // Hands queued_ to the kernel while there is room: one io_submit per
+  // call in the usual case. Requests refused individually go to `done`.
+  absl::Status SubmitQueued(std::vector<Op*>& done);
+  // Moves finished AIO requests (from the mapped completion ring, or from
+  // io_getevents if the ring's layout is unknown) to `done`; frees their
+  // iocbs.
+  void Reap(std::vector<Op*>& done);
+  // Takes the kernel's events (from either source) into `done`.
+  void TakeEvents(const struct io_event* events, long count,
+                  std::vector<Op*>& done);
+  // Sleeps until a request in the kernel or in the side pool may have
+  // finished; events io_getevents returns go to `done`.
+  absl::Status Wait(std::vector<Op*>& done);
+  bool side_busy() const { return side_ != nullptr && side_->in_flight() > 0; }
+
+  io_context_t context_ = nullptr;
+  int event_fd_ = -1;
+  unsigned max_in_kernel_ = 0;
+
+  // Reads and writes submitted whose `done` has not run yet.
+  uint64_t rw_in_flight_ = 0;
+  unsigned in_kernel_ = 0;         // io_submit accepted, not reaped yet
+  std::deque<Op*> queued_;         // reads/writes not in the kernel (FIFO)
+  std::vector<struct iocb> iocbs_;       // max_in_kernel_ slots
+  std::vector<struct iocb*> free_iocbs_;
+  std::vector<struct iocb*> batch_;      // scratch for io_submit
+  std::vector<struct io_event> events_;  // scratch for io_getevents
+  std::vector<Op*> completed_;           // scratch for Poll()
+  // fsync, fdatasync, fallocate; null until the first one.
+  std::unique_ptr<ThreadPoolEngine> side_;
+};
+
+}  // namespace imgtool::io
+
+#endif  // IMGTOOL_IO_AIO_ENGINE_H_
