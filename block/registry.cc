@@ -53,8 +53,9 @@ const std::vector<Driver>& Drivers() {
         .kind = DriverKind::kProtocol,
         .options = posix_file::FileOpenOptions::descriptor(),
         .keys = {"filename", "locking"},
-        // One engine serves the whole command (imgtool's -i), and the page
-        // cache is not dropped behind QEMU's back here.
+        // aio picks the command's one engine when set on the first image's
+        // file node (imgtool/image.h), nothing per node; the page cache is
+        // not dropped behind QEMU's back here.
         .ignored_keys = {"aio", "aio-max-batch", "drop-cache",
                          "x-check-cache-dropped"},
         .unsupported_keys = {"pr-manager"},

@@ -76,9 +76,9 @@ struct Driver {
   // Other fields are set from the command's settings (cache, read_only...).
   const google::protobuf::Descriptor* options = nullptr;
   std::vector<std::string> keys;
-  // QEMU keys accepted and deliberately without effect here (e.g. file's
-  // aio: one engine serves the whole command), and QEMU keys not
-  // implemented yet (kUnimplemented).
+  // QEMU keys accepted and without effect on the node (e.g. file's aio,
+  // which picks the command's one engine: imgtool/image.h), and QEMU keys
+  // not implemented yet (kUnimplemented).
   std::vector<std::string> ignored_keys;
   std::vector<std::string> unsupported_keys;
   bool has_file_child = false;  // formats and filters: the `file` child

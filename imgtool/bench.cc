@@ -16,8 +16,9 @@
 // -d 0 is rejected ("Invalid queue depth specified") instead of hanging;
 // -q does not silence the two lines (as in qemu-img); an empty image is an
 // I/O error instead of a division by zero; the final flush of a
-// --flush-interval run is inside the timed region; -n / -i native mean
-// io_uring and, as in qemu-img, need -t none or directsync.
+// --flush-interval run is inside the timed region. -n / -i native run on
+// Linux AIO (io::AioEngine) and, as in qemu-img, need -t none or
+// directsync; the default engine is io_uring (qemu-img's is threads).
 // Beyond qemu-img: --output=json prints a BenchResult (bench_result.proto)
 // with IOPS, bandwidth and latency percentiles, and nothing else.
 #include <getopt.h>
@@ -226,7 +227,6 @@ struct BenchArgs {
   bool drain = true;
   bool json = false;
   bool help = false;
-  bool native = false;  // -n or -i native: needs O_DIRECT, as in qemu-img
 };
 
 // qemu_strtoul(text, NULL, 0) followed by a `<= max` check: strtoul's
@@ -343,12 +343,10 @@ absl::Status HandleOption(BenchArgs& a, int option, const std::string& arg) {
       a.spec.format = arg;
       return absl::OkStatus();
     case 'n':
-      a.spec.aio = io::EngineKind::kIoUring;
-      a.native = true;
+      a.spec.aio = io::EngineKind::kNative;
       return absl::OkStatus();
     case 'i': {
       ASSIGN_OR_RETURN(a.spec.aio, io::ParseEngineKind(arg));
-      a.native = arg == "native";
       return absl::OkStatus();
     }
     case 'o': {
@@ -490,7 +488,10 @@ absl::Status RunBench(const std::vector<std::string>& args, Streams streams) {
 
   ASSIGN_OR_RETURN(OpenedImage image, OpenImage(a.spec, streams.err));
   // qemu-img checks this once the file is open (file-posix's open).
-  if (a.native && a.spec.cache != "none" && a.spec.cache != "directsync") {
+  // The engine, not -n: an aio= option of the image (file.aio=threads)
+  // overrides -n, as in QEMU.
+  const bool native = std::string(image.engine->name()) == "native";
+  if (native && a.spec.cache != "none" && a.spec.cache != "directsync") {
     CloseImage(image).IgnoreError();
     return absl::InvalidArgumentError(absl::StrCat(
         "Could not open '", a.spec.filename,

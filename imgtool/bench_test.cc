@@ -172,6 +172,43 @@ TEST(BenchTest, JsonOutputHasRatesAndPercentiles) {
   EXPECT_EQ(r.out.substr(r.out.size() - 2), "}\n");
 }
 
+// The engine each way of asking picks, as --output=json's "aio" shows it:
+// -n / -i, and the aio option of the image's file node, which overrides
+// them (QEMU's file-posix: aio= wins over the -n/-i flags).
+TEST(BenchTest, EngineComesFromAioOptionOrFlags) {
+  const std::string img = MakeImage("engine.raw", 1 << 20);
+  const std::string opts = "driver=raw,file.driver=file,file.filename=" + img;
+  struct EngineCase {
+    std::vector<std::string> args;
+    std::string aio;
+  };
+  const std::vector<EngineCase> cases = {
+      {{"-f", "raw", img}, "io_uring"},
+      {{"-f", "raw", "-n", "-t", "none", img}, "native"},
+      {{"-f", "raw", "-i", "native", "-t", "none", img}, "native"},
+      {{"-f", "raw", "-i", "threads", img}, "threads"},
+      {{"-f", "raw", "-i", "io_uring", img}, "io_uring"},
+      {{"--image-opts", "-t", "none", opts + ",file.aio=native"}, "native"},
+      {{"--image-opts", opts + ",file.aio=threads"}, "threads"},
+      {{"--image-opts", "-i", "threads", opts + ",file.aio=io_uring"},
+       "io_uring"},
+      // aio=threads wins over -n, so writeback is fine.
+      {{"--image-opts", "-n", opts + ",file.aio=threads"}, "threads"},
+      {{"-t", "none",
+        "json:{\"driver\": \"raw\", \"file\": {\"driver\": \"file\", "
+        "\"filename\": \"" + img + "\", \"aio\": \"native\"}}"},
+       "native"},
+  };
+  for (const EngineCase& c : cases) {
+    std::vector<std::string> args = {"-c", "8", "-w", "--output=json"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    Result r = Bench(args);
+    ASSERT_TRUE(r.status.ok()) << c.args.back() << ": " << r.status;
+    EXPECT_THAT(r.out, HasSubstr("\"aio\": \"" + c.aio + "\""))
+        << c.args.back();
+  }
+}
+
 struct ErrorCase {
   std::vector<std::string> args;
   std::string message;

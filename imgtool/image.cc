@@ -24,6 +24,22 @@ absl::Status CouldNotOpen(const std::string& filename,
   return st;
 }
 
+// The engine the image asks for: the `aio` option of the protocol node at
+// the bottom of the top node's `file` chain (QEMU's file-posix aio=, which
+// overrides the command's -i/-n there), else the command's.
+io::EngineKind EngineFor(const NodeOptions& options, io::EngineKind command) {
+  const NodeOptions* node = &options;
+  for (auto it = node->children.find("file"); it != node->children.end();
+       it = node->children.find("file")) {
+    node = &it->second;
+  }
+  auto aio = node->values.find("aio");
+  if (aio == node->values.end()) return command;
+  // Other values are refused when the node opens (block/registry.h).
+  absl::StatusOr<io::EngineKind> kind = io::ParseEngineKind(aio->second);
+  return kind.ok() ? *kind : command;
+}
+
 }  // namespace
 
 std::string ResolveBackingFilename(const std::string& image,
@@ -66,9 +82,10 @@ absl::StatusOr<OpenedImage> OpenImage(const ImageSpec& spec, std::ostream& err,
 
   OpenedImage image;
   if (engine == nullptr) {
-    ASSIGN_OR_RETURN(std::unique_ptr<io::Engine> created,
-                     io::CreateEngine(spec.aio, spec.queue_depth, &err));
-    engine = std::move(created);
+    absl::StatusOr<std::unique_ptr<io::Engine>> created = io::CreateEngine(
+        EngineFor(*options, spec.aio), spec.queue_depth, &err);
+    if (!created.ok()) return CouldNotOpen(filename, created.status());
+    engine = *std::move(created);
   }
   image.engine = std::move(engine);
   block::OpenSettings s;

@@ -62,6 +62,10 @@ struct ImageSpec {
   // Do not open the backing file (qemu-img info's BDRV_O_NO_BACKING):
   // clusters the image does not allocate then read as zeroes.
   bool no_backing = false;
+  // The engine (-i/-n; qemu-img's default is threads, imgtool's io_uring).
+  // An `aio` option on the protocol node at the bottom of the image's
+  // `file` chain (--image-opts file.aio=native, json:) overrides it, as in
+  // QEMU; only for the command's first image, which creates the engine.
   io::EngineKind aio = io::EngineKind::kAuto;
   int queue_depth = 64;  // requests the command keeps in flight
 };
@@ -93,7 +97,9 @@ struct OpenedImage {
 // kInvalidArgument "--image-opts and --format are mutually exclusive" if
 // spec has both. `engine`: the engine of
 // images already open for the same command, or null to create one for
-// spec.aio and spec.queue_depth (its fallback notice goes to `err`).
+// spec.aio (or the image's aio option) and spec.queue_depth (its fallback
+// notice goes to `err`; an engine that cannot be set up is "Could not open
+// '<file>': Unable to use native AIO: ..." for aio=native).
 absl::StatusOr<OpenedImage> OpenImage(
     const ImageSpec& spec, std::ostream& err,
     std::shared_ptr<io::Engine> engine = nullptr);

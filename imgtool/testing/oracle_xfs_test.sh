@@ -89,6 +89,35 @@ for f in hint nohint; do
   same_output "$D" map --output=json --start-offset=5k --max-length=4M $f.raw
 done
 
+echo "== bench -n and io -k: Linux AIO (io_submit, no io_uring), same data"
+B="$MNT/bench"
+mkdir -p "$B"
+# The calls of `syscall` in an `strace -c` summary (0 if absent).
+calls() { awk -v s="$2" '$NF == s { n = $4 } END { print n + 0 }' "$1"; }
+for args in "-c 2000 -d 64 -s 16k" "-c 2000 -d 64 -o 1k -s 64k"; do
+  checks=$((checks + 1))
+  rm -f "$B"/*.qcow2
+  qemu-img create -q -f qcow2 "$B/ours.qcow2" 256M
+  cp "$B/ours.qcow2" "$B/theirs.qcow2"
+  strace -f -c -o "$B/trace" "$IMGTOOL" bench $args -f qcow2 -t none -n -w \
+    "$B/ours.qcow2" >/dev/null 2>"$B/err" || fail "bench -n $args: $(cat "$B/err")"
+  qemu-img bench $args -f qcow2 -t none -n -w "$B/theirs.qcow2" >/dev/null
+  [[ $(calls "$B/trace" io_submit) -gt 0 &&
+    $(calls "$B/trace" io_uring_setup) -eq 0 ]] ||
+    fail "bench -n $args: not on Linux AIO: $(cat "$B/trace")"
+  diff_text "bench -n $args" "qemu-img compare" \
+    "$(qemu-img compare -f qcow2 -F qcow2 "$B/ours.qcow2" "$B/theirs.qcow2")" \
+    "Images are identical."
+done
+checks=$((checks + 1))
+strace -f -c -o "$B/trace" "$IMGTOOL" io -k -t none -f qcow2 \
+  -c "write -P 0x5a 0 1M" -c "aio_write -P 0x6b 1M 64k" -c aio_flush \
+  -c "read -P 0x6b 1M 64k" -c "read -P 0x5a 0 1M" "$B/ours.qcow2" \
+  >"$B/out" 2>&1 || fail "io -k: $(cat "$B/out")"
+[[ $(calls "$B/trace" io_submit) -gt 0 &&
+  $(calls "$B/trace" io_uring_setup) -eq 0 ]] ||
+  fail "io -k: not on Linux AIO: $(cat "$B/trace")"
+
 echo "== immutable directory"
 mkdir "$MNT/immutable"
 (cd "$MNT/immutable" && qemu-img create -q -o extent_size_hint=0 old.raw 1M)
