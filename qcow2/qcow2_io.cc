@@ -548,6 +548,19 @@ Qcow2Node::CowBuffer::~CowBuffer() {
   node_->cow_pool_.push_back(std::move(buf_));
 }
 
+io::Task<absl::StatusOr<bool>> Qcow2Node::ZeroThenWrite(uint64_t zero_at,
+                                                        uint64_t zero_bytes,
+                                                        uint64_t data_at,
+                                                        io::ConstIoVec data) {
+  io::WriteZeroesFlags flags;
+  flags.no_fallback = true;
+  absl::Status st = co_await file_->WriteZeroes(zero_at, zero_bytes, flags);
+  if (absl::IsUnimplemented(st)) co_return false;
+  CO_RETURN_IF_ERROR(st);
+  CO_RETURN_IF_ERROR(co_await file_->Write(data_at, data));
+  co_return true;
+}
+
 io::Task<absl::Status> Qcow2Node::WriteAllocated(
     uint64_t offset, io::ConstIoVec data, uint64_t first_cluster,
     uint64_t count, uint64_t host, const std::vector<format::L2Entry>& olds) {
@@ -561,13 +574,10 @@ io::Task<absl::Status> Qcow2Node::WriteAllocated(
   }
   if (OldContentsAreZero(olds.front(), start, head) &&
       OldContentsAreZero(olds.back(), data_end, tail)) {
-    // Zero the new clusters efficiently, then write the data (QEMU's
-    // handle_alloc_space).
-    io::WriteZeroesFlags flags;
-    flags.no_fallback = true;
-    absl::Status st = co_await file_->WriteZeroes(host, bytes, flags);
-    if (st.ok()) co_return co_await file_->Write(host + head, data);
-    if (!absl::IsUnimplemented(st)) co_return st;
+    // Nothing to copy: zero the new clusters, then write the data.
+    CO_ASSIGN_OR_RETURN(const bool written,
+                        co_await ZeroThenWrite(host, bytes, host + head, data));
+    if (written) co_return absl::OkStatus();
   }
   // Copy-on-write: the untouched parts from what the clusters showed before,
   // head, data and tail written as one request. Head and tail are read in
@@ -772,16 +782,16 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteInPlaceThenNew(
   // (explicitly when the file cannot do it efficiently), then the data.
   const uint64_t tail = (new_cluster + count) * cluster_size_ -
                         (offset + bytes);
+  // Without efficient write zeroes only the tail needs explicit zeroes.
   auto write = [&]() -> io::Task<absl::Status> {
-    io::WriteZeroesFlags flags;
-    flags.no_fallback = true;
-    absl::Status zst = co_await file_->WriteZeroes(new_host, new_bytes, flags);
-    if (absl::IsUnimplemented(zst) && tail != 0) {
-      zst = co_await file_->Write(new_host + new_bytes - tail, Zeroes(tail));
-    } else if (absl::IsUnimplemented(zst)) {
-      zst = absl::OkStatus();
+    CO_ASSIGN_OR_RETURN(const bool written,
+                        co_await ZeroThenWrite(new_host, new_bytes, host,
+                                               data.first(bytes)));
+    if (written) co_return absl::OkStatus();
+    if (tail != 0) {
+      CO_RETURN_IF_ERROR(
+          co_await file_->Write(new_host + new_bytes - tail, Zeroes(tail)));
     }
-    if (!zst.ok()) co_return zst;
     co_return co_await file_->Write(host, data.first(bytes));
   };
   st = co_await StartThenUnlock(lock, write());
@@ -935,18 +945,12 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   } else if (type != ClusterType::kCompressed &&
              SubclustersReadZero(old, start + cow_start, head) &&
              SubclustersReadZero(last, offset + bytes, tail)) {
-    // Nothing to copy: zero the padded range with the file's write zeroes,
-    // then write the data (QEMU's handle_alloc_space, subcluster granular).
-    io::WriteZeroesFlags flags;
-    flags.no_fallback = true;
-    st = co_await file_->WriteZeroes(host + cow_start, cow_end - cow_start,
-                                     flags);
-    if (st.ok()) {
-      st = co_await file_->Write(host + in_cluster, part);
-      done = true;
-    } else if (absl::IsUnimplemented(st)) {
-      st = absl::OkStatus();
-    }
+    // Nothing to copy: zero the padded range, then write the data
+    // (subcluster granular).
+    absl::StatusOr<bool> written = co_await ZeroThenWrite(
+        host + cow_start, cow_end - cow_start, host + in_cluster, part);
+    st = written.status();
+    done = written.value_or(false);
   }
   if (st.ok() && !done) {
     // Copy-on-write of the untouched parts of the touched subclusters:

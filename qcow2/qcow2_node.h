@@ -311,6 +311,17 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   static constexpr uint64_t kMaxPooledCowBytes = uint64_t{64} << 20;
 
   // Write pieces.
+  // QEMU's handle_alloc_space: zeroes file range [zero_at, zero_at +
+  // zero_bytes) (bytes, the new clusters or subclusters a write allocates)
+  // with the file's efficient write zeroes, then writes `data` at file
+  // offset `data_at` inside it. false, with nothing written, when the file
+  // has no efficient write zeroes (kUnimplemented): the caller then writes
+  // the zeroes its own way (copy-on-write buffer, explicit zero writes).
+  // Errors of either request otherwise.
+  io::Task<absl::StatusOr<bool>> ZeroThenWrite(uint64_t zero_at,
+                                               uint64_t zero_bytes,
+                                               uint64_t data_at,
+                                               io::ConstIoVec data);
   io::Task<absl::StatusOr<uint64_t>> WriteStep(uint64_t offset,
                                                io::ConstIoVec data);
   io::Task<absl::Status> WriteAllocated(uint64_t offset, io::ConstIoVec data,

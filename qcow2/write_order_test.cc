@@ -32,12 +32,16 @@ struct Request {
   uint64_t length;
 };
 
-// Records every write and write zeroes when it starts.
+// Records every write and write zeroes when it starts. With
+// `zeroes_unsupported`, write zeroes fail with kUnimplemented like on a file
+// that cannot zero efficiently (e.g. a block device, unaligned ranges).
 class RecordingNode final : public testing::ForwardingNode {
  public:
   RecordingNode(std::unique_ptr<io::BlockNode> target,
-                std::vector<Request>* log)
-      : ForwardingNode(std::move(target)), log_(log) {}
+                std::vector<Request>* log, bool zeroes_unsupported = false)
+      : ForwardingNode(std::move(target)),
+        log_(log),
+        zeroes_unsupported_(zeroes_unsupported) {}
 
  protected:
   io::Task<absl::Status> DoWrite(uint64_t offset,
@@ -48,30 +52,76 @@ class RecordingNode final : public testing::ForwardingNode {
   io::Task<absl::Status> DoWriteZeroes(uint64_t offset, uint64_t length,
                                        io::WriteZeroesFlags flags) override {
     log_->push_back({true, offset, length});
+    if (zeroes_unsupported_) return Unsupported();
     return ForwardingNode::DoWriteZeroes(offset, length, flags);
   }
 
  private:
+  static io::Task<absl::Status> Unsupported() {
+    co_return absl::UnimplementedError("write zeroes");
+  }
+
   std::vector<Request>* log_;
+  const bool zeroes_unsupported_;
 };
+
+// Data clusters start after the header, the refcount table and block, the
+// L1 table and the new L2 table.
+constexpr uint64_t kCluster = 65536;
+constexpr uint64_t kDataStart = 5 * kCluster;
+
+// Opens qcow2 image `path` over a RecordingNode logging into `log`.
+absl::StatusOr<std::unique_ptr<Qcow2Node>> OpenRecorded(
+    Env& env, const std::string& path, std::vector<Request>* log,
+    bool zeroes_unsupported = false) {
+  absl::StatusOr<std::unique_ptr<io::BlockNode>> file =
+      env.OpenFile(path, /*read_only=*/false);
+  if (!file.ok()) return file.status();
+  return env.Run(Qcow2Node::Open(
+      std::make_unique<RecordingNode>(*std::move(file), log,
+                                      zeroes_unsupported),
+      Qcow2OpenOptions(), nullptr));
+}
+
+// The requests of `log` at or past file offset `from` (the data clusters).
+std::vector<Request> From(const std::vector<Request>& log, uint64_t from) {
+  std::vector<Request> out;
+  for (const Request& r : log) {
+    if (r.offset >= from) out.push_back(r);
+  }
+  return out;
+}
+
+// Whether qcow2 image `path` passes qemu-img check and reads as `ref`.
+void ExpectImage(const std::string& path, const std::vector<uint8_t>& ref) {
+  EXPECT_EQ(Shell("qemu-img check -q " + path).exit_code, 0);
+  const std::string raw = path + ".raw";
+  EXPECT_EQ(Shell("qemu-img convert -O raw " + path + " " + raw).exit_code, 0);
+  EXPECT_TRUE(testing::ReadFile(raw) == ref);
+}
+
+// Creates qcow2 image `path` (64 MiB, qemu-img create `options`) and fills
+// the file from 320 KiB to 1344 KiB with 0xee, where its data clusters go:
+// new clusters must not show it.
+void CreateOverGarbage(const std::string& path, const std::string& options) {
+  ASSERT_EQ(Shell("qemu-img create -q -f qcow2 " + options + " " + path +
+                  " 64M && truncate -s 2M " + path +
+                  " && qemu-io -f raw -c 'write -P 0xee 320k 1M' " + path +
+                  " >/dev/null")
+                .exit_code,
+            0);
+}
 
 // 64 concurrent 64 KiB writes at 1 KiB past each cluster start (the
 // preallocate benchmark's unaligned case), started at once.
 std::vector<Request> RunUnalignedBatch(const std::string& name) {
   Env env;
   const std::string path = TempPath(name);
-  constexpr uint64_t kCluster = 65536;
   constexpr int kWrites = 64;
   EXPECT_EQ(Shell("qemu-img create -q -f qcow2 " + path + " 64M").exit_code,
             0);
   std::vector<Request> log;
-  absl::StatusOr<std::unique_ptr<io::BlockNode>> file =
-      env.OpenFile(path, /*read_only=*/false);
-  EXPECT_TRUE(file.ok()) << file.status();
-  if (!file.ok()) return log;
-  auto node = env.Run(Qcow2Node::Open(
-      std::make_unique<RecordingNode>(*std::move(file), &log),
-      Qcow2OpenOptions(), nullptr));
+  auto node = OpenRecorded(env, path, &log);
   EXPECT_TRUE(node.ok()) << node.status();
   if (!node.ok()) return log;
   std::vector<std::vector<uint8_t>> buffers;
@@ -92,23 +142,17 @@ std::vector<Request> RunUnalignedBatch(const std::string& name) {
     if (!st.ok()) return log;
   }
   EXPECT_TRUE(env.Run((*node)->Close()).ok());
-  EXPECT_EQ(Shell("qemu-img check -q " + path).exit_code, 0);
   std::vector<uint8_t> ref(64 << 20, 0);
   for (int i = 0; i < kWrites; ++i) {
     std::copy(buffers[i].begin(), buffers[i].end(),
               ref.begin() + i * kCluster + 1024);
   }
-  const std::string raw = path + ".raw";
-  EXPECT_EQ(Shell("qemu-img convert -O raw " + path + " " + raw).exit_code, 0);
-  EXPECT_TRUE(testing::ReadFile(raw) == ref);
+  ExpectImage(path, ref);
   return log;
 }
 
 TEST(WriteOrderTest, ConcurrentAllocatingWritesReachTheFileInOrder) {
   const std::vector<Request> log = RunUnalignedBatch("write_order.qcow2");
-  // Data clusters start after the header, the refcount table and block, the
-  // L1 table and the new L2 table (qemu-img create's layout).
-  constexpr uint64_t kDataStart = 5 * 65536;
   // Per kind of request (zeroing of the new clusters, the data written with
   // them, the rest of a cluster written in place, the head of the next
   // cluster), host offsets strictly ascend. Before: strictly descending in
@@ -133,46 +177,40 @@ TEST(WriteOrderTest, ConcurrentAllocatingWritesReachTheFileInOrder) {
   }
 }
 
+// `writes` sequential 64 KiB writes at 1 KiB past each cluster start into a
+// new image over garbage; returns the requests to its data clusters.
+std::vector<Request> RunSequential(const std::string& name, int writes,
+                                   bool zeroes_unsupported) {
+  Env env;
+  const std::string path = TempPath(name);
+  CreateOverGarbage(path, "");
+  std::vector<Request> log;
+  auto node = OpenRecorded(env, path, &log, zeroes_unsupported);
+  EXPECT_TRUE(node.ok()) << node.status();
+  if (!node.ok()) return log;
+  std::vector<uint8_t> ref(64 << 20, 0);
+  for (int i = 0; i < writes; ++i) {
+    const std::vector<uint8_t> buf = Pattern(kCluster, 3 + i);
+    absl::Status st =
+        env.Run((*node)->Write(i * kCluster + 1024, io::ConstIoVec(buf)));
+    EXPECT_TRUE(st.ok()) << st;
+    std::copy(buf.begin(), buf.end(), ref.begin() + i * kCluster + 1024);
+  }
+  EXPECT_TRUE(env.Run((*node)->Close()).ok());
+  ExpectImage(path, ref);
+  return From(log, kDataStart);
+}
+
 // A write at 1 KiB into a cluster written before (in place) that goes on
 // into an unallocated cluster allocates that cluster right after the first
 // one and writes once over both (QEMU's handle_copied + handle_alloc), as
 // the bench's unaligned case at depth 1: one 64 KiB host write per guest
 // write. Before: 63 KiB in place, then 1 KiB into the new cluster.
 TEST(WriteOrderTest, SequentialUnalignedWritesAreOneHostWriteEach) {
-  Env env;
-  const std::string path = TempPath("sequential.qcow2");
-  constexpr uint64_t kCluster = 65536;
   constexpr int kWrites = 16;
-  ASSERT_EQ(Shell("qemu-img create -q -f qcow2 " + path + " 64M").exit_code,
-            0);
-  std::vector<Request> log;
-  absl::StatusOr<std::unique_ptr<io::BlockNode>> file =
-      env.OpenFile(path, /*read_only=*/false);
-  ASSERT_TRUE(file.ok()) << file.status();
-  auto node = env.Run(Qcow2Node::Open(
-      std::make_unique<RecordingNode>(*std::move(file), &log),
-      Qcow2OpenOptions(), nullptr));
-  ASSERT_TRUE(node.ok()) << node.status();
-  std::vector<uint8_t> ref(64 << 20, 0);
-  for (int i = 0; i < kWrites; ++i) {
-    const std::vector<uint8_t> buf = Pattern(kCluster, 3 + i);
-    ASSERT_TRUE(
-        env.Run((*node)->Write(i * kCluster + 1024, io::ConstIoVec(buf))).ok());
-    std::copy(buf.begin(), buf.end(), ref.begin() + i * kCluster + 1024);
-  }
-  ASSERT_TRUE(env.Run((*node)->Close()).ok());
-  EXPECT_EQ(Shell("qemu-img check -q " + path).exit_code, 0);
-  const std::string raw = path + ".raw";
-  ASSERT_EQ(Shell("qemu-img convert -O raw " + path + " " + raw).exit_code, 0);
-  EXPECT_TRUE(testing::ReadFile(raw) == ref);
-  // Data clusters start after the header, the refcount table and block, the
-  // L1 table and the new L2 table; each write zeroes its new cluster(s),
-  // then writes its data.
-  constexpr uint64_t kDataStart = 5 * kCluster;
-  std::vector<Request> data;
-  for (const Request& r : log) {
-    if (r.offset >= kDataStart) data.push_back(r);
-  }
+  const std::vector<Request> data =
+      RunSequential("sequential.qcow2", kWrites, /*zeroes_unsupported=*/false);
+  // Each write zeroes its new cluster(s), then writes its data.
   ASSERT_EQ(data.size(), 2u * kWrites);
   for (int i = 0; i < kWrites; ++i) {
     const Request& zeroes = data[2 * i];
@@ -185,6 +223,65 @@ TEST(WriteOrderTest, SequentialUnalignedWritesAreOneHostWriteEach) {
     EXPECT_EQ(write.offset, kDataStart + i * kCluster + 1024) << i;
     EXPECT_EQ(write.length, kCluster) << i;
   }
+}
+
+// Without efficient write zeroes the new clusters' zeroes are written as
+// data: the first write copies on write (one request over both new
+// clusters), each later one writes the tail of its new cluster as zeroes,
+// then its data over both clusters (QEMU's handle_alloc_space fallback).
+TEST(WriteOrderTest, WithoutWriteZeroesNewClustersGetZeroesAsData) {
+  constexpr int kWrites = 4;
+  const std::vector<Request> data =
+      RunSequential("no_zeroes.qcow2", kWrites, /*zeroes_unsupported=*/true);
+  ASSERT_EQ(data.size(), 2u + 3u * (kWrites - 1));
+  // Zeroes refused, then head, data and tail as one write.
+  EXPECT_TRUE(data[0].zeroes);
+  EXPECT_EQ(data[0].offset, kDataStart);
+  EXPECT_EQ(data[0].length, 2 * kCluster);
+  EXPECT_FALSE(data[1].zeroes);
+  EXPECT_EQ(data[1].offset, kDataStart);
+  EXPECT_EQ(data[1].length, 2 * kCluster);
+  for (int i = 1; i < kWrites; ++i) {
+    // Zeroes refused, the new cluster's tail as zeroes, the data.
+    const uint64_t new_host = kDataStart + (i + 1) * kCluster;
+    const Request* r = &data[2 + 3 * (i - 1)];
+    EXPECT_TRUE(r[0].zeroes) << i;
+    EXPECT_EQ(r[0].offset, new_host) << i;
+    EXPECT_EQ(r[0].length, kCluster) << i;
+    EXPECT_FALSE(r[1].zeroes) << i;
+    EXPECT_EQ(r[1].offset, new_host + 1024) << i;
+    EXPECT_EQ(r[1].length, kCluster - 1024) << i;
+    EXPECT_FALSE(r[2].zeroes) << i;
+    EXPECT_EQ(r[2].offset, kDataStart + i * kCluster + 1024) << i;
+    EXPECT_EQ(r[2].length, kCluster) << i;
+  }
+}
+
+// The same with extended L2 entries: a write of part of a subcluster pads
+// it with zeroes written as data.
+TEST(WriteOrderTest, WithoutWriteZeroesSubclustersGetZeroesAsData) {
+  Env env;
+  const std::string path = TempPath("no_zeroes_extended.qcow2");
+  CreateOverGarbage(path, "-o extended_l2=on");
+  std::vector<Request> log;
+  auto node = OpenRecorded(env, path, &log, /*zeroes_unsupported=*/true);
+  ASSERT_TRUE(node.ok()) << node.status();
+  const std::vector<uint8_t> buf = Pattern(1024, 5);
+  ASSERT_TRUE(env.Run((*node)->Write(4096 + 512, io::ConstIoVec(buf))).ok());
+  ASSERT_TRUE(env.Run((*node)->Close()).ok());
+  std::vector<uint8_t> ref(64 << 20, 0);
+  std::copy(buf.begin(), buf.end(), ref.begin() + 4096 + 512);
+  ExpectImage(path, ref);
+  const std::vector<Request> data = From(log, kDataStart);
+  // Subcluster 2 (2 KiB subclusters) of the new cluster: zeroes refused,
+  // then 512 bytes of zeroes, the data and 512 bytes of zeroes as one write.
+  ASSERT_EQ(data.size(), 2u);
+  EXPECT_TRUE(data[0].zeroes);
+  EXPECT_EQ(data[0].offset, kDataStart + 4096);
+  EXPECT_EQ(data[0].length, 2048u);
+  EXPECT_FALSE(data[1].zeroes);
+  EXPECT_EQ(data[1].offset, kDataStart + 4096);
+  EXPECT_EQ(data[1].length, 2048u);
 }
 
 }  // namespace
