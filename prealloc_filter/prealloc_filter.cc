@@ -244,8 +244,8 @@ io::Task<void> PreallocFilterNode::WaitForPrealloc() {
   while (prealloc_ != nullptr) co_await prealloc_->done.Wait();
 }
 
-io::Task<std::list<PreallocFilterNode::Inflight>::iterator>
-PreallocFilterNode::BeginRequest(uint64_t offset, uint64_t length) {
+io::Task<absl::Status> PreallocFilterNode::RunRequest(
+    uint64_t offset, uint64_t length, io::Task<absl::Status> request) {
   // Aligned out like the file will issue it (O_DIRECT padding).
   const uint64_t start = RoundDownTo(offset, request_alignment_);
   const uint64_t end = RoundUpTo(offset + length, request_alignment_);
@@ -255,14 +255,16 @@ PreallocFilterNode::BeginRequest(uint64_t offset, uint64_t length) {
   while (prealloc_ != nullptr && end > prealloc_->start) {
     co_await prealloc_->done.Wait();
   }
-  co_return it;
+  absl::Status st = co_await std::move(request);
+  inflight_.erase(it);
+  co_return st;
 }
 
 io::Task<bool> PreallocFilterNode::HandleWrite(uint64_t offset, uint64_t length,
                                                bool merge_zero) {
   if (!active_) co_return false;
   // A request that reaches past a running preallocation waits for it in
-  // BeginRequest anyway: wait before deciding, so that it sees the new file
+  // RunRequest anyway: wait before deciding, so that it sees the new file
   // end (a zero write inside it is then dropped) instead of finding the
   // preallocation busy, skipping its own and forwarding a zero write.
   while (prealloc_ != nullptr &&
@@ -347,10 +349,8 @@ io::Task<absl::Status> PreallocFilterNode::DoWrite(uint64_t offset,
                                                    io::ConstIoVec data) {
   if (!active_) co_return co_await file_->Write(offset, data);
   (void)co_await HandleWrite(offset, data.size(), /*merge_zero=*/false);
-  auto it = co_await BeginRequest(offset, data.size());
-  absl::Status st = co_await file_->Write(offset, data);
-  inflight_.erase(it);
-  co_return st;
+  co_return co_await RunRequest(offset, data.size(),
+                                file_->Write(offset, data));
 }
 
 io::Task<absl::Status> PreallocFilterNode::DoWriteZeroes(
@@ -358,19 +358,14 @@ io::Task<absl::Status> PreallocFilterNode::DoWriteZeroes(
   if (!active_) co_return co_await file_->WriteZeroes(offset, length, flags);
   const bool merged = co_await HandleWrite(offset, length, !flags.may_unmap);
   if (merged) co_return absl::OkStatus();
-  auto it = co_await BeginRequest(offset, length);
-  absl::Status st = co_await file_->WriteZeroes(offset, length, flags);
-  inflight_.erase(it);
-  co_return st;
+  co_return co_await RunRequest(offset, length,
+                                file_->WriteZeroes(offset, length, flags));
 }
 
 io::Task<absl::Status> PreallocFilterNode::DoDiscard(uint64_t offset,
                                                      uint64_t length) {
   if (!active_) co_return co_await file_->Discard(offset, length);
-  auto it = co_await BeginRequest(offset, length);
-  absl::Status st = co_await file_->Discard(offset, length);
-  inflight_.erase(it);
-  co_return st;
+  co_return co_await RunRequest(offset, length, file_->Discard(offset, length));
 }
 
 io::Task<absl::Status> PreallocFilterNode::DoFlush() {

@@ -178,10 +178,11 @@ class PreallocFilterNode : public io::BlockNode {
   bool OverlapsData(uint64_t start, uint64_t end) const;
   // Fills data_end/file_end/zero_start from the file if unknown.
   void InitState();
-  // Registers a request to the file covering [offset, offset + length),
-  // then waits while it reaches past the start of a running preallocation.
-  io::Task<std::list<Inflight>::iterator> BeginRequest(uint64_t offset,
-                                                       uint64_t length);
+  // Runs `request`, the file request over [offset, offset + length)
+  // (bytes), registered in inflight_ while it runs, after waiting while it
+  // reaches past the start of a running preallocation. Returns its status.
+  io::Task<absl::Status> RunRequest(uint64_t offset, uint64_t length,
+                                    io::Task<absl::Status> request);
   // Waits until no preallocation runs.
   io::Task<void> WaitForPrealloc();
   // Crash marker (see the file comment); no-ops without a FileNode fd.
