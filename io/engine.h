@@ -47,6 +47,15 @@ struct Op {
   uint64_t offset = 0;                // bytes
   uint64_t length = 0;                // bytes, kFallocate only
   int mode = 0;                       // fallocate mode flags
+  // Hint from the caller: the request is expected to block in the file
+  // system instead of finishing without a wait, e.g. a write that ends past
+  // the file's length as the caller knows it (the file system must extend
+  // the file and allocate blocks, which XFS and ext4 refuse to do for a
+  // non-blocking O_DIRECT attempt). Engines may route such requests
+  // differently (UringEngine hands them to worker threads); a wrong hint
+  // costs speed only, never correctness. Results, in_flight() and Poll()
+  // behave the same either way.
+  bool may_block = false;
   // Set before `done` runs: bytes transferred (>= 0; a short count is
   // possible and not retried by the engine) or -errno.
   int64_t result = 0;

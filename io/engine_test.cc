@@ -7,12 +7,15 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -207,6 +210,8 @@ TEST_P(EngineTest, Keeps256RequestsInFlight) {
   }
 }
 
+// Every third request is marked may_block (UringEngine's side pool): both
+// paths together give the same results and counts as the ring alone.
 TEST_P(EngineTest, QueuesMoreRequestsThanTheQueueDepth) {
   std::unique_ptr<Engine> engine = MakeEngine(8);
   ASSERT_NE(engine, nullptr);
@@ -225,6 +230,7 @@ TEST_P(EngineTest, QueuesMoreRequestsThanTheQueueDepth) {
     ops[i].iov = &iovs[i];
     ops[i].iovcnt = 1;
     ops[i].offset = i * 512;
+    ops[i].may_block = i % 3 == 0;
     ops[i].done = [&completed](Op& op) {
       EXPECT_EQ(op.result, 512);
       ++completed;
@@ -625,6 +631,134 @@ TEST(UringEngineTest, RoundsTheRingUpToAPowerOfTwo) {
   engine = UringEngine::Create(1);
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_EQ(static_cast<UringEngine&>(**engine).ring_entries(), 8u);
+}
+
+// A read of a pipe that blocks until `data` is written to it.
+struct PipeRead {
+  int fds[2] = {-1, -1};
+  char byte = 0;
+  struct iovec iov = {&byte, 1};
+  Op op;
+  PipeRead() {
+    EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
+    op = Op{.kind = OpKind::kRead, .fd = fds[0], .iov = &iov, .iovcnt = 1,
+            .may_block = true};
+  }
+  ~PipeRead() {
+    close(fds[0]);
+    close(fds[1]);
+  }
+};
+
+TEST(UringEngineTest, MayBlockRequestsRunOnTheSidePool) {
+  absl::StatusOr<std::unique_ptr<Engine>> created = UringEngine::Create(16);
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto& engine = static_cast<UringEngine&>(**created);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  EXPECT_EQ(engine.side_requests(), 0u);
+  std::string data = Pattern(7, kBlock);
+  struct iovec iov = {data.data(), data.size()};
+  Op plain{.kind = OpKind::kWrite, .fd = file.fd(), .iov = &iov, .iovcnt = 1,
+           .offset = 0};
+  Op marked{.kind = OpKind::kWrite, .fd = file.fd(), .iov = &iov, .iovcnt = 1,
+            .offset = kBlock, .may_block = true};
+  EXPECT_EQ(RunSync(engine, RunOp(engine, std::move(plain))), int64_t{kBlock});
+  EXPECT_EQ(engine.side_requests(), 0u);
+  EXPECT_EQ(RunSync(engine, RunOp(engine, std::move(marked))), int64_t{kBlock});
+  EXPECT_EQ(engine.side_requests(), 1u);
+  EXPECT_EQ(engine.in_flight(), 0u);
+  EXPECT_EQ(PRead(file.fd(), 2 * kBlock, 0), data + data);
+}
+
+// Poll(wait) blocks until a side-pool request finishes, and runs its
+// callback before returning, even with nothing in the ring.
+TEST(UringEngineTest, PollWaitsForTheSidePool) {
+  absl::StatusOr<std::unique_ptr<Engine>> created = UringEngine::Create(8);
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto& engine = static_cast<UringEngine&>(**created);
+  PipeRead read;
+  bool done = false;
+  read.op.done = [&done](Op& op) {
+    EXPECT_EQ(op.result, 1);
+    done = true;
+  };
+  engine.Submit(&read.op);
+  EXPECT_EQ(engine.in_flight(), 1u);
+  ASSERT_TRUE(engine.Poll(/*wait=*/false).ok());
+  EXPECT_FALSE(done);
+  std::thread writer([&read] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(write(read.fds[1], "x", 1), 1);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(engine.Poll(/*wait=*/true).ok());
+  const auto waited = std::chrono::steady_clock::now() - start;
+  writer.join();
+  EXPECT_TRUE(done);
+  EXPECT_EQ(read.byte, 'x');
+  EXPECT_EQ(engine.in_flight(), 0u);
+  EXPECT_GE(waited, std::chrono::milliseconds(40));
+  EXPECT_EQ(engine.side_requests(), 1u);
+}
+
+// With a side-pool request blocked, ring requests still complete, and
+// in_flight() counts both paths.
+TEST(UringEngineTest, RingRequestsCompleteWhileTheSidePoolBlocks) {
+  absl::StatusOr<std::unique_ptr<Engine>> created = UringEngine::Create(8);
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto& engine = static_cast<UringEngine&>(**created);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  PipeRead read;
+  bool read_done = false;
+  read.op.done = [&read_done](Op&) { read_done = true; };
+  engine.Submit(&read.op);
+  constexpr int kCount = 40;  // more than the ring holds
+  std::string data = Pattern(3, 512);
+  struct iovec iov = {data.data(), data.size()};
+  std::vector<Op> ops(kCount);
+  int written = 0;
+  for (int i = 0; i < kCount; ++i) {
+    ops[i] = Op{.kind = OpKind::kWrite, .fd = file.fd(), .iov = &iov,
+                .iovcnt = 1, .offset = i * uint64_t{512}};
+    ops[i].done = [&written](Op& op) {
+      EXPECT_EQ(op.result, 512);
+      ++written;
+    };
+    engine.Submit(&ops[i]);
+  }
+  EXPECT_EQ(engine.in_flight(), uint64_t{kCount + 1});
+  while (written < kCount) ASSERT_TRUE(engine.Poll(/*wait=*/true).ok());
+  EXPECT_FALSE(read_done);
+  EXPECT_EQ(engine.in_flight(), 1u);
+  ASSERT_EQ(write(read.fds[1], "y", 1), 1);
+  while (engine.in_flight() > 0) ASSERT_TRUE(engine.Poll(/*wait=*/true).ok());
+  EXPECT_TRUE(read_done);
+  EXPECT_EQ(read.byte, 'y');
+}
+
+// Workers start when requests wait and none is idle, up to the limit.
+TEST(ThreadPoolEngineTest, StartsWorkersOnDemandUpToTheLimit) {
+  ThreadPoolEngine engine(4);
+  EXPECT_EQ(engine.threads_started(), 0);
+  constexpr int kCount = 10;
+  std::vector<std::unique_ptr<PipeRead>> reads;
+  int done = 0;
+  for (int i = 0; i < kCount; ++i) {
+    reads.push_back(std::make_unique<PipeRead>());
+    reads.back()->op.done = [&done](Op& op) {
+      EXPECT_EQ(op.result, 1);
+      ++done;
+    };
+    engine.Submit(&reads.back()->op);
+  }
+  // Each worker blocks in its read, so none gets idle again.
+  EXPECT_EQ(engine.threads_started(), 4);
+  for (auto& r : reads) ASSERT_EQ(write(r->fds[1], "z", 1), 1);
+  while (engine.in_flight() > 0) ASSERT_TRUE(engine.Poll(/*wait=*/true).ok());
+  EXPECT_EQ(done, kCount);
+  EXPECT_EQ(engine.threads_started(), 4);
 }
 
 TEST(ParseEngineKindTest, AcceptsQemuNames) {

@@ -15,9 +15,12 @@ void ExecuteOpBlocking(Op* op) {
   switch (op->kind) {
     case OpKind::kRead:
       r = preadv(op->fd, op->iov, op->iovcnt, static_cast<off_t>(op->offset));
+      // A pipe or socket: at the current position, as io_uring does.
+      if (r < 0 && errno == ESPIPE) r = readv(op->fd, op->iov, op->iovcnt);
       break;
     case OpKind::kWrite:
       r = pwritev(op->fd, op->iov, op->iovcnt, static_cast<off_t>(op->offset));
+      if (r < 0 && errno == ESPIPE) r = writev(op->fd, op->iov, op->iovcnt);
       break;
     case OpKind::kFsync:
       r = fsync(op->fd);
@@ -35,13 +38,8 @@ void ExecuteOpBlocking(Op* op) {
 
 ThreadPoolEngine::ThreadPoolEngine(int threads,
                                    absl::AnyInvocable<void()> on_finished)
-    : on_finished_(std::move(on_finished)) {
-  threads = std::clamp(threads, 1, 256);
-  workers_.reserve(threads);
-  for (int i = 0; i < threads; ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
-  }
-}
+    : max_threads_(std::clamp(threads, 1, 256)),
+      on_finished_(std::move(on_finished)) {}
 
 ThreadPoolEngine::~ThreadPoolEngine() {
   {
@@ -53,8 +51,14 @@ ThreadPoolEngine::~ThreadPoolEngine() {
 
 void ThreadPoolEngine::Submit(Op* op) {
   ++in_flight_;
-  absl::MutexLock lock(&mu_);
-  pending_.push_back(op);
+  bool start_worker;
+  {
+    absl::MutexLock lock(&mu_);
+    pending_.push_back(op);
+    start_worker = pending_.size() > static_cast<size_t>(idle_) &&
+                   workers_.size() < static_cast<size_t>(max_threads_);
+  }
+  if (start_worker) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 void ThreadPoolEngine::WorkerLoop() {
@@ -62,11 +66,13 @@ void ThreadPoolEngine::WorkerLoop() {
     Op* op = nullptr;
     {
       absl::MutexLock lock(&mu_);
+      ++idle_;
       mu_.Await(absl::Condition(
           +[](ThreadPoolEngine* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) {
             return e->stopping_ || !e->pending_.empty();
           },
           this));
+      --idle_;
       if (pending_.empty()) return;  // stopping
       op = pending_.front();
       pending_.pop_front();

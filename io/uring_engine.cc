@@ -1,11 +1,14 @@
 #include "io/uring_engine.h"
 
 #include <liburing.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +18,9 @@ namespace {
 
 // Completions copied out of the CQ ring per io_uring_peek_batch_cqe call.
 constexpr unsigned kReapBatch = 256;
+
+// user_data of the read of the side pool's eventfd (no Op has this address).
+constexpr uint64_t kSideEvent = 0;
 
 absl::Status EnterError(const char* operation, int error_number) {
   std::string message = absl::StrCat(operation, ": ", strerror(error_number));
@@ -42,19 +48,49 @@ absl::StatusOr<std::unique_ptr<Engine>> UringEngine::Create(int queue_depth) {
     return absl::UnavailableError(
         absl::StrCat("io_uring_queue_init: ", strerror(-r)));
   }
-  return std::unique_ptr<Engine>(new UringEngine(std::move(ring)));
+  return std::unique_ptr<Engine>(
+      new UringEngine(std::move(ring), std::clamp(queue_depth, 1, 64)));
 }
 
-UringEngine::UringEngine(std::unique_ptr<io_uring> ring)
+UringEngine::UringEngine(std::unique_ptr<io_uring> ring, int side_threads)
     : ring_(std::move(ring)),
       ring_entries_(ring_->sq.ring_entries),
-      max_in_kernel_(ring_->cq.ring_entries) {
-  completed_.reserve(max_in_kernel_);
+      // One CQE stays free for the read of side_event_fd_.
+      max_in_kernel_(ring_->cq.ring_entries - 1),
+      side_threads_(side_threads) {
+  completed_.reserve(max_in_kernel_ + 1);
 }
 
-UringEngine::~UringEngine() { io_uring_queue_exit(ring_.get()); }
+UringEngine::~UringEngine() {
+  // The ring first: it holds its own reference to side_event_fd_ while the
+  // read is pending. Then the side pool finishes its queued requests.
+  io_uring_queue_exit(ring_.get());
+  side_.reset();
+  if (side_event_fd_ >= 0) close(side_event_fd_);
+}
 
 void UringEngine::Submit(Op* op) {
+  if (op->may_block) {
+    if (side_ == nullptr) {
+      // No EFD_NONBLOCK: io_uring then waits for the count by polling
+      // instead of failing the read with -EAGAIN.
+      side_event_fd_ = eventfd(0, EFD_CLOEXEC);
+      // Without an eventfd the request takes the ring path like any other.
+      if (side_event_fd_ >= 0) {
+        side_ = std::make_unique<ThreadPoolEngine>(
+            side_threads_, [fd = side_event_fd_] {
+              const uint64_t one = 1;
+              // Cannot fail short of 2^64 - 2 unread additions.
+              (void)!write(fd, &one, sizeof(one));
+            });
+      }
+    }
+    if (side_ != nullptr) {
+      ++side_requests_;
+      side_->Submit(op);
+      return;
+    }
+  }
   ++in_flight_;
   // Keep FIFO order: once requests wait in user space, new ones queue too.
   if (!overflow_.empty() || !Prepare(op)) overflow_.push_back(op);
@@ -108,6 +144,21 @@ bool UringEngine::Prepare(Op* op) {
   return true;
 }
 
+bool UringEngine::ArmSideEvent() {
+  if (side_event_armed_) return true;
+  io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+  if (sqe == nullptr) {
+    if (io_uring_submit(ring_.get()) < 0) return false;
+    sqe = io_uring_get_sqe(ring_.get());
+    if (sqe == nullptr) return false;
+  }
+  io_uring_prep_read(sqe, side_event_fd_, &side_event_count_,
+                     sizeof(side_event_count_), 0);
+  sqe->user_data = kSideEvent;
+  side_event_armed_ = true;
+  return true;
+}
+
 void UringEngine::DrainOverflow() {
   while (!overflow_.empty() && Prepare(overflow_.front())) {
     overflow_.pop_front();
@@ -117,10 +168,17 @@ void UringEngine::DrainOverflow() {
 absl::Status UringEngine::Poll(bool wait) {
   io_uring* ring = ring_.get();
   DrainOverflow();
+  // While the side pool has requests, a read of its eventfd sits in the
+  // ring, so that waiting for a CQE also waits for the pool.
+  const bool side_busy = side_ != nullptr && side_->in_flight() > 0;
+  if (side_busy && !ArmSideEvent()) {
+    return absl::InternalError("io_uring: no SQE for the side pool's eventfd");
+  }
 
   // One io_uring_enter: submit everything queued and, if asked to wait and
   // no completion is ready yet, wait for one.
-  const bool must_wait = wait && in_kernel_ > 0 && io_uring_cq_ready(ring) == 0;
+  const bool must_wait = wait && (in_kernel_ > 0 || side_busy) &&
+                         io_uring_cq_ready(ring) == 0;
   if (io_uring_sq_ready(ring) > 0 || must_wait) {
     int r;
     do {
@@ -130,7 +188,9 @@ absl::Status UringEngine::Poll(bool wait) {
       // -EAGAIN/-EBUSY: the kernel is short of resources. The entries stay
       // queued for the next Poll(); wait for requests already in the
       // kernel if there are any, since their completion frees resources.
-      const unsigned submitted = in_kernel_ - io_uring_sq_ready(ring);
+      const unsigned queued = io_uring_sq_ready(ring);
+      const unsigned submitted =
+          in_kernel_ + (side_event_armed_ ? 1 : 0) - queued;
       if ((r != -EAGAIN && r != -EBUSY) || submitted == 0) {
         return EnterError("io_uring_enter", -r);
       }
@@ -148,15 +208,23 @@ absl::Status UringEngine::Poll(bool wait) {
   // new requests (which go into the SQ for the next Poll) or free their Op.
   std::vector<Op*> batch;
   batch.swap(completed_);  // nested Poll() from a callback gets a fresh one
+  int side_event_error = 0;
   io_uring_cqe* cqes[kReapBatch];
   while (unsigned n = io_uring_peek_batch_cqe(ring, cqes, kReapBatch)) {
+    unsigned ops = n;
     for (unsigned i = 0; i < n; ++i) {
+      if (cqes[i]->user_data == kSideEvent) {
+        side_event_armed_ = false;
+        if (cqes[i]->res < 0) side_event_error = -cqes[i]->res;
+        --ops;
+        continue;
+      }
       Op* op = static_cast<Op*>(io_uring_cqe_get_data(cqes[i]));
       op->result = cqes[i]->res;
       batch.push_back(op);
     }
     io_uring_cq_advance(ring, n);
-    in_kernel_ -= n;
+    in_kernel_ -= ops;
   }
   DrainOverflow();
   for (Op* op : batch) {
@@ -167,6 +235,15 @@ absl::Status UringEngine::Poll(bool wait) {
   }
   batch.clear();
   if (completed_.capacity() < batch.capacity()) completed_.swap(batch);
+  // The side pool's finished requests, whether or not its eventfd was read
+  // yet (a count left behind only makes a later wait return early).
+  if (side_ != nullptr && side_->in_flight() > 0) {
+    absl::Status st = side_->Poll(/*wait=*/false);  // never fails
+    if (!st.ok()) return st;
+  }
+  if (side_event_error != 0) {
+    return EnterError("read of the side pool's eventfd", side_event_error);
+  }
   return absl::OkStatus();
 }
 

@@ -229,11 +229,15 @@ io::Task<absl::Status> FileIo::WritePlain(uint64_t offset, const uint8_t* data,
   while (done < length) {
     struct iovec iov = {const_cast<uint8_t*>(data) + done,
                         std::min(length - done, kMaxTransfer)};
+    // A write ending past the length known so far extends the file (unless
+    // a concurrent one got there first): the file system has to allocate
+    // and update the length, which it does not do without blocking.
     io::Op op{.kind = io::OpKind::kWrite,
               .fd = config_.fd,
               .iov = &iov,
               .iovcnt = 1,
-              .offset = offset + done};
+              .offset = offset + done,
+              .may_block = offset + done + iov.iov_len > size_};
     int64_t r = co_await engine_.Run(op);
     if (r == -EINTR || r == -EAGAIN) continue;
     if (r < 0) co_return ErrnoStatus(config_.path, "pwritev", static_cast<int>(-r));

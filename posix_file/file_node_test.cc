@@ -13,6 +13,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -384,6 +386,86 @@ TEST_F(FileNodeTest, WritesReadBackAndGrowTheNode) {
   ASSERT_TRUE(Run(n.Close()).ok());
   EXPECT_EQ(FileLength(path), (1u << 20) + 10 + data.size());
   EXPECT_EQ(ReadWithPread(path, 12345, data.size()), data);
+}
+
+// Forwards every request to another engine and records the writes:
+// (offset, bytes, may_block).
+class WriteRecorder : public io::Engine {
+ public:
+  using Write = std::tuple<uint64_t, uint64_t, bool>;
+  explicit WriteRecorder(io::Engine& inner) : inner_(inner) {}
+  void Submit(io::Op* op) override {
+    if (op->kind == io::OpKind::kWrite) {
+      uint64_t bytes = 0;
+      for (int i = 0; i < op->iovcnt; ++i) bytes += op->iov[i].iov_len;
+      writes_.emplace_back(op->offset, bytes, op->may_block);
+    }
+    inner_.Submit(op);
+  }
+  absl::Status Poll(bool wait) override { return inner_.Poll(wait); }
+  uint64_t in_flight() const override { return inner_.in_flight(); }
+  const char* name() const override { return inner_.name(); }
+  // The writes seen since the last call.
+  std::vector<Write> Take() { return std::exchange(writes_, {}); }
+
+ private:
+  io::Engine& inner_;
+  std::vector<Write> writes_;
+};
+
+// Writes ending past the length the node knows are marked may_block (they
+// extend the file); writes inside it are not. Two extending writes in
+// flight at once are both marked; the length follows truncates.
+TEST_F(FileNodeTest, MarksWritesPastTheKnownLengthMayBlock) {
+  using W = WriteRecorder::Write;
+  const std::string path = Path("may_block.raw");
+  ASSERT_TRUE(Create(path, 64 << 10).ok());
+  WriteRecorder recorder(engine_);
+  FileOpenOptions options;
+  options.set_filename(path);
+  auto opened = FileNode::Open(recorder, options, &warnings_);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  FileNode& n = **opened;
+  auto write = [&](uint64_t offset, uint64_t length) {
+    const std::vector<uint8_t> data = Pattern(length, offset);
+    return io::RunSync(recorder,
+                       n.Write(offset, io::ConstIoVec(data.data(), length)));
+  };
+  ASSERT_TRUE(write(0, 4096).ok());
+  ASSERT_TRUE(write(60 << 10, 4096).ok());  // ends at the end exactly
+  ASSERT_TRUE(write(62 << 10, 4096).ok());  // ends 2 KiB past it
+  ASSERT_TRUE(write(64 << 10, 2048).ok());  // inside the new length
+  ASSERT_TRUE(write(1 << 20, 4096).ok());   // leaves a gap
+  EXPECT_EQ(recorder.Take(), (std::vector<W>{{0, 4096, false},
+                                             {60 << 10, 4096, false},
+                                             {62 << 10, 4096, true},
+                                             {64 << 10, 2048, false},
+                                             {1 << 20, 4096, true}}));
+  EXPECT_EQ(n.size(), (1u << 20) + 4096);
+
+  // Both issued before either finishes: each may be the one that extends.
+  const std::vector<uint8_t> a = Pattern(4096, 1), b = Pattern(4096, 2);
+  int finished = 0;
+  for (const auto* d : {&a, &b}) {
+    const uint64_t offset = (d == &a ? 2u : 3u) << 20;
+    io::Spawn(n.Write(offset, io::ConstIoVec(d->data(), 4096)),
+              [&finished](absl::Status st) {
+                EXPECT_TRUE(st.ok()) << st;
+                ++finished;
+              });
+  }
+  while (finished < 2) ASSERT_TRUE(engine_.Poll(/*wait=*/true).ok());
+  ASSERT_TRUE(write((2 << 20) + 4096, 4096).ok());  // inside now
+  EXPECT_EQ(recorder.Take(), (std::vector<W>{{2 << 20, 4096, true},
+                                             {3 << 20, 4096, true},
+                                             {(2 << 20) + 4096, 4096, false}}));
+
+  ASSERT_TRUE(io::RunSync(recorder, n.Truncate(8192, io::PreallocMode::kOff)).ok());
+  ASSERT_TRUE(write(8192, 4096).ok());
+  ASSERT_TRUE(write(0, 8192).ok());
+  EXPECT_EQ(recorder.Take(),
+            (std::vector<W>{{8192, 4096, true}, {0, 8192, false}}));
+  ASSERT_TRUE(io::RunSync(recorder, n.Close()).ok());
 }
 
 TEST_F(FileNodeTest, ReadsPastEndOfFileAreZero) {
