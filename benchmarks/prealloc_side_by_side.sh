@@ -27,6 +27,9 @@
 #   COUNT    requests per run (default 10000, as the cover letter)
 #   FSES     filesystems (default "xfs ext4")
 #   WORKDIR  where the loop devices' backing files go (default /var/tmp)
+#   ALSO_AIO also run imgtool with `-i ALSO_AIO` in place of -n (e.g.
+#            io_uring) in the same rotation: extra rows, to see the
+#            engine's own effect
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +37,7 @@ REPS=${REPS:-5}
 COUNT=${COUNT:-10000}
 FSES=${FSES:-"xfs ext4"}
 WORKDIR=${WORKDIR:-/var/tmp}
+ALSO_AIO=${ALSO_AIO:-}
 
 source benchmarks/side_by_side_lib.sh
 sbs_setup prealloc_side_by_side.sh imgtool-prealloc qemu-img mkfs.xfs mkfs.ext4 python3
@@ -42,9 +46,18 @@ echo "imgtool:  $IMGTOOL" >&2
 echo "qemu-img: $(qemu-img --version | head -1)" >&2
 echo "kernel:   $(uname -r), $(nproc) CPUs, loop devices in $WORKDIR" >&2
 
-# IOPS of one run: tool, filter (0/1), bench flags...
+# IOPS of one run: tool ("alt": imgtool with -i $ALSO_AIO for -n), filter
+# (0/1), bench flags...
 run_once() {
   local tool=$1 filter=$2; shift 2
+  if [[ $tool == alt ]]; then
+    tool=$IMGTOOL
+    local flags=() f
+    for f in "$@"; do
+      if [[ $f == -n ]]; then flags+=(-i "$ALSO_AIO"); else flags+=("$f"); fi
+    done
+    set -- "${flags[@]}"
+  fi
   cp --sparse=always template.qcow2 img.qcow2
   local out
   if [[ $filter == 1 ]]; then
@@ -61,20 +74,28 @@ declare -A runs  # "<fs>|<case>|<tool>|<filter>" -> "iops iops ..."
 
 measure_case() {  # fs, case name, bench flags...
   local fs=$1 name=$2; shift 2
+  local tools=("$IMGTOOL" qemu-img) names=(imgtool qemu-img)
+  if [[ -n $ALSO_AIO ]]; then tools+=(alt); names+=("imgtool -i $ALSO_AIO"); fi
+  local n=${#tools[@]}
   for filter in 0 1; do
-    run_once "$IMGTOOL" "$filter" "$@" >/dev/null  # warm-up
-    run_once qemu-img "$filter" "$@" >/dev/null
-    local a=() b=()
+    local t k
+    for t in "${tools[@]}"; do run_once "$t" "$filter" "$@" >/dev/null; done  # warm-up
+    declare -A got=()
     for ((i = 0; i < REPS; i++)); do
-      if ((i % 2 == 0)); then
-        a+=("$(run_once "$IMGTOOL" "$filter" "$@")"); b+=("$(run_once qemu-img "$filter" "$@")")
-      else
-        b+=("$(run_once qemu-img "$filter" "$@")"); a+=("$(run_once "$IMGTOOL" "$filter" "$@")")
-      fi
+      # Rotate (and on odd runs reverse) the order of the tools.
+      for ((k = 0; k < n; k++)); do
+        local j=$(((i % 2 == 0 ? k : n - 1 - k) + i / 2))
+        j=$((j % n))
+        got[$j]+="$(run_once "${tools[$j]}" "$filter" "$@") "
+      done
     done
-    echo "  $fs $name filter=$filter: imgtool ${a[*]} | qemu-img ${b[*]}" >&2
-    runs["$fs|$name|imgtool|$filter"]="${a[*]}"
-    runs["$fs|$name|qemu-img|$filter"]="${b[*]}"
+    local line="  $fs $name filter=$filter:"
+    for ((k = 0; k < n; k++)); do
+      line+=" ${names[$k]} ${got[$k]% }|"
+      runs["$fs|$name|${names[$k]}|$filter"]="${got[$k]% }"
+    done
+    echo "${line%|}" >&2
+    unset got
   done
 }
 
@@ -119,13 +140,18 @@ def fmt(v):
     return f"{m:,.0f} ± {sd / m * 100:.0f}%"
 print("| case | tool | no-prealloc IOPS | prealloc IOPS | Δ |")
 print("|---|---|---:|---:|---:|")
+tools = ["imgtool", "qemu-img"] + sorted(
+    {k[2] for k in runs} - {"imgtool", "qemu-img"})
 for fs, case in order:
-    for tool in ("imgtool", "qemu-img"):
+    for tool in tools:
         off = runs[(fs, case, tool, "0")]
         on = runs[(fs, case, tool, "1")]
         gain = ms(on)[0] / ms(off)[0] - 1
         print(f"| {fs}, {case} | {tool} | {fmt(off)} | {fmt(on)} | {gain * 100:+.0f}% |")
-    r0 = ms(runs[(fs, case, "imgtool", "0")])[0] / ms(runs[(fs, case, "qemu-img", "0")])[0]
-    r1 = ms(runs[(fs, case, "imgtool", "1")])[0] / ms(runs[(fs, case, "qemu-img", "1")])[0]
-    print(f"| {fs}, {case} | imgtool / qemu-img | {r0:.2f} | {r1:.2f} | |")
+    for tool in tools:
+        if tool == "qemu-img":
+            continue
+        r0 = ms(runs[(fs, case, tool, "0")])[0] / ms(runs[(fs, case, "qemu-img", "0")])[0]
+        r1 = ms(runs[(fs, case, tool, "1")])[0] / ms(runs[(fs, case, "qemu-img", "1")])[0]
+        print(f"| {fs}, {case} | {tool} / qemu-img | {r0:.2f} | {r1:.2f} | |")
 ' "$FSES"

@@ -12,7 +12,8 @@
 // check).
 //
 // Submit() only queues a read or write; Poll() hands everything queued to
-// the kernel with one io_submit call, then reaps completions. At most
+// the kernel with one io_submit call, then reaps completions (and, if
+// requests still wait for room, submits again before the callbacks). At most
 // max_in_kernel() requests are in the kernel at a time; the others wait in
 // a user-space FIFO and go to the kernel as earlier ones complete. A request
 // io_submit refuses on its own (EBADF for a bad fd, or an fd not open for
@@ -24,10 +25,11 @@
 // (fallocate not at all; IOCB_CMD_FSYNC runs in a kernel workqueue), run on
 // a side pool (a ThreadPoolEngine of 4 threads, started at the first such
 // request), as QEMU's file-posix does with its thread pool. Every AIO
-// request and every side completion signals one eventfd: a Poll(wait) with
-// requests in both places sleeps in poll(2) on it until either finishes; with
-// requests in one place only it sleeps in io_getevents or in the pool's
-// wait (no busy loop in any case).
+// request and every side completion signals one eventfd. A Poll(wait) with
+// only reads and writes in flight sleeps in io_getevents, which returns
+// their completions (no eventfd read); with side requests in flight it
+// sleeps in poll(2) on the eventfd until either kind finishes. No busy loop
+// in any case.
 //
 // Thread model: like every engine, used from one thread (see io/engine.h);
 // the side threads only run the blocking syscalls and never callbacks.
