@@ -1337,57 +1337,36 @@ io::Task<absl::Status> Qcow2Node::DoWriteZeroes(uint64_t offset,
   if (header_.version < 3 && has_backing) {
     co_return absl::UnimplementedError("write zeroes");
   }
-  const uint64_t mask = cluster_size_ - 1;
-  const uint64_t end = offset + length;
-  uint64_t pos = offset;
-  while (pos < end) {
-    const uint64_t cluster_end = (pos & ~mask) + cluster_size_;
-    const uint64_t seg_end = std::min(end, cluster_end);
-    const bool whole = (pos & mask) == 0 &&
-                       (seg_end == cluster_end || seg_end == size());
-    if (!whole && l2_format_.extended_l2) {
-      // Whole subclusters get zero bits; unaligned pieces zero their
-      // subcluster when the rest of it reads zeroes, else are data.
-      const uint64_t sc_mask = (uint64_t{1} << subcluster_bits()) - 1;
-      const uint64_t a = std::min((pos + sc_mask) & ~sc_mask, seg_end);
-      const uint64_t b = std::max(
-          a, seg_end == size() ? seg_end : seg_end & ~sc_mask);
-      bool fallback = false;
-      if (a < b) {
-        CO_RETURN_IF_ERROR(co_await ChangeSubclusters(a, b, /*discard=*/false,
-                                                      &fallback));
-      }
-      if (fallback) {
-        CO_RETURN_IF_ERROR(co_await DoWrite(pos, Zeroes(seg_end - pos)));
-      } else {
-        // [pos, a) and [b, seg_end) each lie inside one subcluster.
+  co_return co_await ForEachClusterPiece(
+      offset, length,
+      [this, flags](uint64_t f, uint64_t n) {
+        return ZeroClusters(f, n, flags.may_unmap);
+      },
+      [this](uint64_t pos, uint64_t end) -> io::Task<absl::Status> {
+        if (!l2_format_.extended_l2) {
+          co_return co_await WriteZeroesPartial(pos, end - pos);
+        }
+        // Whole subclusters get zero bits; unaligned pieces zero their
+        // subcluster when the rest of it reads zeroes, else are data.
+        const uint64_t sc_mask = (uint64_t{1} << subcluster_bits()) - 1;
+        const uint64_t a = std::min((pos + sc_mask) & ~sc_mask, end);
+        const uint64_t b =
+            std::max(a, end == size() ? end : end & ~sc_mask);
+        bool fallback = false;
+        if (a < b) {
+          CO_RETURN_IF_ERROR(co_await ChangeSubclusters(
+              a, b, /*discard=*/false, &fallback));
+        }
+        if (fallback) co_return co_await DoWrite(pos, Zeroes(end - pos));
+        // [pos, a) and [b, end) each lie inside one subcluster.
         if (pos < a) {
           CO_RETURN_IF_ERROR(co_await WriteZeroesInSubcluster(pos, a - pos));
         }
-        if (b < seg_end) {
-          CO_RETURN_IF_ERROR(co_await WriteZeroesInSubcluster(b, seg_end - b));
+        if (b < end) {
+          CO_RETURN_IF_ERROR(co_await WriteZeroesInSubcluster(b, end - b));
         }
-      }
-      pos = seg_end;
-      continue;
-    }
-    if (!whole) {
-      CO_RETURN_IF_ERROR(co_await WriteZeroesPartial(pos, seg_end - pos));
-      pos = seg_end;
-      continue;
-    }
-    // A run of whole clusters (the last one may end at the image end).
-    const uint64_t run_end =
-        end == size() ? (end + mask) & ~mask : end & ~mask;
-    const uint64_t first = pos >> cluster_bits_;
-    const uint64_t count = (run_end - pos) >> cluster_bits_;
-    CO_RETURN_IF_ERROR(co_await ForEachL2Range(
-        first, count, [this, flags](uint64_t f, uint64_t n) {
-          return ZeroClusters(f, n, flags.may_unmap);
-        }));
-    pos = std::min(run_end, end);
-  }
-  co_return absl::OkStatus();
+        co_return absl::OkStatus();
+      });
 }
 
 io::Task<absl::Status> Qcow2Node::DoDiscard(uint64_t offset, uint64_t length) {
@@ -1397,49 +1376,48 @@ io::Task<absl::Status> Qcow2Node::DoDiscard(uint64_t offset, uint64_t length) {
         "(%u bytes)",
         filename(), length, offset, size()));
   }
-  const uint64_t mask = cluster_size_ - 1;
-  if (l2_format_.extended_l2) {
-    // Whole subclusters inside a cluster read as zeroes afterwards (QEMU
-    // drops such discards); partial subclusters are dropped.
-    const uint64_t sc_mask = (uint64_t{1} << subcluster_bits()) - 1;
-    const uint64_t end = offset + length;
-    uint64_t pos = offset;
-    while (pos < end) {
-      const uint64_t cluster_end = (pos & ~mask) + cluster_size_;
-      const uint64_t seg_end = std::min(end, cluster_end);
-      const bool whole = (pos & mask) == 0 &&
-                         (seg_end == cluster_end || seg_end == size());
-      if (whole) {
-        const uint64_t run_end =
-            end == size() ? (end + mask) & ~mask : end & ~mask;
-        CO_RETURN_IF_ERROR(co_await ForEachL2Range(
-            pos >> cluster_bits_, (run_end - pos) >> cluster_bits_,
-            [this](uint64_t f, uint64_t n) {
-              return DiscardClusters(f, n, /*full_discard=*/false);
-            }));
-        pos = std::min(run_end, end);
-        continue;
-      }
-      const uint64_t a = (pos + sc_mask) & ~sc_mask;
-      const uint64_t b = seg_end == size() ? seg_end : seg_end & ~sc_mask;
-      if (a < b) {
-        bool fallback = false;
-        CO_RETURN_IF_ERROR(
-            co_await ChangeSubclusters(a, b, /*discard=*/true, &fallback));
-      }
-      pos = seg_end;
-    }
-    co_return absl::OkStatus();
-  }
-  const uint64_t start = (offset + mask) & ~mask;
-  uint64_t end = offset + length;
-  end = end == size() ? (end + mask) & ~mask : end & ~mask;
-  if (start >= end) co_return absl::OkStatus();
-  co_return co_await ForEachL2Range(
-      start >> cluster_bits_, (end - start) >> cluster_bits_,
+  co_return co_await ForEachClusterPiece(
+      offset, length,
       [this](uint64_t f, uint64_t n) {
         return DiscardClusters(f, n, /*full_discard=*/false);
+      },
+      [this](uint64_t pos, uint64_t end) -> io::Task<absl::Status> {
+        // Partial clusters are dropped; with extended L2 entries whole
+        // subclusters in them read as zeroes afterwards (QEMU drops partial
+        // subclusters).
+        if (!l2_format_.extended_l2) co_return absl::OkStatus();
+        const uint64_t sc_mask = (uint64_t{1} << subcluster_bits()) - 1;
+        const uint64_t a = (pos + sc_mask) & ~sc_mask;
+        const uint64_t b = end == size() ? end : end & ~sc_mask;
+        if (a >= b) co_return absl::OkStatus();
+        bool fallback = false;
+        co_return co_await ChangeSubclusters(a, b, /*discard=*/true, &fallback);
       });
+}
+
+io::Task<absl::Status> Qcow2Node::ForEachClusterPiece(
+    uint64_t offset, uint64_t length,
+    std::function<io::Task<absl::Status>(uint64_t, uint64_t)> whole,
+    std::function<io::Task<absl::Status>(uint64_t, uint64_t)> partial) {
+  const uint64_t mask = cluster_size_ - 1;
+  const uint64_t end = offset + length;
+  uint64_t pos = offset;
+  while (pos < end) {
+    const uint64_t cluster_end = (pos & ~mask) + cluster_size_;
+    const uint64_t seg_end = std::min(end, cluster_end);
+    if ((pos & mask) != 0 || (seg_end != cluster_end && seg_end != size())) {
+      CO_RETURN_IF_ERROR(co_await partial(pos, seg_end));
+      pos = seg_end;
+      continue;
+    }
+    // A run of whole clusters (the last one may end at the image end).
+    const uint64_t run_end =
+        end == size() ? (end + mask) & ~mask : end & ~mask;
+    CO_RETURN_IF_ERROR(co_await ForEachL2Range(
+        pos >> cluster_bits_, (run_end - pos) >> cluster_bits_, whole));
+    pos = std::min(run_end, end);
+  }
+  co_return absl::OkStatus();
 }
 
 // ---- Block status ----------------------------------------------------------------

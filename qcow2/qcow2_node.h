@@ -362,6 +362,15 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
       uint64_t first, uint64_t count,
       std::function<io::Task<absl::Status>(uint64_t, uint64_t)> fn);
   io::Task<absl::Status> WriteZeroesPartial(uint64_t offset, uint64_t length);
+  // Splits guest range [offset, offset + length) (inside the image) at
+  // cluster boundaries: each run of whole clusters (the last may end at the
+  // image end) goes to `whole(first_cluster, count)` through ForEachL2Range,
+  // each piece of one cluster to `partial(offset, end)`, in ascending order.
+  // Stops at the first error.
+  io::Task<absl::Status> ForEachClusterPiece(
+      uint64_t offset, uint64_t length,
+      std::function<io::Task<absl::Status>(uint64_t, uint64_t)> whole,
+      std::function<io::Task<absl::Status>(uint64_t, uint64_t)> partial);
 
   // Extended L2 entries (subclusters; subclusters.md).
   uint32_t subcluster_bits() const { return cluster_bits_ - 5; }
