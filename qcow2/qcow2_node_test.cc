@@ -24,6 +24,7 @@ using ::testing::HasSubstr;
 using testing::Env;
 using testing::Pattern;
 using testing::ReadFile;
+using testing::RunMixedBatches;
 using testing::Shell;
 using testing::ShellResult;
 using testing::TempPath;
@@ -338,77 +339,9 @@ TEST_F(Qcow2NodeTest, ConcurrentMixedWorkloadWithSmallCaches) {
     small.set_refcount_cache_size(1);
     auto node = Open(path, false, small);
     std::mt19937_64 rng(cs);
-    const uint64_t slot = 3000;
-    const uint64_t slots = size / slot;
-    for (int batch = 0; batch < 30; ++batch) {
-      std::vector<uint64_t> picks;
-      while (picks.size() < 64) {
-        const uint64_t s = rng() % slots;
-        if (std::find(picks.begin(), picks.end(), s) == picks.end()) picks.push_back(s);
-      }
-      struct Op {
-        int kind;
-        uint64_t offset, length;
-        std::vector<uint8_t> data;
-        absl::Status status;
-        std::vector<uint8_t> expected;  // reads
-      };
-      std::vector<Op> ops(picks.size());
-      for (size_t i = 0; i < picks.size(); ++i) {
-        Op& op = ops[i];
-        op.kind = rng() % 5;
-        op.offset = picks[i] * slot + rng() % 100;
-        op.length = 1 + rng() % (slot - 100);
-        switch (op.kind) {
-          case 0:
-          case 1:
-            op.data = Pattern(op.length, batch * 100 + i);
-            std::copy(op.data.begin(), op.data.end(), ref.begin() + op.offset);
-            break;
-          case 2:
-          case 3:
-            std::fill(ref.begin() + op.offset, ref.begin() + op.offset + op.length, 0);
-            break;
-          case 4:
-            op.expected.assign(ref.begin() + op.offset, ref.begin() + op.offset + op.length);
-            op.data.assign(op.length, 0xee);
-            break;
-        }
-      }
-      int done = 0;
-      for (Op& op : ops) {
-        auto finish = [&done, &op](absl::Status st) {
-          op.status = st;
-          ++done;
-        };
-        switch (op.kind) {
-          case 0:
-          case 1:
-            io::Spawn(node->Write(op.offset, io::ConstIoVec(op.data)), finish);
-            break;
-          case 2:
-          case 3: {
-            io::WriteZeroesFlags f;
-            f.may_unmap = op.kind == 3;
-            io::Spawn(node->WriteZeroes(op.offset, op.length, f), finish);
-            break;
-          }
-          case 4:
-            io::Spawn(node->Read(op.offset, io::IoVec(op.data)), finish);
-            break;
-        }
-      }
-      if (batch % 7 == 3) {
-        io::Spawn(node->Flush(), [&](absl::Status st) { EXPECT_TRUE(st.ok()) << st; });
-      }
-      while (done < static_cast<int>(ops.size())) {
-        ASSERT_TRUE(env_.engine().Poll(true).ok());
-      }
-      for (const Op& op : ops) {
-        ASSERT_TRUE(op.status.ok()) << op.status;
-        if (op.kind == 4) EXPECT_EQ(op.data, op.expected) << "read at " << op.offset;
-      }
-    }
+    RunMixedBatches(env_, *node, ref, rng, /*batches=*/30, /*slot=*/3000,
+                    /*discard_unit=*/0);
+    if (HasFatalFailure()) return;
     // Discards of whole clusters (they read as zeroes with a backing file).
     for (int i = 0; i < 20; ++i) {
       const uint64_t first = rng() % (size / cs - 4);

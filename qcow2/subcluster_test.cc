@@ -31,6 +31,7 @@ using ::testing::HasSubstr;
 using testing::Env;
 using testing::Pattern;
 using testing::ReadFile;
+using testing::RunMixedBatches;
 using testing::Shell;
 using testing::ShellResult;
 using testing::TempPath;
@@ -748,91 +749,10 @@ TEST_F(SubclusterTest, ConcurrentMixedWorkloadWithSmallCaches) {
     ASSERT_TRUE(opened.ok()) << opened.status();
     std::unique_ptr<Qcow2Node> node = *std::move(opened);
     std::mt19937_64 rng(cs);
-    const uint64_t slot = std::max<uint64_t>(3000, 3 * sc);
-    const uint64_t slots = size / slot;
-    for (int batch = 0; batch < 30; ++batch) {
-      std::vector<uint64_t> picks;
-      while (picks.size() < 64) {
-        const uint64_t s = rng() % slots;
-        if (std::find(picks.begin(), picks.end(), s) == picks.end()) picks.push_back(s);
-      }
-      struct Op {
-        int kind;
-        uint64_t offset, length;
-        std::vector<uint8_t> data;
-        absl::Status status;
-        std::vector<uint8_t> expected;  // reads
-      };
-      std::vector<Op> ops(picks.size());
-      for (size_t i = 0; i < picks.size(); ++i) {
-        Op& op = ops[i];
-        op.kind = rng() % 6;
-        op.offset = picks[i] * slot + rng() % 100;
-        op.length = 1 + rng() % (slot - 100);
-        switch (op.kind) {
-          case 0:
-          case 1:
-            op.data = Pattern(op.length, batch * 100 + i);
-            std::copy(op.data.begin(), op.data.end(), ref.begin() + op.offset);
-            break;
-          case 2:
-          case 3:
-            std::fill(ref.begin() + op.offset, ref.begin() + op.offset + op.length, 0);
-            break;
-          case 4:
-            op.expected.assign(ref.begin() + op.offset, ref.begin() + op.offset + op.length);
-            op.data.assign(op.length, 0xee);
-            break;
-          case 5: {
-            // Whole subclusters only (partial ones may be dropped).
-            const uint64_t a = (op.offset + sc - 1) / sc * sc;
-            const uint64_t b = std::max(a, (op.offset + op.length) / sc * sc);
-            op.offset = a;
-            op.length = b - a;
-            std::fill(ref.begin() + a, ref.begin() + b, 0);
-            break;
-          }
-        }
-      }
-      int done = 0;
-      for (Op& op : ops) {
-        auto finish = [&done, &op](absl::Status st) {
-          op.status = st;
-          ++done;
-        };
-        switch (op.kind) {
-          case 0:
-          case 1:
-            io::Spawn(node->Write(op.offset, io::ConstIoVec(op.data)), finish);
-            break;
-          case 2:
-          case 3: {
-            io::WriteZeroesFlags f;
-            f.may_unmap = op.kind == 3;
-            io::Spawn(node->WriteZeroes(op.offset, op.length, f), finish);
-            break;
-          }
-          case 4:
-            io::Spawn(node->Read(op.offset, io::IoVec(op.data)), finish);
-            break;
-          case 5:
-            io::Spawn(node->Discard(op.offset, op.length), finish);
-            break;
-        }
-      }
-      if (batch % 7 == 3) {
-        io::Spawn(node->Flush(), [&](absl::Status st) { EXPECT_TRUE(st.ok()) << st; });
-      }
-      while (done < static_cast<int>(ops.size())) {
-        ASSERT_TRUE(env_.engine().Poll(true).ok());
-      }
-      for (const Op& op : ops) {
-        ASSERT_TRUE(op.status.ok()) << op.status;
-        if (op.kind == 4) {
-          EXPECT_EQ(op.data, op.expected) << "read at " << op.offset;
-        }
-      }
-    }
+    RunMixedBatches(env_, *node, ref, rng, /*batches=*/30,
+                    /*slot=*/std::max<uint64_t>(3000, 3 * sc),
+                    /*discard_unit=*/sc);
+    if (HasFatalFailure()) return;
     EXPECT_EQ(Read(*node, 0, size), ref);
     Close(node);
     ExpectClean(path);

@@ -280,4 +280,102 @@ absl::Status Env::DumpToRaw(io::BlockNode& node, const std::string& path) {
   return st;
 }
 
+void RunMixedBatches(Env& env, io::BlockNode& node, std::vector<uint8_t>& ref,
+                     std::mt19937_64& rng, int batches, uint64_t slot,
+                     uint64_t discard_unit) {
+  enum Kind { kWrite, kWrite2, kZero, kZeroUnmap, kRead, kDiscard };
+  const uint64_t slots = node.size() / slot;
+  const int kinds = discard_unit > 0 ? 6 : 5;
+  for (int batch = 0; batch < batches; ++batch) {
+    std::vector<uint64_t> picks;
+    while (picks.size() < 64) {
+      const uint64_t s = rng() % slots;
+      if (std::find(picks.begin(), picks.end(), s) == picks.end()) {
+        picks.push_back(s);
+      }
+    }
+    struct Op {
+      int kind;
+      uint64_t offset, length;
+      std::vector<uint8_t> data;
+      absl::Status status;
+      std::vector<uint8_t> expected;  // reads
+    };
+    std::vector<Op> ops(picks.size());
+    for (size_t i = 0; i < picks.size(); ++i) {
+      Op& op = ops[i];
+      op.kind = static_cast<int>(rng() % kinds);
+      op.offset = picks[i] * slot + rng() % 100;
+      op.length = 1 + rng() % (slot - 100);
+      switch (op.kind) {
+        case kWrite:
+        case kWrite2:
+          op.data = Pattern(op.length, batch * 100 + i);
+          std::copy(op.data.begin(), op.data.end(), ref.begin() + op.offset);
+          break;
+        case kZero:
+        case kZeroUnmap:
+          std::fill(ref.begin() + op.offset,
+                    ref.begin() + op.offset + op.length, 0);
+          break;
+        case kRead:
+          op.expected.assign(ref.begin() + op.offset,
+                             ref.begin() + op.offset + op.length);
+          op.data.assign(op.length, 0xee);
+          break;
+        case kDiscard: {
+          // Whole units only (partial ones may be dropped).
+          const uint64_t a = (op.offset + discard_unit - 1) / discard_unit *
+                             discard_unit;
+          const uint64_t b = std::max(
+              a, (op.offset + op.length) / discard_unit * discard_unit);
+          op.offset = a;
+          op.length = b - a;
+          std::fill(ref.begin() + a, ref.begin() + b, 0);
+          break;
+        }
+      }
+    }
+    int done = 0;
+    for (Op& op : ops) {
+      auto finish = [&done, &op](absl::Status st) {
+        op.status = st;
+        ++done;
+      };
+      switch (op.kind) {
+        case kWrite:
+        case kWrite2:
+          io::Spawn(node.Write(op.offset, io::ConstIoVec(op.data)), finish);
+          break;
+        case kZero:
+        case kZeroUnmap: {
+          io::WriteZeroesFlags f;
+          f.may_unmap = op.kind == kZeroUnmap;
+          io::Spawn(node.WriteZeroes(op.offset, op.length, f), finish);
+          break;
+        }
+        case kRead:
+          io::Spawn(node.Read(op.offset, io::IoVec(op.data)), finish);
+          break;
+        case kDiscard:
+          io::Spawn(node.Discard(op.offset, op.length), finish);
+          break;
+      }
+    }
+    if (batch % 7 == 3) {
+      io::Spawn(node.Flush(),
+                [](absl::Status st) { EXPECT_TRUE(st.ok()) << st; });
+    }
+    while (done < static_cast<int>(ops.size())) {
+      ASSERT_TRUE(env.engine().Poll(true).ok());
+    }
+    for (const Op& op : ops) {
+      ASSERT_TRUE(op.status.ok()) << op.status;
+      if (op.kind == kRead) {
+        EXPECT_EQ(op.data, op.expected) << "read at " << op.offset;
+      }
+    }
+  }
+}
+
 }  // namespace imgtool::qcow2::testing

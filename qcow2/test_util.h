@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,20 @@ int64_t FirstDifference(const std::string& a, const std::string& b);
 
 // Deterministic test data.
 std::vector<uint8_t> Pattern(uint64_t length, uint64_t seed);
+
+class Env;
+
+// A mixed concurrent workload: `batches` batches of 64 requests started at
+// once on `node` at disjoint byte ranges (one in each of 64 random slots of
+// `slot` bytes, starting up to 99 bytes in, so that they share clusters):
+// writes, zero writes (with and without may_unmap), reads checked against
+// `ref` and, with `discard_unit` > 0, discards of the whole discard_unit-
+// aligned units (subclusters) inside their range. A flush runs alongside
+// every 7th batch. `ref` (node.size() bytes) follows what the node must
+// read; `rng` draws everything. gtest failures on any error.
+void RunMixedBatches(Env& env, io::BlockNode& node, std::vector<uint8_t>& ref,
+                     std::mt19937_64& rng, int batches, uint64_t slot,
+                     uint64_t discard_unit);
 
 // Forwards every request to `target` (owned). Tests that watch what a
 // driver sends to its file derive from it and override the Do* functions

@@ -1,29 +1,18 @@
 #include "qcow2/testing/harness.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 #include <regex>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "base/errno_status.h"
 #include "base/status_macros.h"
 #include "io/chain_status.h"
-#include "posix_file/file_node.h"
-#include "posix_file/file_options.pb.h"
-#include "qcow2/create.h"
 
 namespace imgtool::qcow2::testing {
 

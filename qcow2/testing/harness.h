@@ -1,26 +1,20 @@
 // Helpers for the qcow2 oracle tests (crash consistency, round trips with
-// qemu-img): temporary paths, running qemu-img/qemu-io with separate stdout
-// and stderr, opening images through posix_file and Qcow2Node (backing
-// files probed: qcow2 magic -> qcow2, else raw), dumping a node to a raw
-// file, comparing files, and block status maps in qemu-img map's form.
-// Env, TempPath, Pattern, FirstDifference and ReadFile are qcow2/test_util's.
+// qemu-img): running qemu-img/qemu-io with separate stdout and stderr,
+// block status maps in qemu-img map's form, and qemu-img check's figures.
+// Env (opening images, dumping a node to a raw file), TempPath, Pattern,
+// FirstDifference and ReadFile are qcow2/test_util's.
 // Thread model: one Env (engine) per test, used from the test's thread.
 #ifndef IMGTOOL_QCOW2_TESTING_HARNESS_H_
 #define IMGTOOL_QCOW2_TESTING_HARNESS_H_
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "io/block_node.h"
-#include "io/engine.h"
 #include "io/task.h"
-#include "qcow2/qcow2_node.h"
-#include "qcow2/qcow2_options.pb.h"
 #include "qcow2/test_util.h"
 
 namespace imgtool::qcow2::testing {
