@@ -687,6 +687,50 @@ class Session {
     return true;
   }
 
+  // The operands of readv, writev, aio_read and aio_write: an offset, then
+  // lengths summed into `count`. False after a message if one is bad.
+  bool ParseOffsetAndLengths(const std::vector<std::string>& operands,
+                             uint64_t* offset, uint64_t* count) {
+    return ParseNumber(operands[0], offset) &&
+           ParseLengths(absl::MakeConstSpan(operands).subspan(1), count);
+  }
+
+  // -n and -u only go with -z (write, aio_write). False after a message.
+  bool CheckZeroOnlyOptions(const IoOptions& o) {
+    if (o.no_fallback && !o.zero) {
+      out() << "-n requires -z to be specified\n";
+      return false;
+    }
+    if (o.unmap && !o.zero) {
+      out() << "-u requires -z to be specified\n";
+      return false;
+    }
+    return true;
+  }
+
+  // The request of write and aio_write: with -z a write zeroes (-u, -n),
+  // else a write of `buffer` filled with `count` bytes of the -P pattern
+  // (or of the -s file's bytes). False after a message if -s's file fails.
+  bool MakeWriteRequest(const IoOptions& o, uint64_t offset, uint64_t count,
+                        std::vector<uint8_t>& buffer, Request* r) {
+    *r = Request{.kind = Request::kWrite,
+                 .offset = offset,
+                 .bytes = count,
+                 .fua = o.fua};
+    if (o.zero) {
+      r->kind = Request::kWriteZeroes;
+      r->may_unmap = o.unmap;
+      r->no_fallback = o.no_fallback;
+      return true;
+    }
+    buffer.assign(count, o.pattern.value_or(kDefaultPattern));
+    if (o.source_file.has_value() && !FillFromFile(*o.source_file, buffer)) {
+      return false;
+    }
+    r->buffer = absl::MakeSpan(buffer);
+    return true;
+  }
+
   // Whether [offset, offset + n) of the top node is allocated there (not in
   // a backing file), with n in 1..max_bytes. The bytes between the node's
   // end and the 512-rounded image length count as allocated, as for raw.
@@ -847,14 +891,7 @@ bool Session::CmdWrite(const CommandDef& def, std::vector<std::string>& words) {
     out() << "Only one of -z, -P, and -s can be specified at the same time\n";
     return false;
   }
-  if (o.no_fallback && !o.zero) {
-    out() << "-n requires -z to be specified\n";
-    return false;
-  }
-  if (o.unmap && !o.zero) {
-    out() << "-u requires -z to be specified\n";
-    return false;
-  }
+  if (!CheckZeroOnlyOptions(o)) return false;
   uint64_t offset = 0, count = 0;
   if (!ParseNumber(operands[0], &offset) || !ParseNumber(operands[1], &count)) {
     return false;
@@ -873,19 +910,8 @@ bool Session::CmdWrite(const CommandDef& def, std::vector<std::string>& words) {
     return false;
   }
   std::vector<uint8_t> buffer;
-  Request r{
-      .kind = Request::kWrite, .offset = offset, .bytes = count, .fua = o.fua};
-  if (o.zero) {
-    r.kind = Request::kWriteZeroes;
-    r.may_unmap = o.unmap;
-    r.no_fallback = o.no_fallback;
-  } else {
-    buffer.assign(count, o.pattern.value_or(kDefaultPattern));
-    if (o.source_file.has_value() && !FillFromFile(*o.source_file, buffer)) {
-      return false;
-    }
-    r.buffer = absl::MakeSpan(buffer);
-  }
+  Request r;
+  if (!MakeWriteRequest(o, offset, count, buffer, &r)) return false;
   double seconds = 0;
   if (!RunTimed(r, "write", &seconds)) return false;
   if (!o.quiet) {
@@ -900,10 +926,7 @@ bool Session::CmdReadv(const CommandDef& def, std::vector<std::string>& words) {
   if (!GetIoOptions(def, words, "CP:qv", &o, &operands)) return false;
   if (operands.size() < 2) return Usage(def);
   uint64_t offset = 0, count = 0;
-  if (!ParseNumber(operands[0], &offset) ||
-      !ParseLengths(absl::MakeConstSpan(operands).subspan(1), &count)) {
-    return false;
-  }
+  if (!ParseOffsetAndLengths(operands, &offset, &count)) return false;
   return ReadAndCheck(o, "readv", offset, count, 0, count);
 }
 
@@ -914,10 +937,7 @@ bool Session::CmdWritev(const CommandDef& def,
   if (!GetIoOptions(def, words, "CfP:q", &o, &operands)) return false;
   if (operands.size() < 2) return Usage(def);
   uint64_t offset = 0, count = 0;
-  if (!ParseNumber(operands[0], &offset) ||
-      !ParseLengths(absl::MakeConstSpan(operands).subspan(1), &count)) {
-    return false;
-  }
+  if (!ParseOffsetAndLengths(operands, &offset, &count)) return false;
   std::vector<uint8_t> buffer(count, o.pattern.value_or(kDefaultPattern));
   Request r{.kind = Request::kWrite,
             .offset = offset,
@@ -978,10 +998,7 @@ bool Session::CmdAioRead(const CommandDef& def,
     return true;
   }
   uint64_t offset = 0, count = 0;
-  if (!ParseNumber(operands[0], &offset) ||
-      !ParseLengths(absl::MakeConstSpan(operands).subspan(1), &count)) {
-    return false;
-  }
+  if (!ParseOffsetAndLengths(operands, &offset, &count)) return false;
   aio->buffer.resize(count);
   aio->request =
       Request{.kind = Request::kRead, .offset = offset, .bytes = count};
@@ -1002,32 +1019,23 @@ bool Session::CmdAioWrite(const CommandDef& def,
     out() << "-z supports only a single length parameter\n";
     return false;
   }
-  if (o.unmap && !o.zero) {
-    out() << "-u requires -z to be specified\n";
-    return false;
-  }
+  if (!CheckZeroOnlyOptions(o)) return false;
   if (o.invalid) {
     out() << "injecting invalid write request\n";
     return true;
   }
   uint64_t offset = 0, count = 0;
-  if (!ParseNumber(operands[0], &offset)) return false;
   if (o.zero) {
-    if (!ParseNumber(operands[1], &count)) return false;
-    aio->request = Request{.kind = Request::kWriteZeroes,
-                           .offset = offset,
-                           .bytes = count,
-                           .may_unmap = o.unmap,
-                           .fua = o.fua};
-  } else {
-    if (!ParseLengths(absl::MakeConstSpan(operands).subspan(1), &count)) {
+    // One length, not limited to a buffer's size.
+    if (!ParseNumber(operands[0], &offset) ||
+        !ParseNumber(operands[1], &count)) {
       return false;
     }
-    aio->buffer.assign(count, o.pattern.value_or(kDefaultPattern));
-    aio->request = Request{.kind = Request::kWrite,
-                           .offset = offset,
-                           .bytes = count,
-                           .fua = o.fua};
+  } else if (!ParseOffsetAndLengths(operands, &offset, &count)) {
+    return false;
+  }
+  if (!MakeWriteRequest(o, offset, count, aio->buffer, &aio->request)) {
+    return false;
   }
   SubmitAio(std::move(aio), "wrote");
   return true;
