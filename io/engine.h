@@ -49,9 +49,9 @@ struct Op {
   int mode = 0;                       // fallocate mode flags
   // Hint from the caller: the request is expected to block in the file
   // system instead of finishing without a wait, e.g. a write that ends past
-  // the file's length as the caller knows it (the file system must extend
-  // the file and allocate blocks, which XFS and ext4 refuse to do for a
-  // non-blocking O_DIRECT attempt). Engines may route such requests
+  // the file's length or into a hole as far as the caller knows (the file
+  // system must allocate blocks and maybe extend the file, which XFS and
+  // ext4 refuse to do for a non-blocking O_DIRECT attempt). Engines may route such requests
   // differently (UringEngine hands them to worker threads); a wrong hint
   // costs speed only, never correctness. Results, in_flight() and Poll()
   // behave the same either way.

@@ -30,6 +30,9 @@ constexpr uint64_t kMaxTransfer = uint64_t{1} << 30;
 constexpr uint64_t kMaxBounce = uint64_t{1} << 20;
 // Zero buffer size for preallocation and the zero-write fallback.
 constexpr uint64_t kZeroChunk = uint64_t{1} << 20;
+// Most holes FileIo keeps track of for MayAllocate (a map node of about 64
+// bytes each, so at most about 4 MiB).
+constexpr size_t kMaxKnownHoles = size_t{1} << 16;
 
 // Alignments here need not be powers of two.
 constexpr uint64_t RoundDownTo(uint64_t v, uint64_t a) { return v - v % a; }
@@ -229,15 +232,15 @@ io::Task<absl::Status> FileIo::WritePlain(uint64_t offset, const uint8_t* data,
   while (done < length) {
     struct iovec iov = {const_cast<uint8_t*>(data) + done,
                         std::min(length - done, kMaxTransfer)};
-    // A write ending past the length known so far extends the file (unless
-    // a concurrent one got there first): the file system has to allocate
-    // and update the length, which it does not do without blocking.
+    // A write that extends the file or fills a hole makes the file system
+    // allocate (and update the length), which it does not do without
+    // blocking.
     io::Op op{.kind = io::OpKind::kWrite,
               .fd = config_.fd,
               .iov = &iov,
               .iovcnt = 1,
               .offset = offset + done,
-              .may_block = offset + done + iov.iov_len > size_};
+              .may_block = MayAllocate(offset + done, offset + done + iov.iov_len)};
     int64_t r = co_await engine_.Run(op);
     if (r == -EINTR || r == -EAGAIN) continue;
     if (r < 0) co_return ErrnoStatus(config_.path, "pwritev", static_cast<int>(-r));
@@ -278,8 +281,42 @@ io::Task<absl::Status> FileIo::Write(uint64_t offset, io::ConstIoVec data) {
   } else {
     st = co_await WritePlain(offset, data.data(), data.size());
   }
-  if (st.ok()) size_ = std::max<uint64_t>(size_, offset + data.size());
+  if (st.ok()) NoteWritten(offset, offset + data.size());
   co_return st;
+}
+
+bool FileIo::MayAllocate(uint64_t offset, uint64_t end) const {
+  if (end > size_) return true;
+  auto it = holes_.upper_bound(offset);  // first hole starting after offset
+  if (it != holes_.end() && it->first < end) return true;
+  return it != holes_.begin() && std::prev(it)->second > offset;
+}
+
+void FileIo::AddHole(uint64_t offset, uint64_t end) {
+  if (offset >= end || holes_.size() >= kMaxKnownHoles) return;
+  RemoveHoles(offset, end);  // keeps the map disjoint
+  holes_.emplace(offset, end);
+}
+
+void FileIo::RemoveHoles(uint64_t offset, uint64_t end) {
+  auto it = holes_.upper_bound(offset);
+  if (it != holes_.begin()) --it;
+  while (it != holes_.end() && it->first < end) {
+    const uint64_t start = it->first, stop = it->second;
+    if (stop <= offset) {
+      ++it;
+      continue;
+    }
+    it = holes_.erase(it);
+    if (start < offset) holes_.emplace(start, offset);
+    if (stop > end) holes_.emplace(end, stop);
+  }
+}
+
+void FileIo::NoteWritten(uint64_t offset, uint64_t end) {
+  if (offset > size_) AddHole(size_, offset);
+  RemoveHoles(offset, end);
+  size_ = std::max(size_, end);
 }
 
 bool FileIo::Conflicts(uint64_t start, uint64_t end, bool rmw) const {
@@ -351,7 +388,7 @@ io::Task<absl::Status> FileIo::WriteDirect(uint64_t offset, const uint8_t* data,
       st = co_await WritePlain(start, bounce.data(), stop - start);
     }
     if (st.ok()) {
-      size_ = std::max(size_, data_end);
+      NoteWritten(cur, data_end);
       if (stop != data_end) {
         it->wanted_end = 0;  // our own padding does not count
         st = TrimPadding(stop);
@@ -457,6 +494,7 @@ io::Task<absl::Status> FileIo::Discard(uint64_t offset, uint64_t length) {
                                  offset, length);
   if (r == -EOPNOTSUPP) co_return absl::UnimplementedError("discard");
   if (r < 0) co_return ErrnoStatus(config_.path, "fallocate", static_cast<int>(-r));
+  if (config_.regular_file) AddHole(offset, std::min(offset + length, size_));
   co_return absl::OkStatus();
 }
 
@@ -543,6 +581,8 @@ io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode
       if (ftruncate(config_.fd, static_cast<off_t>(new_size)) != 0) {
         co_return ErrnoStatus(config_.path, "Could not resize file", errno);
       }
+      RemoveHoles(new_size, UINT64_MAX);
+      AddHole(old_size, new_size);  // ftruncate adds a hole
       size_ = new_size;
       if (old_size == 0 && new_size > 0) co_await WriteFirstBlock(new_size);
       co_return absl::OkStatus();
@@ -585,6 +625,7 @@ io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode
     size_ = old_size;
     co_return result;
   }
+  RemoveHoles(new_size, UINT64_MAX);
   size_ = new_size;
   if (mode == io::PreallocMode::kFalloc && old_size == 0 && new_size > 0) {
     co_await WriteFirstBlock(new_size);

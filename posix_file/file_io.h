@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <list>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,6 +84,13 @@ class FileIo {
   // Length as this node knows it: the length at open, grown by writes and
   // write zeroes past it, set by Truncate.
   uint64_t size() const { return size_; }
+
+  // True if writing [offset, end) may have to allocate blocks: it ends past
+  // size(), or it touches a hole this FileIo made (the gap a write past the
+  // end left behind, the part a Truncate without preallocation added, a
+  // discarded range) that no write has filled since. Holes the file had at
+  // open are not known. The hint for io::Op::may_block.
+  bool MayAllocate(uint64_t offset, uint64_t end) const;
   const std::string& path() const { return config_.path; }
   uint64_t request_alignment() const {
     return config_.direct ? config_.alignment.request : 1;
@@ -152,6 +160,12 @@ class FileIo {
   bool Conflicts(uint64_t start, uint64_t end, bool rmw) const;
   void EndWrite(std::list<InflightWrite>::iterator it);
   absl::Status ExtendTo(uint64_t end);
+  // Bookkeeping after [offset, end) was written: a gap between size_ and
+  // `offset` becomes a known hole, [offset, end) stops being one, and size_
+  // grows to `end`.
+  void NoteWritten(uint64_t offset, uint64_t end);
+  void AddHole(uint64_t offset, uint64_t end);
+  void RemoveHoles(uint64_t offset, uint64_t end);
   absl::Status TrimPadding(uint64_t written_end);
   // A syscall failure `st` as "<path>: <operation>: <strerror>" (QEMU's
   // wording for preallocation steps); other statuses unchanged.
@@ -164,6 +178,9 @@ class FileIo {
   bool allocate_supported_ = true;
   bool zero_range_supported_ = true;
   bool punch_hole_supported_ = true;
+  // Known holes below size_, start -> end, disjoint (see MayAllocate). At
+  // most kMaxKnownHoles; more are not recorded (a hint only).
+  std::map<uint64_t, uint64_t> holes_;
   std::list<InflightWrite> inflight_;  // O_DIRECT only
   std::vector<std::coroutine_handle<>> waiters_;
 };

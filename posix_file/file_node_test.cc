@@ -413,10 +413,11 @@ class WriteRecorder : public io::Engine {
   std::vector<Write> writes_;
 };
 
-// Writes ending past the length the node knows are marked may_block (they
-// extend the file); writes inside it are not. Two extending writes in
-// flight at once are both marked; the length follows truncates.
-TEST_F(FileNodeTest, MarksWritesPastTheKnownLengthMayBlock) {
+// Writes that may allocate are marked may_block: those ending past the
+// length the node knows (also two in flight at once) and those into a hole
+// the node made (a gap left by a write past the end, a truncate that grew
+// the file, a discard) until written; other writes are not.
+TEST_F(FileNodeTest, MarksWritesThatMayAllocateMayBlock) {
   using W = WriteRecorder::Write;
   const std::string path = Path("may_block.raw");
   ASSERT_TRUE(Create(path, 64 << 10).ok());
@@ -426,21 +427,29 @@ TEST_F(FileNodeTest, MarksWritesPastTheKnownLengthMayBlock) {
   auto opened = FileNode::Open(recorder, options, &warnings_);
   ASSERT_TRUE(opened.ok()) << opened.status();
   FileNode& n = **opened;
+  auto run = [&](io::Task<absl::Status> task) {
+    return io::RunSync(recorder, std::move(task));
+  };
   auto write = [&](uint64_t offset, uint64_t length) {
     const std::vector<uint8_t> data = Pattern(length, offset);
-    return io::RunSync(recorder,
-                       n.Write(offset, io::ConstIoVec(data.data(), length)));
+    return run(n.Write(offset, io::ConstIoVec(data.data(), length)));
   };
   ASSERT_TRUE(write(0, 4096).ok());
   ASSERT_TRUE(write(60 << 10, 4096).ok());  // ends at the end exactly
   ASSERT_TRUE(write(62 << 10, 4096).ok());  // ends 2 KiB past it
   ASSERT_TRUE(write(64 << 10, 2048).ok());  // inside the new length
-  ASSERT_TRUE(write(1 << 20, 4096).ok());   // leaves a gap
+  ASSERT_TRUE(write(1 << 20, 4096).ok());   // leaves a gap from 66 KiB
+  ASSERT_TRUE(write(512 << 10, 4096).ok());  // into the gap
+  ASSERT_TRUE(write(512 << 10, 4096).ok());  // now written
+  ASSERT_TRUE(write(508 << 10, 8192).ok());  // half gap, half written
   EXPECT_EQ(recorder.Take(), (std::vector<W>{{0, 4096, false},
                                              {60 << 10, 4096, false},
                                              {62 << 10, 4096, true},
                                              {64 << 10, 2048, false},
-                                             {1 << 20, 4096, true}}));
+                                             {1 << 20, 4096, true},
+                                             {512 << 10, 4096, true},
+                                             {512 << 10, 4096, false},
+                                             {508 << 10, 8192, true}}));
   EXPECT_EQ(n.size(), (1u << 20) + 4096);
 
   // Both issued before either finishes: each may be the one that extends.
@@ -455,17 +464,30 @@ TEST_F(FileNodeTest, MarksWritesPastTheKnownLengthMayBlock) {
               });
   }
   while (finished < 2) ASSERT_TRUE(engine_.Poll(/*wait=*/true).ok());
-  ASSERT_TRUE(write((2 << 20) + 4096, 4096).ok());  // inside now
+  ASSERT_TRUE(write((2 << 20) + 4096, 4096).ok());  // gap before 3 MiB
+  ASSERT_TRUE(write(1 << 20, 4096).ok());            // written before
   EXPECT_EQ(recorder.Take(), (std::vector<W>{{2 << 20, 4096, true},
                                              {3 << 20, 4096, true},
-                                             {(2 << 20) + 4096, 4096, false}}));
+                                             {(2 << 20) + 4096, 4096, true},
+                                             {1 << 20, 4096, false}}));
 
-  ASSERT_TRUE(io::RunSync(recorder, n.Truncate(8192, io::PreallocMode::kOff)).ok());
+  ASSERT_TRUE(run(n.Truncate(8192, io::PreallocMode::kOff)).ok());
   ASSERT_TRUE(write(8192, 4096).ok());
   ASSERT_TRUE(write(0, 8192).ok());
+  ASSERT_TRUE(run(n.Truncate(64 << 10, io::PreallocMode::kOff)).ok());
+  ASSERT_TRUE(write(16 << 10, 4096).ok());  // in what ftruncate added
+  ASSERT_TRUE(write(16 << 10, 4096).ok());
+  ASSERT_TRUE(write(8192, 4096).ok());      // below it
+  ASSERT_TRUE(run(n.Discard(0, 8192)).ok());
+  ASSERT_TRUE(write(4096, 4096).ok());      // discarded
   EXPECT_EQ(recorder.Take(),
-            (std::vector<W>{{8192, 4096, true}, {0, 8192, false}}));
-  ASSERT_TRUE(io::RunSync(recorder, n.Close()).ok());
+            (std::vector<W>{{8192, 4096, true},
+                            {0, 8192, false},
+                            {16 << 10, 4096, true},
+                            {16 << 10, 4096, false},
+                            {8192, 4096, false},
+                            {4096, 4096, true}}));
+  ASSERT_TRUE(run(n.Close()).ok());
 }
 
 TEST_F(FileNodeTest, ReadsPastEndOfFileAreZero) {
