@@ -62,10 +62,14 @@ UringEngine::UringEngine(std::unique_ptr<io_uring> ring, int side_threads)
 }
 
 UringEngine::~UringEngine() {
-  // The ring first: it holds its own reference to side_event_fd_ while the
-  // read is pending. Then the side pool finishes its queued requests.
-  io_uring_queue_exit(ring_.get());
+  // The side pool first: it finishes its queued requests, and its last
+  // additions to side_event_fd_ may complete the pending read, which
+  // io_uring copies into side_event_count_ on this thread while the engine
+  // still exists. After that nothing writes the eventfd, so the ring's
+  // teardown only cancels the read (the ring holds its own reference to
+  // the eventfd until then).
   side_.reset();
+  io_uring_queue_exit(ring_.get());
   if (side_event_fd_ >= 0) close(side_event_fd_);
 }
 
