@@ -456,10 +456,27 @@ io::Task<absl::Status> Qcow2Node::WriteL2Table(uint64_t offset,
   co_return co_await WriteMetadata(offset, data, kOverlapActiveL2);
 }
 
+uint64_t Qcow2Node::OldestDataOp() const {
+  return ops_in_flight_.empty() ? next_seq_ : *ops_in_flight_.begin();
+}
+
+io::Task<absl::Status> Qcow2Node::ReclaimFreedClusters() {
+  const uint64_t oldest = OldestDataOp();
+  if (std::none_of(pending_frees_.begin(), pending_frees_.end(),
+                   [oldest](const PendingFree& f) { return f.seq <= oldest; })) {
+    co_return absl::OkStatus();
+  }
+  // The L2 entries that dropped the clusters reach the disk first: a crash
+  // then leaks them at worst, and no entry on disk points to a cluster
+  // that holds another guest cluster's data.
+  CO_RETURN_IF_ERROR(co_await l2_cache_->WriteDirty());
+  CO_RETURN_IF_ERROR(co_await SyncFile());
+  co_return co_await ApplyPendingFrees();
+}
+
 io::Task<absl::Status> Qcow2Node::ApplyPendingFrees() {
   if (pending_frees_.empty()) co_return absl::OkStatus();
-  const uint64_t oldest =
-      ops_in_flight_.empty() ? next_seq_ : *ops_in_flight_.begin();
+  const uint64_t oldest = OldestDataOp();
   std::vector<PendingFree> keep;
   std::vector<PendingFree> apply;
   for (const PendingFree& f : pending_frees_) {

@@ -273,7 +273,18 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   void EndDataOp(uint64_t seq);
   // Queues the host clusters of an L2 entry that no longer references them.
   void FreeEntryLater(const format::L2Entry& entry, bool discard);
+  // The lowest sequence number of a data request in flight (next_seq_ if
+  // none): pending frees queued at or below it are no longer read.
+  uint64_t OldestDataOp() const;
+  // Frees the pending clusters no data request in flight uses any more.
   io::Task<absl::Status> ApplyPendingFrees();
+  // Before every cluster allocation (metadata lock held): if pending frees
+  // can be applied, writes the dirty L2 tables, syncs and applies them, so
+  // that the allocation finds those clusters free again, as QEMU's
+  // allocator does (a free lowers free_cluster_index; the refcount blocks
+  // wait for the L2 tables). `write 0 1M; discard 0 1M; write 0 64k` thus
+  // puts the last write in the first freed cluster, not at the file end.
+  io::Task<absl::Status> ReclaimFreedClusters();
 
   // Data paths (no lock held).
   io::Task<absl::Status> ReadBacking(uint64_t offset, io::IoVec buf);

@@ -27,12 +27,13 @@ using testing::Shell;
 using testing::TempPath;
 
 struct Request {
-  bool zeroes;  // write zeroes, else a write
+  bool zeroes;  // write zeroes, else a write (or a flush)
   uint64_t offset;
   uint64_t length;
+  bool flush = false;
 };
 
-// Records every write and write zeroes when it starts. With
+// Records every write, write zeroes and flush when it starts. With
 // `zeroes_unsupported`, write zeroes fail with kUnimplemented like on a file
 // that cannot zero efficiently (e.g. a block device, unaligned ranges).
 class RecordingNode final : public testing::ForwardingNode {
@@ -54,6 +55,10 @@ class RecordingNode final : public testing::ForwardingNode {
     log_->push_back({true, offset, length});
     if (zeroes_unsupported_) return Unsupported();
     return ForwardingNode::DoWriteZeroes(offset, length, flags);
+  }
+  io::Task<absl::Status> DoFlush() override {
+    log_->push_back({false, 0, 0, /*flush=*/true});
+    return ForwardingNode::DoFlush();
   }
 
  private:
@@ -282,6 +287,47 @@ TEST(WriteOrderTest, WithoutWriteZeroesSubclustersGetZeroesAsData) {
   EXPECT_FALSE(data[1].zeroes);
   EXPECT_EQ(data[1].offset, kDataStart + 4096);
   EXPECT_EQ(data[1].length, 2048u);
+}
+
+// A discarded cluster is allocated again by the next write (QEMU: the free
+// lowers free_cluster_index), but only once the L2 table that no longer
+// points to it is written and synced: a crash never leaves an L2 entry on
+// disk pointing to the cluster that now holds another guest cluster's data.
+TEST(WriteOrderTest, DiscardedClusterIsReusedAfterItsL2TableIsSynced) {
+  Env env;
+  const std::string path = TempPath("reuse.qcow2");
+  ASSERT_EQ(Shell("qemu-img create -q -f qcow2 " + path + " 64M").exit_code,
+            0);
+  std::vector<Request> log;
+  auto node = OpenRecorded(env, path, &log);
+  ASSERT_TRUE(node.ok()) << node.status();
+  const std::vector<uint8_t> first = Pattern(16 * kCluster, 1);
+  ASSERT_TRUE(env.Run((*node)->Write(0, io::ConstIoVec(first))).ok());
+  ASSERT_TRUE(env.Run((*node)->Discard(0, 16 * kCluster)).ok());
+  log.clear();
+  const std::vector<uint8_t> second = Pattern(kCluster, 2);
+  ASSERT_TRUE(
+      env.Run((*node)->Write(2 * kCluster, io::ConstIoVec(second))).ok());
+  // The refcount block (at 128 KiB, raised by the first write) and a flush
+  // before the L2 table (at 256 KiB) as always, a flush, then the data
+  // into the first freed cluster (the file does not grow).
+  constexpr uint64_t kRefcountBlock = 2 * kCluster;
+  constexpr uint64_t kL2Table = 4 * kCluster;
+  ASSERT_EQ(log.size(), 5u);
+  for (int i : {0, 2, 4}) {
+    EXPECT_FALSE(log[i].zeroes || log[i].flush) << i;
+    EXPECT_EQ(log[i].length, kCluster) << i;
+  }
+  EXPECT_EQ(log[0].offset, kRefcountBlock);
+  EXPECT_TRUE(log[1].flush);
+  EXPECT_EQ(log[2].offset, kL2Table);
+  EXPECT_TRUE(log[3].flush);
+  EXPECT_EQ(log[4].offset, kDataStart);
+  ASSERT_TRUE(env.Run((*node)->Close()).ok());
+  std::vector<uint8_t> ref(64 << 20, 0);
+  std::copy(second.begin(), second.end(), ref.begin() + 2 * kCluster);
+  ExpectImage(path, ref);
+  EXPECT_EQ(testing::ReadFile(path).size(), kDataStart + 16 * kCluster);
 }
 
 }  // namespace
