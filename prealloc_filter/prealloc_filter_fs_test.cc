@@ -195,7 +195,10 @@ TEST_P(PreallocFsTest, UnalignedSequentialWritesMatchTheUnfilteredImage) {
 // Random, non-overlapping writes and discards (64 in flight) with small
 // preallocations, so that many of them race with writes in flight past the
 // file end and qcow2 reuses freed clusters below the data end: the image
-// still reads exactly like the one written without the filter.
+// still reads exactly like the one written without the filter, and the file
+// ends at the filter's data end. (Which freed cluster a write reuses
+// depends on which requests are still in flight, so the two files need not
+// be laid out alike.)
 TEST_P(PreallocFsTest, RandomWritesAndDiscardsWithSmallPreallocations) {
   const std::string with = Path("with.qcow2");
   const std::string without = Path("without.qcow2");
@@ -249,11 +252,14 @@ TEST_P(PreallocFsTest, RandomWritesAndDiscardsWithSmallPreallocations) {
       EXPECT_EQ(chain->filter->size(), chain->filter->data_end());
     }
     ASSERT_TRUE(env_.Run(chain->qcow2->Close()).ok());
+    if (filter) {
+      ASSERT_TRUE(chain->filter->data_end().has_value());
+      EXPECT_EQ(FileLength(with), *chain->filter->data_end());
+    }
   }
   ExpectClean(with);
   ExpectClean(without);
   ExpectIdentical(with, without);
-  EXPECT_EQ(FileLength(with), FileLength(without));
 }
 
 // Two images written in turns (256 KiB each) share the filesystem's free
