@@ -191,6 +191,7 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   struct Inflight {
     uint64_t first = 0;
     uint64_t count = 0;
+    uint64_t host = 0;  // host offset of cluster `first`; 0 if not known
     io::Event done;
   };
   struct PendingFree {
