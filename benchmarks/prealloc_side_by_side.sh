@@ -11,8 +11,11 @@
 # each without the filter (-f qcow2 IMG) and with it (--image-opts
 # driver=qcow2,file.driver=preallocate,file.file.driver=file,
 # file.file.filename=IMG). Every run starts from a fresh copy (cp
-# --sparse=always) of one empty 16 GiB qcow2 made by qemu-img create, so
-# both tools write identical images; the tools alternate (and swap which
+# --sparse=always --reflink=never) of one empty 16 GiB qcow2 made by
+# qemu-img create, so both tools write identical images (a reflinked copy
+# would share extents with the template, and XFS then reports a 4 KiB
+# O_DIRECT alignment instead of 512 bytes, turning every 1 KiB-offset
+# write into a read-modify-write in both tools); the tools alternate (and swap which
 # goes first) run by run. IOPS = COUNT / "Run completed in X seconds".
 # Prints a Markdown table: mean ± standard deviation over REPS runs, the
 # filter's gain (prealloc / no-prealloc - 1) per tool, and imgtool /
@@ -58,7 +61,7 @@ run_once() {
     done
     set -- "${flags[@]}"
   fi
-  cp --sparse=always template.qcow2 img.qcow2
+  cp --sparse=always --reflink=never template.qcow2 img.qcow2
   local out
   if [[ $filter == 1 ]]; then
     out=$("$tool" bench -c "$COUNT" "$@" --image-opts \

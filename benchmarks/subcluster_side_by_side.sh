@@ -9,7 +9,8 @@
 # cluster size in CLUSTERS and extended_l2 off/on (on only from 16k, as
 # QEMU requires), one overlay is made with
 #   qemu-img create -f qcow2 -b base.raw -F raw -o cluster_size=C,extended_l2=X
-# and copied (cp --sparse=always) before every single run, so both tools
+# and copied (cp --sparse=always --reflink=never: no extents shared with
+# the template) before every single run, so both tools
 # start from the identical empty overlay. Each run is
 #   <tool> bench -f qcow2 -w -t none -d DEPTH -s 4k -S STEP -c N overlay
 # i.e. 4 KiB writes whose offsets advance by STEP modulo the virtual size
@@ -98,7 +99,7 @@ to_bytes() {  # 4k / 1M -> bytes
 # Prints IOPS of one run on a fresh copy of template.qcow2.
 bench_iops() {  # tool, count
   local tool=$1 count=$2 out
-  cp --sparse=always template.qcow2 overlay.qcow2
+  cp --sparse=always --reflink=never template.qcow2 overlay.qcow2
   # Start without dirty pages of earlier runs, whose writeback would slow
   # down whichever tool runs next.
   sync
