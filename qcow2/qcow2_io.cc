@@ -1064,18 +1064,32 @@ io::Task<absl::Status> Qcow2Node::WriteCompressed(uint64_t offset,
     if (end == FileSize()) co_return absl::OkStatus();
     co_return co_await file_->Truncate(end, io::PreallocMode::kOff);
   }
-  if ((offset & (cluster_size_ - 1)) != 0 || offset >= size() ||
-      !(data.size() == cluster_size_ ||
-        (data.size() < cluster_size_ && offset + data.size() == size()))) {
+  // QEMU's qcow2_co_pwritev_compressed_part: EINVAL unless cluster
+  // aligned, and whole clusters or up to the image end.
+  const uint64_t mask = cluster_size_ - 1;
+  if ((offset & mask) != 0 || offset >= size() ||
+      data.size() > size() - offset ||
+      ((data.size() & mask) != 0 && offset + data.size() != size())) {
     co_return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: compressed writes take one whole cluster (%u bytes at offset "
-        "%u)",
+        "%s: compressed writes take whole clusters from a cluster boundary "
+        "(%u bytes at offset %u)",
         filename(), data.size(), offset));
   }
   if (header_.compression_type != format::kCompressionZlib) {
     co_return absl::UnimplementedError(absl::StrFormat(
         "%s: zstd compression is not supported", filename()));
   }
+  while (!data.empty()) {
+    const uint64_t n = std::min<uint64_t>(data.size(), cluster_size_);
+    CO_RETURN_IF_ERROR(co_await WriteCompressedCluster(offset, data.first(n)));
+    offset += n;
+    data.remove_prefix(n);
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::WriteCompressedCluster(uint64_t offset,
+                                                         io::ConstIoVec data) {
   std::vector<uint8_t> cluster(cluster_size_, 0);
   std::memcpy(cluster.data(), data.data(), data.size());
   std::vector<uint8_t> out(cluster_size_ - 1);

@@ -128,17 +128,17 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // node set, then closes the backing node and the file.
   io::Task<absl::Status> Close() override;
 
-  // Writes the guest cluster at `offset` (cluster aligned) compressed with
-  // zlib, as `qemu-img convert -c` does: `data` is one cluster, or the
-  // rest of the image for its last cluster. Compressed data is packed
-  // byte-wise after the previous compressed cluster; data that does not
-  // compress is written normally. An empty `data` pads the image file to a
-  // multiple of 512 bytes, which `qemu-img convert -c` asks for at its end
-  // (QEMU: a compressed write of 0 bytes). Errors: kInvalidArgument for a
-  // misaligned
-  // or wrongly sized request, kFailedPrecondition if the cluster is
-  // allocated already (compression can't overwrite anything), kUnimplemented
-  // for zstd images, and those of Write().
+  // Writes the guest clusters from `offset` (cluster aligned) compressed
+  // with zlib, one at a time, as `qemu-img convert -c` and `qemu-io write
+  // -c` do: `data` is whole clusters, or ends at the end of the image.
+  // Compressed data is packed byte-wise after the previous compressed
+  // cluster; a cluster that does not compress is written normally. An
+  // empty `data` pads the image file to a multiple of 512 bytes, which
+  // `qemu-img convert -c` asks for at its end (QEMU: a compressed write of
+  // 0 bytes). Errors: kInvalidArgument for a misaligned or wrongly sized
+  // request, kFailedPrecondition if a cluster is allocated already
+  // (compression can't overwrite anything; the clusters before it are
+  // written), kUnimplemented for zstd images, and those of Write().
   io::Task<absl::Status> WriteCompressed(uint64_t offset, io::ConstIoVec data);
 
   // The header as it is now (dirty and corrupt bits included).
@@ -322,6 +322,10 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   };
   static constexpr uint64_t kMaxPooledCowBytes = uint64_t{64} << 20;
 
+  // WriteCompressed of one cluster (`data`: the cluster, or the image's
+  // last, partial one).
+  io::Task<absl::Status> WriteCompressedCluster(uint64_t offset,
+                                                io::ConstIoVec data);
   // Write pieces.
   // QEMU's handle_alloc_space: zeroes file range [zero_at, zero_at +
   // zero_bytes) (bytes, the new clusters or subclusters a write allocates)
