@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -297,13 +298,22 @@ TEST(HeaderTest, FeatureOptions) {
 
 TEST(HeaderTest, LuksCryptoHeaderExtension) {
   const std::string path = TempPath("luks.qcow2");
-  ASSERT_TRUE(RunShell("rm -f '" + path +
-                       "' && qemu-img create -q -f qcow2 --object "
-                       "secret,id=s0,data=abc -o "
-                       "encrypt.format=luks,encrypt.key-secret=s0,"
-                       "encrypt.iter-time=10 '" +
-                       path + "' 1M")
-                  .ok());
+  const std::string create =
+      "rm -f '" + path +
+      "' && qemu-img create -q -f qcow2 --object secret,id=s0,data=abc -o "
+      "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10 '" +
+      path + "' 1M";
+  // qemu-img times PBKDF2 in CPU time to choose the iteration count and
+  // fails with "Unable to get accurate CPU usage" when the process got no
+  // CPU during that measurement (seen under a loaded CI machine): retry.
+  absl::StatusOr<std::string> created = RunShell(create);
+  for (int attempt = 1; attempt < 5 && !created.ok() &&
+                        absl::StrContains(created.status().message(),
+                                          "Unable to get accurate CPU usage");
+       ++attempt) {
+    created = RunShell(create);
+  }
+  ASSERT_TRUE(created.ok()) << created.status();
   const Header h = ExpectRoundTrip(Reload(path));
   EXPECT_EQ(h.crypt_method, kCryptLuks);
   ASSERT_TRUE(h.crypto_header.has_value());
