@@ -311,6 +311,17 @@ std::shared_ptr<Qcow2Node::Inflight> Qcow2Node::FindInflight(
   return nullptr;
 }
 
+std::shared_ptr<Qcow2Node::Inflight> Qcow2Node::AddInflight(uint64_t first,
+                                                            uint64_t count,
+                                                            uint64_t host) {
+  auto inflight = std::make_shared<Inflight>();
+  inflight->first = first;
+  inflight->count = count;
+  inflight->host = host;
+  inflight_[first] = inflight;
+  return inflight;
+}
+
 uint64_t Qcow2Node::BeginDataOp() {
   const uint64_t seq = next_seq_++;
   ops_in_flight_.insert(seq);
@@ -737,11 +748,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
     CO_ASSIGN_OR_RETURN(host, co_await refcounts_->Allocate(n << cluster_bits_));
   }
   CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, n << cluster_bits_, 0));
-  auto inflight = std::make_shared<Inflight>();
-  inflight->first = cluster;
-  inflight->count = n;
-  inflight->host = host;
-  inflight_[cluster] = inflight;
+  auto inflight = AddInflight(cluster, n, host);
   const uint64_t seq = BeginDataOp();
   l2.reset();
   absl::Status st = co_await StartThenUnlock(
@@ -794,11 +801,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteInPlaceThenNew(
     (void)undo;
     co_return st;
   }
-  auto inflight = std::make_shared<Inflight>();
-  inflight->first = new_cluster;
-  inflight->count = count;
-  inflight->host = new_host;
-  inflight_[new_cluster] = inflight;
+  auto inflight = AddInflight(new_cluster, count, new_host);
   const uint64_t seq = BeginDataOp();
   l2.reset();
   // The new clusters read as zeroes where the data leaves them: zero them
@@ -951,10 +954,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(
       in_place ? host + cow_start : host,
       in_place ? cow_end - cow_start : n << cluster_bits_, 0));
-  auto inflight = std::make_shared<Inflight>();
-  inflight->first = cluster;
-  inflight->count = n;
-  inflight_[cluster] = inflight;
+  auto inflight = AddInflight(cluster, n, /*host=*/0);
   const uint64_t seq = BeginDataOp();
   l2.reset();
   lock.Release();
@@ -1124,10 +1124,7 @@ io::Task<absl::Status> Qcow2Node::WriteCompressedCluster(uint64_t offset,
     CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, *compressed, 0));
     CO_ASSIGN_OR_RETURN(const uint64_t word,
                         format::MakeCompressedL2Word(host, *compressed, cluster_bits_));
-    auto inflight = std::make_shared<Inflight>();
-    inflight->first = cluster_index;
-    inflight->count = 1;
-    inflight_[cluster_index] = inflight;
+    auto inflight = AddInflight(cluster_index, 1, /*host=*/0);
     const uint64_t seq = BeginDataOp();
     l2.reset();
     lock.Release();

@@ -270,6 +270,10 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
 
   // In-flight allocations.
   std::shared_ptr<Inflight> FindInflight(uint64_t first, uint64_t count) const;
+  // Registers an allocating write on guest clusters [first, first + count)
+  // whose first cluster goes to `host` (0 if not known); metadata lock held.
+  std::shared_ptr<Inflight> AddInflight(uint64_t first, uint64_t count,
+                                        uint64_t host);
   uint64_t BeginDataOp();
   void EndDataOp(uint64_t seq);
   // Queues the host clusters of an L2 entry that no longer references them.
