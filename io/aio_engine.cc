@@ -267,12 +267,7 @@ absl::Status AioEngine::Poll(bool wait) {
       st = SubmitQueued(done);
     }
   }
-  for (Op* op : done) {
-    --rw_in_flight_;
-    // Move the callback out first: it may reuse `op` for a new request.
-    auto callback = std::move(op->done);
-    if (callback) callback(*op);
-  }
+  RunCallbacks(done, rw_in_flight_);
   done.clear();
   if (completed_.capacity() < done.capacity()) completed_.swap(done);
   if (side_busy()) {

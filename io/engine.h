@@ -104,6 +104,20 @@ class Engine {
     };
     return Awaiter{*this, op};
   }
+
+ protected:
+  // For Poll(): runs the `done` callbacks of `finished` (Op* in completion
+  // order), each after counting its request out of `in_flight`, since a
+  // callback may look at in_flight() or submit new requests. The callback
+  // is moved out of the Op first: it may reuse the Op for a new request.
+  template <typename OpPointers>
+  static void RunCallbacks(const OpPointers& finished, uint64_t& in_flight) {
+    for (Op* op : finished) {
+      --in_flight;
+      auto callback = std::move(op->done);
+      if (callback) callback(*op);
+    }
+  }
 };
 
 // `queue_depth` is the most requests the caller keeps in flight (1..4096);

@@ -101,12 +101,7 @@ absl::Status ThreadPoolEngine::Poll(bool wait) {
     }
     done.swap(finished_);
   }
-  for (Op* op : done) {
-    --in_flight_;
-    // Move the callback out first: it may reuse `op` for a new request.
-    auto callback = std::move(op->done);
-    if (callback) callback(*op);
-  }
+  RunCallbacks(done, in_flight_);
   return absl::OkStatus();
 }
 

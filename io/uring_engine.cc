@@ -231,12 +231,7 @@ absl::Status UringEngine::Poll(bool wait) {
     in_kernel_ -= ops;
   }
   DrainOverflow();
-  for (Op* op : batch) {
-    --in_flight_;
-    // Move the callback out first: it may reuse `op` for a new request.
-    auto callback = std::move(op->done);
-    if (callback) callback(*op);
-  }
+  RunCallbacks(batch, in_flight_);
   batch.clear();
   if (completed_.capacity() < batch.capacity()) completed_.swap(batch);
   // The side pool's finished requests, whether or not its eventfd was read
