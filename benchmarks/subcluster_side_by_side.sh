@@ -9,9 +9,12 @@
 # cluster size in CLUSTERS and extended_l2 off/on (on only from 16k, as
 # QEMU requires), one overlay is made with
 #   qemu-img create -f qcow2 -b base.raw -F raw -o cluster_size=C,extended_l2=X
-# and copied (cp --sparse=always --reflink=never: no extents shared with
-# the template) before every single run, so both tools
-# start from the identical empty overlay. Each run is
+# afresh before every single run (qemu-img create makes identical files),
+# so both tools start from the identical empty overlay, with the 1 MiB
+# extent size hint qemu-img sets on XFS as a user's overlay has it. (A
+# `cp` of one template would drop the hint: XFS then allocates every 4 KiB
+# write on its own, which slows both tools and hides what subclusters
+# save.) Each run is
 #   <tool> bench -f qcow2 -w -t none -d DEPTH -s 4k -S STEP -c N overlay
 # i.e. 4 KiB writes whose offsets advance by STEP modulo the virtual size
 # (an odd multiple of 4 KiB: no offset repeats before the whole disk has
@@ -62,7 +65,7 @@ LOOP_DIRECT_IO=${LOOP_DIRECT_IO:-0}
 source benchmarks/side_by_side_lib.sh
 sbs_setup subcluster_side_by_side.sh imgtool-sub qemu-img mkfs.xfs losetup python3
 
-# The backing file, one overlay template and one overlay that grows up to
+# The backing file and one overlay that grows up to
 # the virtual size, plus room for XFS.
 fs_bytes=$(((BASE_MIB * 3 + 512) << 20))
 truncate -s "$fs_bytes" "$work/xfs.img"
@@ -96,10 +99,10 @@ to_bytes() {  # 4k / 1M -> bytes
   python3 -c 'import sys; s=sys.argv[1]; m={"k":1<<10,"K":1<<10,"M":1<<20,"G":1<<30}; print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))' "$1"
 }
 
-# Prints IOPS of one run on a fresh copy of template.qcow2.
+# Prints IOPS of one run on a fresh overlay made with $create_opts.
 bench_iops() {  # tool, count
   local tool=$1 count=$2 out
-  cp --sparse=always --reflink=never template.qcow2 overlay.qcow2
+  qemu-img create -q -f qcow2 -b base.raw -F raw -o "$create_opts" overlay.qcow2
   # Start without dirty pages of earlier runs, whose writeback would slow
   # down whichever tool runs next.
   sync
@@ -110,12 +113,11 @@ bench_iops() {  # tool, count
 
 # Does imgtool bench take qcow2 overlays? (If not, only qemu-img is measured.)
 imgtool_ok=yes
-qemu-img create -q -f qcow2 -b base.raw -F raw -o cluster_size=64k,extended_l2=on template.qcow2
+create_opts=cluster_size=64k,extended_l2=on
 if ! bench_iops "$IMGTOOL" 64 >/dev/null 2>"$work/check.err"; then
   imgtool_ok=no
   echo "imgtool bench -f qcow2 failed, measuring qemu-img only: $(head -3 "$work/check.err")" >&2
 fi
-rm -f template.qcow2
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 results=()
@@ -127,8 +129,7 @@ for c in $CLUSTERS; do
   ((count > COUNT)) && count=$COUNT
   for sub in off on; do
     [[ $sub == on && $cbytes -lt 16384 ]] && continue
-    qemu-img create -q -f qcow2 -b base.raw -F raw \
-      -o "cluster_size=$c,extended_l2=$sub" template.qcow2
+    create_opts="cluster_size=$c,extended_l2=$sub"
     a=() b=()
     for ((i = 0; i < REPS; i++)); do
       if [[ $imgtool_ok == no ]]; then
@@ -139,7 +140,6 @@ for c in $CLUSTERS; do
         b+=("$(bench_iops qemu-img "$count")"); a+=("$(bench_iops "$IMGTOOL" "$count")")
       fi
     done
-    rm -f template.qcow2
     echo "  $c sub=$sub ($count writes): imgtool ${a[*]:--} / qemu-img ${b[*]}" >&2
     results+=("$c $sub $count ${a[*]:--}|${b[*]}")
   done

@@ -127,6 +127,9 @@ struct FileId {
 // filter, or a backing file.
 enum class Slot { kTop, kFile, kBacking };
 
+// How far past its data a qcow2 node's file is grown ahead, in bytes.
+constexpr uint64_t kQcow2FileGrowthStep = uint64_t{64} << 20;
+
 // What one subtree is opened with.
 struct Context {
   std::shared_ptr<const OpenSettings> settings;
@@ -481,6 +484,14 @@ io::Task<absl::StatusOr<Opened>> OpenQcow2(const Driver& driver,
     };
   }
   Opened out = Over(driver, child);
+  // qcow2 allocates clusters at the end of its file: keep the file's
+  // length ahead of them so that those writes run in parallel (see
+  // FileNode::GrowLengthAhead). Not through a filter: the preallocate
+  // filter grows the file itself.
+  if (child.driver->kind == DriverKind::kProtocol && child.file != nullptr &&
+      !ctx.read_only) {
+    child.file->GrowLengthAhead(kQcow2FileGrowthStep);
+  }
   // Named locals, not temporaries in the co_await expression: GCC 12
   // destroys some of those twice.
   std::unique_ptr<io::BlockNode> file = std::move(child.node);

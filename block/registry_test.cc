@@ -1,5 +1,7 @@
 #include "block/registry.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <memory>
 #include <sstream>
@@ -220,6 +222,54 @@ TEST_F(OpenGraphTest, PreallocateFilterChains) {
             "Block format 'preallocate' does not support the option 'foo'");
   EXPECT_EQ(Result("driver=qcow2,file.driver=preallocate,file.filename=" + q),
             "A block device must be specified for \"file\"");
+}
+
+// qcow2 over a file keeps the file's length ahead of its allocations while
+// open (so that allocating writes at the end run in parallel) and leaves it
+// exactly as qemu-io does at close; over the preallocate filter the filter
+// alone decides the length.
+TEST_F(OpenGraphTest, Qcow2GrowsItsFileAheadAndCutsItAtClose) {
+  auto length = [](const std::string& path) -> int64_t {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0 ? st.st_size : -1;
+  };
+  const std::string twin = dir_ + "/reg_twin.qcow2";
+  ASSERT_EQ(std::system(absl::StrCat("cp ", qcow2_, " ", twin,
+                                     " && qemu-io -c 'write -P 0x5a 0 1M' ",
+                                     twin, " >/dev/null")
+                            .c_str()),
+            0);
+  const std::vector<uint8_t> data(1 << 20, 0x5a);
+
+  absl::StatusOr<OpenedGraph> g =
+      Open("driver=qcow2,file.filename=" + qcow2_, /*read_only=*/false);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(io::RunSync(*engine_, g->node->Write(0, io::ConstIoVec(data)))
+                  .ok());
+  // The first write past the end grew the file to 1 MiB + 64 MiB.
+  EXPECT_EQ(length(qcow2_), int64_t{65} << 20);
+  EXPECT_EQ(g->file->size(), static_cast<uint64_t>(length(twin)));
+  ASSERT_TRUE(io::RunSync(*engine_, g->node->Close()).ok());
+  EXPECT_EQ(length(qcow2_), length(twin));
+  EXPECT_EQ(std::system(absl::StrCat("cmp -s ", qcow2_, " ", twin).c_str()),
+            0);
+
+  // Read-only: nothing grows or shrinks.
+  g = Open("driver=qcow2,file.filename=" + qcow2_);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(io::RunSync(*engine_, g->node->Close()).ok());
+  EXPECT_EQ(length(qcow2_), length(twin));
+
+  // Through the filter: its prealloc-size, not the 64 MiB step.
+  g = Open("driver=qcow2,file.driver=preallocate,file.prealloc-size=2M,"
+           "file.file.filename=" + qcow2_,
+           /*read_only=*/false);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(
+      io::RunSync(*engine_, g->node->Write(8 << 20, io::ConstIoVec(data)))
+          .ok());
+  EXPECT_LE(length(qcow2_), int64_t{8} << 20);
+  ASSERT_TRUE(io::RunSync(*engine_, g->node->Close()).ok());
 }
 
 TEST_F(OpenGraphTest, ErrorsAreQemus) {

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <new>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -30,6 +31,8 @@ constexpr uint64_t kMaxTransfer = uint64_t{1} << 30;
 constexpr uint64_t kMaxBounce = uint64_t{1} << 20;
 // Zero buffer size for preallocation and the zero-write fallback.
 constexpr uint64_t kZeroChunk = uint64_t{1} << 20;
+// Growing ahead rounds the new length up to this.
+constexpr uint64_t kGrowthAlign = uint64_t{1} << 20;
 // Most holes FileIo keeps track of for MayAllocate (a map node of about 64
 // bytes each, so at most about 4 MiB).
 constexpr size_t kMaxKnownHoles = size_t{1} << 16;
@@ -189,7 +192,10 @@ struct FileIo::WaitForWrites {
 };
 
 FileIo::FileIo(io::Engine& engine, Config config)
-    : engine_(engine), config_(std::move(config)), size_(config_.size) {
+    : engine_(engine),
+      config_(std::move(config)),
+      size_(config_.size),
+      length_(config_.size) {
   if (!config_.direct) config_.alignment = DioAlignment{};
 }
 
@@ -228,6 +234,7 @@ io::Task<absl::Status> FileIo::ReadPlain(uint64_t offset, uint8_t* buf,
 
 io::Task<absl::Status> FileIo::WritePlain(uint64_t offset, const uint8_t* data,
                                           uint64_t length) {
+  GrowAhead(offset + length);
   uint64_t done = 0;
   while (done < length) {
     struct iovec iov = {const_cast<uint8_t*>(data) + done,
@@ -246,6 +253,7 @@ io::Task<absl::Status> FileIo::WritePlain(uint64_t offset, const uint8_t* data,
     if (r < 0) co_return ErrnoStatus(config_.path, "pwritev", static_cast<int>(-r));
     if (r == 0) co_return ErrnoStatus(config_.path, "pwritev", EIO);
     done += static_cast<uint64_t>(r);
+    length_ = std::max(length_, offset + done);
   }
   co_return absl::OkStatus();
 }
@@ -319,6 +327,21 @@ void FileIo::NoteWritten(uint64_t offset, uint64_t end) {
   size_ = std::max(size_, end);
 }
 
+void FileIo::GrowAhead(uint64_t end) {
+  if (growth_step_ == 0 || !config_.regular_file || end <= length_) return;
+  const uint64_t target = RoundUpTo(end, kGrowthAlign) + growth_step_;
+  if (ftruncate(config_.fd, static_cast<off_t>(target)) == 0) length_ = target;
+}
+
+absl::Status FileIo::CutToSize() {
+  if (length_ <= size_) return absl::OkStatus();
+  if (ftruncate(config_.fd, static_cast<off_t>(size_)) != 0) {
+    return ErrnoStatus(config_.path, "ftruncate", errno);
+  }
+  length_ = size_;
+  return absl::OkStatus();
+}
+
 bool FileIo::Conflicts(uint64_t start, uint64_t end, bool rmw) const {
   for (const InflightWrite& w : inflight_) {
     if (w.start < end && start < w.end && (rmw || w.rmw)) return true;
@@ -339,6 +362,10 @@ absl::Status FileIo::TrimPadding(uint64_t written_end) {
   uint64_t wanted = size_;
   for (const InflightWrite& w : inflight_) wanted = std::max(wanted, w.wanted_end);
   if (written_end <= wanted) return absl::OkStatus();
+  // Padding inside the length grown ahead: CutToSize removes it.
+  if (growth_step_ != 0 && length_ > written_end) {
+    return absl::OkStatus();
+  }
   struct stat st;
   if (fstat(config_.fd, &st) != 0) return ErrnoStatus(config_.path, "fstat", errno);
   if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) <= wanted) {
@@ -347,6 +374,7 @@ absl::Status FileIo::TrimPadding(uint64_t written_end) {
   if (ftruncate(config_.fd, static_cast<off_t>(wanted)) != 0) {
     return ErrnoStatus(config_.path, "ftruncate", errno);
   }
+  length_ = wanted;
   return absl::OkStatus();
 }
 
@@ -430,6 +458,7 @@ absl::Status FileIo::ExtendTo(uint64_t end) {
         ftruncate(config_.fd, static_cast<off_t>(end)) != 0) {
       return ErrnoStatus(config_.path, "ftruncate", errno);
     }
+    length_ = std::max(length_, end);
   }
   size_ = std::max(size_, end);
   return absl::OkStatus();
@@ -541,6 +570,15 @@ absl::Status FileIo::Reword(const absl::Status& st,
 
 io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode,
                                         bool exact) {
+  // Every mode starts from the length of the data, not from the hole grown
+  // ahead after it, and ends at exactly new_size: no growing ahead of the
+  // zero writes of full or falloc's fallback.
+  if (config_.regular_file) CO_RETURN_IF_ERROR(CutToSize());
+  struct NoGrowth {
+    uint64_t& step;
+    uint64_t saved = std::exchange(step, 0);
+    ~NoGrowth() { step = saved; }
+  } no_growth{growth_step_};
   struct stat st;
   if (fstat(config_.fd, &st) != 0) {
     co_return ErrnoStatus(config_.path, "fstat", errno);
@@ -584,6 +622,7 @@ io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode
       RemoveHoles(new_size, UINT64_MAX);
       AddHole(old_size, new_size);  // ftruncate adds a hole
       size_ = new_size;
+      length_ = new_size;
       if (old_size == 0 && new_size > 0) co_await WriteFirstBlock(new_size);
       co_return absl::OkStatus();
     case io::PreallocMode::kFalloc:
@@ -623,10 +662,12 @@ io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode
                        std::strerror(errno)));
     }
     size_ = old_size;
+    length_ = old_size;
     co_return result;
   }
   RemoveHoles(new_size, UINT64_MAX);
   size_ = new_size;
+  length_ = new_size;
   if (mode == io::PreallocMode::kFalloc && old_size == 0 && new_size > 0) {
     co_await WriteFirstBlock(new_size);
   }

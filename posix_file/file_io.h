@@ -91,6 +91,24 @@ class FileIo {
   // discarded range) that no write has filled since. Holes the file had at
   // open are not known. The hint for io::Op::may_block.
   bool MayAllocate(uint64_t offset, uint64_t end) const;
+
+  // Lets writes that end past the file's length grow it first with a plain
+  // ftruncate to `step` bytes past their end (rounded up to 1 MiB): a hole,
+  // no blocks, so the write itself lands inside the file. 0 (the default)
+  // turns it off. size() stays the end of the data; CutToSize and Truncate
+  // cut the file back to it. Why: an O_DIRECT write starting past the
+  // file's length makes XFS take the inode lock exclusively, wait for every
+  // write in flight and zero the gap (xfs_file_write_checks), and ext4
+  // serializes extending writes too, so writes at the end of a growing file
+  // run one at a time. Only for files whose length this node owns (regular
+  // file, no other writer or resizer) and whose users ignore a hole after
+  // their data, such as qcow2: a crash leaves the file up to `step` + 1 MiB
+  // longer than its data.
+  void set_growth_step(uint64_t step) { growth_step_ = step; }
+
+  // Cuts the file back to size() if growing ahead left it longer.
+  // Errors name the path ("ftruncate").
+  absl::Status CutToSize();
   const std::string& path() const { return config_.path; }
   uint64_t request_alignment() const {
     return config_.direct ? config_.alignment.request : 1;
@@ -160,6 +178,9 @@ class FileIo {
   bool Conflicts(uint64_t start, uint64_t end, bool rmw) const;
   void EndWrite(std::list<InflightWrite>::iterator it);
   absl::Status ExtendTo(uint64_t end);
+  // Grows the file ahead of a write ending at `end` (see set_growth_step).
+  // A failed ftruncate is ignored: the write then grows the file itself.
+  void GrowAhead(uint64_t end);
   // Bookkeeping after [offset, end) was written: a gap between size_ and
   // `offset` becomes a known hole, [offset, end) stops being one, and size_
   // grows to `end`.
@@ -175,6 +196,10 @@ class FileIo {
   io::Engine& engine_;
   Config config_;
   uint64_t size_;
+  // The file's length (st_size) as this FileIo left it: >= size_, more only
+  // while growing ahead.
+  uint64_t length_;
+  uint64_t growth_step_ = 0;
   bool allocate_supported_ = true;
   bool zero_range_supported_ = true;
   bool punch_hole_supported_ = true;

@@ -354,8 +354,10 @@ absl::StatusOr<uint64_t> FileNode::AllocatedSize() const {
 io::Task<absl::Status> FileNode::Close() {
   if (state_->fd < 0) co_return absl::OkStatus();
   absl::Status result;
+  if (!read_only()) result = state_->io.CutToSize();
   if (!read_only() && state_->write_gen != state_->flushed_gen) {
-    result = co_await DoFlush();
+    absl::Status flushed = co_await DoFlush();
+    if (result.ok()) result = flushed;
   }
   // Closing the descriptor drops the OFD locks.
   if (close(state_->fd) != 0 && result.ok()) {
@@ -393,6 +395,11 @@ absl::StatusOr<uint64_t> FileNode::ExtentCount() const {
 int FileNode::fd() const { return state_->fd; }
 
 bool FileNode::shares_write_or_resize() const { return state_->share_all; }
+
+void FileNode::GrowLengthAhead(uint64_t step) {
+  if (read_only() || state_->share_all || state_->fd < 0) return;
+  state_->io.set_growth_step(step);
+}
 
 io::Task<absl::Status> FileNode::DoRead(uint64_t offset, io::IoVec buf) {
   co_return co_await state_->io.Read(offset, buf);

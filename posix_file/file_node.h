@@ -89,6 +89,21 @@ class FileNode : public io::BlockNode {
   // preallocate filter needs to own the end of the file.
   bool shares_write_or_resize() const;
 
+  // Lets writes past the end of the data grow the file's length first, to
+  // `step` bytes (rounded up to 1 MiB) past their end, with a plain ftruncate
+  // (a hole: no blocks), so that O_DIRECT writes appending to a growing
+  // file run in parallel: XFS and ext4 serialize a write that starts or
+  // ends past the file's length (XFS waits for every write in flight and
+  // zeroes the gap). size() and block status still end at the data;
+  // Truncate and Close cut the file back to size(), so a closed file is as
+  // long as without this. A crash leaves up to `step` + 1 MiB of hole after
+  // the data. For format nodes that ignore bytes past their data (qcow2
+  // allocates from its refcounts, not from the file's length), never for
+  // raw images, whose length is their disk size. A no-op unless the node is
+  // a regular file opened read-write that denies other writers and
+  // resizers (!shares_write_or_resize()). 0 turns it off.
+  void GrowLengthAhead(uint64_t step);
+
   // Write zeroes that must leave the range allocated, by fallocate only
   // (ZERO_RANGE, else punch hole + allocate, else allocate past the end of
   // the file; file-posix.md §4), growing the file if the range ends past it:

@@ -415,6 +415,36 @@ TEST_F(FileNodeFsTest, DirectIoOnA4096ByteSectorFilesystem) {
   EXPECT_EQ(ReadWithPread(path, 4096 + 1536, 512), b);
 }
 
+// Growing ahead under O_DIRECT with 4 KiB alignment: the padding of an
+// unaligned write at the end lands inside the grown length and is cut off
+// at close, so the file ends where the data does.
+TEST_F(FileNodeFsTest, GrowingAheadCutsDirectIoPaddingAtClose) {
+  MOUNT_OR_SKIP(mnt, LoopMount::CreateWithSectorSize(FsKind::kXfs, 512 << 20,
+                                                     4096));
+  const std::string path = mnt->path() + "/ahead.qcow2";
+  ASSERT_TRUE(Create(path, 0).ok());
+  auto node = Open(path, "none");
+  ASSERT_NE(node, nullptr);
+  ASSERT_EQ(node->request_alignment(), 4096u);
+  node->GrowLengthAhead(uint64_t{16} << 20);
+  const auto a = Pattern(6000, 3);
+  ASSERT_TRUE(Run(node->Write(100, io::ConstIoVec(a.data(), a.size()))).ok());
+  EXPECT_EQ(node->size(), 6100u);
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 17 << 20);
+  const auto b = Pattern(3000, 4);
+  ASSERT_TRUE(Run(node->Write(6100, io::ConstIoVec(b.data(), b.size()))).ok());
+  EXPECT_EQ(NodeRead(*node, 100, a.size()), a);
+  ASSERT_TRUE(Run(node->Close()).ok());
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 9100);
+  std::vector<uint8_t> expected(100, 0);
+  expected.insert(expected.end(), a.begin(), a.end());
+  expected.insert(expected.end(), b.begin(), b.end());
+  EXPECT_EQ(ReadWithPread(path, 0, 20000), expected);
+}
+
 // A loop device with 4096-byte sectors, attached (not mounted) for the test.
 class LoopDevice {
  public:

@@ -625,6 +625,94 @@ TEST_F(FileNodeTest, ConcurrentUnalignedDirectWritesDoNotLoseData) {
   EXPECT_EQ(NodeRead(n, 0, expected.size()), expected);
 }
 
+TEST_F(FileNodeTest, GrowingAheadKeepsTheLengthPastTheDataUntilClose) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  const std::string path = Path("ahead.qcow2");
+  ASSERT_TRUE(Create(path, 0).ok());
+  auto node = Open(path);
+  ASSERT_TRUE(node.ok()) << node.status();
+  FileNode& n = **node;
+  n.GrowLengthAhead(8 * kMiB);
+
+  // A write past the end grows the file to 8 MiB past its end, rounded up
+  // to 1 MiB; size() stays the end of the data.
+  const auto a = Pattern(5000, 1);
+  ASSERT_TRUE(NodeWrite(n, 3000, a).ok());
+  EXPECT_EQ(n.size(), 8000u);
+  EXPECT_EQ(FileLength(path), 9 * kMiB);
+  EXPECT_EQ(FileAllocated(path), 8192u);  // the rest is a hole
+  // Inside the grown length: no ftruncate, size() follows the data.
+  const auto b = Pattern(4096, 2);
+  ASSERT_TRUE(NodeWrite(n, 5 * kMiB, b).ok());
+  EXPECT_EQ(n.size(), 5 * kMiB + 4096);
+  EXPECT_EQ(FileLength(path), 9 * kMiB);
+  // Past it again: grows from the new end.
+  ASSERT_TRUE(NodeWrite(n, 9 * kMiB + 10, b).ok());
+  EXPECT_EQ(n.size(), 9 * kMiB + 10 + 4096);
+  EXPECT_EQ(FileLength(path), 18 * kMiB);
+  // Block status ends at the data, as without growing ahead.
+  absl::StatusOr<io::BlockStatus> st =
+      Run(n.GetBlockStatus(6 * kMiB, n.size() - 6 * kMiB));
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_FALSE(st->data);
+  EXPECT_EQ(st->length, 3 * kMiB);
+  EXPECT_EQ(NodeRead(n, 3000, a.size()), a);
+  EXPECT_EQ(NodeRead(n, 9 * kMiB + 10, b.size()), b);
+
+  ASSERT_TRUE(Run(n.Close()).ok());
+  EXPECT_EQ(FileLength(path), 9 * kMiB + 10 + 4096);
+  EXPECT_EQ(ReadWithPread(path, 5 * kMiB, b.size()), b);
+}
+
+TEST_F(FileNodeTest, TruncateAfterGrowingAheadIsExact) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  const std::string path = Path("ahead-truncate.qcow2");
+  ASSERT_TRUE(Create(path, 0).ok());
+  auto node = Open(path);
+  ASSERT_TRUE(node.ok()) << node.status();
+  FileNode& n = **node;
+  n.GrowLengthAhead(4 * kMiB);
+  ASSERT_TRUE(NodeWrite(n, 0, Pattern(4096, 3)).ok());
+  EXPECT_EQ(FileLength(path), 5 * kMiB);
+
+  // Each mode starts from the end of the data and ends exactly at the new
+  // length, also full preallocation, whose zero writes go past the end.
+  ASSERT_TRUE(Run(n.Truncate(2 * kMiB + 512, io::PreallocMode::kFull)).ok());
+  EXPECT_EQ(n.size(), 2 * kMiB + 512);
+  EXPECT_EQ(FileLength(path), 2 * kMiB + 512);
+  EXPECT_GE(FileAllocated(path), 2 * kMiB + 512);
+  ASSERT_TRUE(NodeWrite(n, 3 * kMiB, Pattern(512, 4)).ok());
+  EXPECT_EQ(FileLength(path), 8 * kMiB);
+  ASSERT_TRUE(Run(n.Truncate(3 * kMiB + 1024, io::PreallocMode::kFalloc)).ok());
+  EXPECT_EQ(FileLength(path), 3 * kMiB + 1024);
+  ASSERT_TRUE(NodeWrite(n, 3 * kMiB + 1024, Pattern(512, 5)).ok());
+  ASSERT_TRUE(Run(n.Truncate(4096, io::PreallocMode::kOff)).ok());
+  EXPECT_EQ(n.size(), 4096u);
+  EXPECT_EQ(FileLength(path), 4096u);
+  ASSERT_TRUE(Run(n.Close()).ok());
+  EXPECT_EQ(FileLength(path), 4096u);
+  EXPECT_EQ(ReadWithPread(path, 0, 8192), Pattern(4096, 3));
+}
+
+TEST_F(FileNodeTest, GrowingAheadNeedsAnOwnedWritableFile) {
+  const std::string path = Path("shared.raw");
+  ASSERT_TRUE(Create(path, 0).ok());
+  // Others may write and resize: the length is not this node's to grow.
+  auto shared = OpenSharingAll(path);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  (*shared)->GrowLengthAhead(uint64_t{8} << 20);
+  ASSERT_TRUE(NodeWrite(**shared, 0, Pattern(4096, 6)).ok());
+  EXPECT_EQ(FileLength(path), 4096u);
+  ASSERT_TRUE(Run((*shared)->Close()).ok());
+  // Read-only: nothing to grow, and closing must not cut anything.
+  WriteWithPwrite(path, 10000, Pattern(100, 7));
+  auto ro = Open(path, "", /*read_only=*/true);
+  ASSERT_TRUE(ro.ok()) << ro.status();
+  (*ro)->GrowLengthAhead(uint64_t{8} << 20);
+  ASSERT_TRUE(Run((*ro)->Close()).ok());
+  EXPECT_EQ(FileLength(path), 10100u);
+}
+
 TEST_F(FileNodeTest, OfdLocksMatchQemu) {
   const std::string path = Path("locks.raw");
   ASSERT_TRUE(Create(path, 1 << 20).ok());
