@@ -16,7 +16,8 @@
 # one template: `cp` drops the hint, and a reflinked copy shares extents
 # with the template, so that XFS reports a 4 KiB O_DIRECT alignment instead
 # of 512 bytes and turns every 1 KiB-offset write into a read-modify-write.
-# The tools alternate (and swap which goes first) run by run. IOPS = COUNT / "Run completed in X seconds".
+# The tools alternate (and swap which goes first) run by run, each run after
+# `sync` and `fstrim` (sbs_settle). IOPS = COUNT / "Run completed in X seconds".
 # Prints a Markdown table: mean ± standard deviation over REPS runs, the
 # filter's gain (prealloc / no-prealloc - 1) per tool, and imgtool /
 # qemu-img per column.
@@ -62,6 +63,7 @@ run_once() {
     set -- "${flags[@]}"
   fi
   qemu-img create -q -f qcow2 img.qcow2 16G
+  sbs_settle
   local out
   if [[ $filter == 1 ]]; then
     out=$("$tool" bench -c "$COUNT" "$@" --image-opts \
@@ -107,7 +109,9 @@ for fs in $FSES; do
   truncate -s 8G "$work/fs.img"
   case $fs in
     xfs) mkfs.xfs -q -f "$work/fs.img" ;;
-    ext4) mkfs.ext4 -q -F "$work/fs.img" ;;
+    # Inode tables and journal written now, not by ext4lazyinit in the
+    # background during the runs.
+    ext4) mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$work/fs.img" ;;
     *) echo "prealloc_side_by_side.sh: unknown filesystem $fs" >&2; exit 1 ;;
   esac
   mount -o loop "$work/fs.img" "$mnt"

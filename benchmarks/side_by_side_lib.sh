@@ -9,6 +9,19 @@
 #   mnt      "$work/mnt" (created), unmounted on exit if mounted
 #   loopdev  empty; a script that attaches a loop device itself stores it
 #            here so that it is detached on exit
+# and defines sbs_settle, to call right before every measured run.
+
+# Before each measured run: write back what earlier runs left dirty
+# (`sync`; XFS also finishes freeing deleted files' blocks then) and hand
+# the mount's free space back to the loop device (`fstrim`, which punches it
+# out of the loop's backing file), so that every run starts from the same
+# filesystem and host state whichever tool or case ran before. Without it,
+# runs late in a sequence ran up to 5x slower than early ones on ext4, which
+# made a case measured after another look slower than it is.
+sbs_settle() {
+  sync
+  fstrim "$mnt" 2>/dev/null || true
+}
 
 sbs_fail() {
   echo "$SBS_NAME: $*" >&2

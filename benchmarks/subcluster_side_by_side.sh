@@ -24,7 +24,7 @@
 # at most one subcluster. N = min(COUNT, max(MIN_COUNT, COW_MIB / C)) keeps
 # the copy-on-write traffic of big clusters bounded.
 # REPS runs per tool and cell, alternating the tools (and which goes first),
-# each after a `sync`; the table shows medians and the ratio imgtool /
+# each after `sync` and `fstrim` (sbs_settle); the table shows medians and the ratio imgtool /
 # qemu-img, and the load average before and after the runs.
 #
 # Targets: imgtool >= qemu-img in every cell; with subclusters, 64k..256k
@@ -103,9 +103,9 @@ to_bytes() {  # 4k / 1M -> bytes
 bench_iops() {  # tool, count
   local tool=$1 count=$2 out
   qemu-img create -q -f qcow2 -b base.raw -F raw -o "$create_opts" overlay.qcow2
-  # Start without dirty pages of earlier runs, whose writeback would slow
-  # down whichever tool runs next.
-  sync
+  # Start without dirty pages or unfreed blocks of earlier runs, whose
+  # writeback would slow down whichever tool runs next.
+  sbs_settle
   out=$("$tool" bench -f qcow2 -w -t none -d "$DEPTH" -s 4k -S "$STEP" -c "$count" overlay.qcow2)
   rm -f overlay.qcow2
   python3 -c 'import re,sys; t=float(re.search(r"Run completed in ([0-9.]+) seconds", sys.argv[1]).group(1)); print(round(int(sys.argv[2])/max(t,1e-4)))' "$out" "$count"
