@@ -12,15 +12,15 @@ namespace imgtool::io {
 
 namespace {
 
-// Zeroed memory of `size` (> 0) bytes aligned to the power of two
-// `alignment`; 0 or the error of posix_memalign.
-int Allocate(size_t size, size_t alignment, uint8_t** data) {
+// Memory of `size` (> 0) bytes aligned to the power of two `alignment`,
+// zeroed if `zero`; 0 or the error of posix_memalign.
+int Allocate(size_t size, size_t alignment, uint8_t** data, bool zero = true) {
   void* p = nullptr;
   // posix_memalign needs at least pointer alignment; more is still aligned
   // to the (smaller) power of two asked for.
   size_t a = alignment < sizeof(void*) ? sizeof(void*) : alignment;
   if (int err = posix_memalign(&p, a, size); err != 0) return err;
-  std::memset(p, 0, size);
+  if (zero) std::memset(p, 0, size);
   *data = static_cast<uint8_t*>(p);
   return 0;
 }
@@ -47,6 +47,14 @@ absl::StatusOr<AlignedBuffer> AlignedBuffer::Create(size_t size,
         absl::StrFormat("Failed to allocate %d bytes of memory: %s", size,
                         std::strerror(err)));
   }
+  return AlignedBuffer(data, size, alignment);
+}
+
+AlignedBuffer AlignedBuffer::Uninitialized(size_t size, size_t alignment) {
+  if (!std::has_single_bit(alignment)) std::abort();
+  if (size == 0) return AlignedBuffer(nullptr, 0, alignment);
+  uint8_t* data = nullptr;
+  if (Allocate(size, alignment, &data, /*zero=*/false) != 0) std::abort();
   return AlignedBuffer(data, size, alignment);
 }
 

@@ -25,6 +25,17 @@ TEST(AlignedBufferCreateTest, IsAlignedAndZeroed) {
   EXPECT_EQ(empty->data(), nullptr);
 }
 
+TEST(AlignedBufferCreateTest, UninitializedIsAlignedAndWritable) {
+  AlignedBuffer buf = AlignedBuffer::Uninitialized(3 << 20, 8192);
+  EXPECT_EQ(buf.size(), 3u << 20);
+  EXPECT_EQ(buf.alignment(), 8192u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.data()) % 8192, 0u);
+  buf.data()[0] = 1;
+  buf.data()[buf.size() - 1] = 2;
+  EXPECT_EQ(buf.data()[buf.size() - 1], 2);
+  EXPECT_TRUE(AlignedBuffer::Uninitialized(0).empty());
+}
+
 TEST(AlignedBufferCreateTest, FailsInsteadOfAborting) {
   absl::StatusOr<AlignedBuffer> bad = AlignedBuffer::Create(4096, 3000);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);

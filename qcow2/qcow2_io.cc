@@ -548,7 +548,9 @@ Qcow2Node::CowBuffer::CowBuffer(Qcow2Node* node, uint64_t size)
       return;
     }
   }
-  buf_ = io::AlignedBuffer(size);
+  // Every byte is read or copied into before the buffer is written out, as
+  // with a reused one.
+  buf_ = io::AlignedBuffer::Uninitialized(size);
 }
 
 Qcow2Node::CowBuffer::~CowBuffer() {
