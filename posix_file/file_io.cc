@@ -281,6 +281,7 @@ io::Task<absl::Status> FileIo::Read(uint64_t offset, io::IoVec buf) {
 }
 
 io::Task<absl::Status> FileIo::Write(uint64_t offset, io::ConstIoVec data) {
+  issued_end_ = std::max(issued_end_, offset + data.size());
   // Not `cond ? co_await a : co_await b`: GCC 12 destroys the result of
   // such a conditional twice (a use-after-free of the Status).
   absl::Status st;
@@ -334,11 +335,13 @@ void FileIo::GrowAhead(uint64_t end) {
 }
 
 absl::Status FileIo::CutToSize() {
-  if (length_ <= size_) return absl::OkStatus();
-  if (ftruncate(config_.fd, static_cast<off_t>(size_)) != 0) {
+  // Never below a write still in flight (a Truncate racing with writes).
+  const uint64_t end = std::max(size_, issued_end_);
+  if (length_ <= end) return absl::OkStatus();
+  if (ftruncate(config_.fd, static_cast<off_t>(end)) != 0) {
     return ErrnoStatus(config_.path, "ftruncate", errno);
   }
-  length_ = size_;
+  length_ = end;
   return absl::OkStatus();
 }
 
@@ -623,6 +626,7 @@ io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode
       AddHole(old_size, new_size);  // ftruncate adds a hole
       size_ = new_size;
       length_ = new_size;
+      issued_end_ = new_size;
       if (old_size == 0 && new_size > 0) co_await WriteFirstBlock(new_size);
       co_return absl::OkStatus();
     case io::PreallocMode::kFalloc:
@@ -663,11 +667,13 @@ io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode
     }
     size_ = old_size;
     length_ = old_size;
+    issued_end_ = std::min(issued_end_, old_size);
     co_return result;
   }
   RemoveHoles(new_size, UINT64_MAX);
   size_ = new_size;
   length_ = new_size;
+  issued_end_ = new_size;
   if (mode == io::PreallocMode::kFalloc && old_size == 0 && new_size > 0) {
     co_await WriteFirstBlock(new_size);
   }

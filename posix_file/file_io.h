@@ -200,6 +200,9 @@ class FileIo {
   // while growing ahead.
   uint64_t length_;
   uint64_t growth_step_ = 0;
+  // Furthest end of the data of any Write issued (size_ grows only when
+  // one completes); CutToSize never cuts below it.
+  uint64_t issued_end_ = 0;
   bool allocate_supported_ = true;
   bool zero_range_supported_ = true;
   bool punch_hole_supported_ = true;

@@ -694,6 +694,42 @@ TEST_F(FileNodeTest, TruncateAfterGrowingAheadIsExact) {
   EXPECT_EQ(ReadWithPread(path, 0, 8192), Pattern(4096, 3));
 }
 
+// A Truncate that starts while a write into the grown-ahead length is in
+// flight must not cut that write's data off when it cuts the file back.
+TEST_F(FileNodeTest, TruncateDuringAWriteAfterTheDataKeepsTheWrite) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  const std::string path = Path("ahead-race.qcow2");
+  ASSERT_TRUE(Create(path, 0).ok());
+  auto node = Open(path);
+  ASSERT_TRUE(node.ok()) << node.status();
+  FileNode& n = **node;
+  n.GrowLengthAhead(8 * kMiB);
+  ASSERT_TRUE(NodeWrite(n, 0, Pattern(4096, 1)).ok());
+  ASSERT_EQ(FileLength(path), 9 * kMiB);
+  const auto data = Pattern(kMiB, 2);
+  int finished = 0;
+  absl::Status wrote, truncated;
+  io::Spawn(n.Write(kMiB, io::ConstIoVec(data.data(), data.size())),
+            [&](absl::Status st) {
+              wrote = st;
+              ++finished;
+            });
+  // The pool thread writes now; the node hears of it only at the next Poll.
+  usleep(100 * 1000);
+  io::Spawn(n.Truncate(4 * kMiB, io::PreallocMode::kOff),
+            [&](absl::Status st) {
+              truncated = st;
+              ++finished;
+            });
+  while (finished < 2) ASSERT_TRUE(engine_.Poll(true).ok());
+  ASSERT_TRUE(wrote.ok()) << wrote;
+  ASSERT_TRUE(truncated.ok()) << truncated;
+  EXPECT_EQ(NodeRead(n, kMiB, data.size()), data);
+  ASSERT_TRUE(Run(n.Close()).ok());
+  EXPECT_EQ(FileLength(path), 4 * kMiB);
+  EXPECT_EQ(ReadWithPread(path, kMiB, data.size()), data);
+}
+
 TEST_F(FileNodeTest, GrowingAheadNeedsAnOwnedWritableFile) {
   const std::string path = Path("shared.raw");
   ASSERT_TRUE(Create(path, 0).ok());
