@@ -23,7 +23,8 @@
 # clusters copy a whole cluster from the backing file and subclusters copy
 # at most one subcluster. N = min(COUNT, max(MIN_COUNT, COW_MIB / C)) keeps
 # the copy-on-write traffic of big clusters bounded.
-# REPS runs per tool and cell, alternating the tools (and which goes first),
+# One unmeasured warm-up run per cell, then REPS runs per tool and cell,
+# alternating the tools (and which goes first),
 # each after `sync` and `fstrim` (sbs_settle); the table shows medians and the ratio imgtool /
 # qemu-img, and the load average before and after the runs.
 #
@@ -131,6 +132,10 @@ for c in $CLUSTERS; do
     [[ $sub == on && $cbytes -lt 16384 ]] && continue
     create_opts="cluster_size=$c,extended_l2=$sub"
     a=() b=()
+    # One unmeasured run first (as prealloc_side_by_side.sh): the first
+    # reads of a cell's copy-on-write ranges are the slowest (caches under
+    # the VM's disk), and the first measured run is imgtool's.
+    bench_iops qemu-img "$count" >/dev/null
     for ((i = 0; i < REPS; i++)); do
       if [[ $imgtool_ok == no ]]; then
         b+=("$(bench_iops qemu-img "$count")")
