@@ -4,6 +4,7 @@
 #include <linux/falloc.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -330,7 +331,15 @@ void FileIo::NoteWritten(uint64_t offset, uint64_t end) {
 
 void FileIo::GrowAhead(uint64_t end) {
   if (growth_step_ == 0 || !config_.regular_file || end <= length_) return;
-  const uint64_t target = RoundUpTo(end, kGrowthAlign) + growth_step_;
+  uint64_t target = RoundUpTo(end, kGrowthAlign) + growth_step_;
+  // Not past the file size limit (RLIMIT_FSIZE, `ulimit -f`): ftruncate
+  // beyond it raises SIGXFSZ, which kills the process, where the write
+  // alone may fit. A write that does not fit meets the limit itself.
+  struct rlimit limit;
+  if (getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    target = std::min<uint64_t>(target, limit.rlim_cur);
+  }
+  if (target <= end) return;
   if (ftruncate(config_.fd, static_cast<off_t>(target)) == 0) length_ = target;
 }
 

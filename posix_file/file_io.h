@@ -93,10 +93,11 @@ class FileIo {
   bool MayAllocate(uint64_t offset, uint64_t end) const;
 
   // Lets writes that end past the file's length grow it first with a plain
-  // ftruncate to `step` bytes past their end (rounded up to 1 MiB): a hole,
-  // no blocks, so the write itself lands inside the file. 0 (the default)
-  // turns it off. size() stays the end of the data; CutToSize and Truncate
-  // cut the file back to it. Why: an O_DIRECT write starting past the
+  // ftruncate to `step` bytes past their end (rounded up to 1 MiB, at most
+  // the file size limit RLIMIT_FSIZE): a hole, no blocks, so the write
+  // itself lands inside the file. 0 (the default) turns it off. size()
+  // stays the end of the data; CutToSize and Truncate cut the file back to
+  // it. Why: an O_DIRECT write starting past the
   // file's length makes XFS take the inode lock exclusively, wait for every
   // write in flight and zero the gap (xfs_file_write_checks), and ext4
   // serializes extending writes too, so writes at the end of a growing file
@@ -178,8 +179,9 @@ class FileIo {
   bool Conflicts(uint64_t start, uint64_t end, bool rmw) const;
   void EndWrite(std::list<InflightWrite>::iterator it);
   absl::Status ExtendTo(uint64_t end);
-  // Grows the file ahead of a write ending at `end` (see set_growth_step).
-  // A failed ftruncate is ignored: the write then grows the file itself.
+  // Grows the file ahead of a write ending at `end` (see set_growth_step),
+  // never past RLIMIT_FSIZE (SIGXFSZ would kill the process). A failed
+  // ftruncate is ignored: the write then grows the file itself.
   void GrowAhead(uint64_t end);
   // Bookkeeping after [offset, end) was written: a gap between size_ and
   // `offset` becomes a known hole, [offset, end) stops being one, and size_

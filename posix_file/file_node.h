@@ -90,7 +90,8 @@ class FileNode : public io::BlockNode {
   bool shares_write_or_resize() const;
 
   // Lets writes past the end of the data grow the file's length first, to
-  // `step` bytes (rounded up to 1 MiB) past their end, with a plain ftruncate
+  // `step` bytes (rounded up to 1 MiB; at most RLIMIT_FSIZE, past which
+  // ftruncate raises SIGXFSZ) past their end, with a plain ftruncate
   // (a hole: no blocks), so that O_DIRECT writes appending to a growing
   // file run in parallel: XFS and ext4 serialize a write that starts or
   // ends past the file's length (XFS waits for every write in flight and

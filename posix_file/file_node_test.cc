@@ -4,10 +4,12 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -747,6 +749,51 @@ TEST_F(FileNodeTest, GrowingAheadNeedsAnOwnedWritableFile) {
   (*ro)->GrowLengthAhead(uint64_t{8} << 20);
   ASSERT_TRUE(Run((*ro)->Close()).ok());
   EXPECT_EQ(FileLength(path), 10100u);
+}
+
+TEST_F(FileNodeTest, GrowingAheadStaysWithinTheFileSizeLimit) {
+  // ftruncate past RLIMIT_FSIZE (`ulimit -f`) raises SIGXFSZ, which kills
+  // the process: growing ahead must stop at the limit where the writes
+  // themselves fit under it (qemu-io writes them). In a forked child, as
+  // the limit and the signal are process-wide; with an engine of its own,
+  // as the fixture's threads are not forked.
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  const std::string path = Path("limited.qcow2");
+  ASSERT_TRUE(Create(path, 0).ok());
+  // The child's exit code says which step failed.
+  auto child = [&]() -> int {
+    const struct rlimit limit = {8 * kMiB, RLIM_INFINITY};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) return 2;
+    io::ThreadPoolEngine engine(1);
+    FileOpenOptions options;
+    options.set_filename(path);
+    auto node = FileNode::Open(engine, options, &warnings_);
+    if (!node.ok()) return 3;
+    FileNode& n = **node;
+    n.GrowLengthAhead(64 * kMiB);
+    auto write = [&](uint64_t offset, const std::vector<uint8_t>& data) {
+      return io::RunSync(
+          engine, n.Write(offset, io::ConstIoVec(data.data(), data.size())));
+    };
+    std::vector<uint64_t> got;
+    // Grown to the limit (not to 65 MiB), then a write inside it.
+    if (!write(0, Pattern(4096, 1)).ok()) return 4;
+    got.push_back(FileLength(path));
+    if (!write(7 * kMiB, Pattern(kMiB, 2)).ok()) return 5;
+    got.push_back(FileLength(path));
+    got.push_back(n.size());
+    if (!io::RunSync(engine, n.Close()).ok()) return 6;
+    got.push_back(FileLength(path));
+    const std::vector<uint64_t> want = {8 * kMiB, 8 * kMiB, 8 * kMiB, 8 * kMiB};
+    if (got != want) {
+      std::fprintf(stderr, "lengths %s\n", absl::StrJoin(got, " ").c_str());
+      return 7;
+    }
+    return 0;
+  };
+  EXPECT_EXIT(std::_Exit(child()), ::testing::ExitedWithCode(0), "");
+  EXPECT_EQ(FileLength(path), 8 * kMiB);
+  EXPECT_EQ(ReadWithPread(path, 7 * kMiB, kMiB), Pattern(kMiB, 2));
 }
 
 TEST_F(FileNodeTest, OfdLocksMatchQemu) {
