@@ -234,7 +234,7 @@ io::Task<absl::Status> FileIo::ReadPlain(uint64_t offset, uint8_t* buf,
 }
 
 io::Task<absl::Status> FileIo::WritePlain(uint64_t offset, const uint8_t* data,
-                                          uint64_t length) {
+                                          uint64_t length, uint64_t data_end) {
   GrowAhead(offset + length);
   uint64_t done = 0;
   while (done < length) {
@@ -255,6 +255,7 @@ io::Task<absl::Status> FileIo::WritePlain(uint64_t offset, const uint8_t* data,
     if (r == 0) co_return ErrnoStatus(config_.path, "pwritev", EIO);
     done += static_cast<uint64_t>(r);
     length_ = std::max(length_, offset + done);
+    written_end_ = std::max(written_end_, std::min(offset + done, data_end));
   }
   co_return absl::OkStatus();
 }
@@ -282,7 +283,7 @@ io::Task<absl::Status> FileIo::Read(uint64_t offset, io::IoVec buf) {
 }
 
 io::Task<absl::Status> FileIo::Write(uint64_t offset, io::ConstIoVec data) {
-  issued_end_ = std::max(issued_end_, offset + data.size());
+  const auto issued = issued_ends_.insert(offset + data.size());
   // Not `cond ? co_await a : co_await b`: GCC 12 destroys the result of
   // such a conditional twice (a use-after-free of the Status).
   absl::Status st;
@@ -291,6 +292,7 @@ io::Task<absl::Status> FileIo::Write(uint64_t offset, io::ConstIoVec data) {
   } else {
     st = co_await WritePlain(offset, data.data(), data.size());
   }
+  issued_ends_.erase(issued);
   if (st.ok()) NoteWritten(offset, offset + data.size());
   co_return st;
 }
@@ -344,8 +346,10 @@ void FileIo::GrowAhead(uint64_t end) {
 }
 
 absl::Status FileIo::CutToSize() {
-  // Never below a write still in flight (a Truncate racing with writes).
-  const uint64_t end = std::max(size_, issued_end_);
+  // Never below a write still in flight (a Truncate racing with writes),
+  // nor below what a failed write reached.
+  uint64_t end = std::max(size_, written_end_);
+  if (!issued_ends_.empty()) end = std::max(end, *issued_ends_.rbegin());
   if (length_ <= end) return absl::OkStatus();
   if (ftruncate(config_.fd, static_cast<off_t>(end)) != 0) {
     return ErrnoStatus(config_.path, "ftruncate", errno);
@@ -425,7 +429,7 @@ io::Task<absl::Status> FileIo::WriteDirect(uint64_t offset, const uint8_t* data,
     if (st.ok()) {
       std::memcpy(bounce.data() + (cur - start), data + (cur - offset),
                   data_end - cur);
-      st = co_await WritePlain(start, bounce.data(), stop - start);
+      st = co_await WritePlain(start, bounce.data(), stop - start, data_end);
     }
     if (st.ok()) {
       NoteWritten(cur, data_end);
@@ -635,7 +639,7 @@ io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode
       AddHole(old_size, new_size);  // ftruncate adds a hole
       size_ = new_size;
       length_ = new_size;
-      issued_end_ = new_size;
+      written_end_ = std::min(written_end_, new_size);
       if (old_size == 0 && new_size > 0) co_await WriteFirstBlock(new_size);
       co_return absl::OkStatus();
     case io::PreallocMode::kFalloc:
@@ -676,13 +680,13 @@ io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode
     }
     size_ = old_size;
     length_ = old_size;
-    issued_end_ = std::min(issued_end_, old_size);
+    written_end_ = std::min(written_end_, old_size);
     co_return result;
   }
   RemoveHoles(new_size, UINT64_MAX);
   size_ = new_size;
   length_ = new_size;
-  issued_end_ = new_size;
+  written_end_ = std::min(written_end_, new_size);
   if (mode == io::PreallocMode::kFalloc && old_size == 0 && new_size > 0) {
     co_await WriteFirstBlock(new_size);
   }

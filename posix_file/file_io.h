@@ -16,6 +16,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -170,8 +171,11 @@ class FileIo {
   bool NeedsBounce(uint64_t offset, uint64_t length, const void* p) const;
   io::Task<absl::Status> ReadPlain(uint64_t offset, uint8_t* buf,
                                    uint64_t length);
+  // `data_end`: where the caller's data ends when [offset, offset +
+  // length) has padding after it (see written_end_).
   io::Task<absl::Status> WritePlain(uint64_t offset, const uint8_t* data,
-                                    uint64_t length);
+                                    uint64_t length,
+                                    uint64_t data_end = UINT64_MAX);
   io::Task<absl::Status> WriteDirect(uint64_t offset, const uint8_t* data,
                                      uint64_t length);
   io::Task<absl::Status> WriteZeroBuffers(uint64_t start, uint64_t end);
@@ -202,9 +206,13 @@ class FileIo {
   // while growing ahead.
   uint64_t length_;
   uint64_t growth_step_ = 0;
-  // Furthest end of the data of any Write issued (size_ grows only when
-  // one completes); CutToSize never cuts below it.
-  uint64_t issued_end_ = 0;
+  // Ends of the data of the Writes in flight (size_ grows only when one
+  // completes); CutToSize never cuts below them.
+  std::multiset<uint64_t> issued_ends_;
+  // Furthest end of the data write syscalls reached, also of a write that
+  // then failed: where the file would end without growing ahead (and where
+  // QEMU leaves it); CutToSize never cuts below it.
+  uint64_t written_end_ = 0;
   bool allocate_supported_ = true;
   bool zero_range_supported_ = true;
   bool punch_hole_supported_ = true;

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -794,6 +795,59 @@ TEST_F(FileNodeTest, GrowingAheadStaysWithinTheFileSizeLimit) {
   EXPECT_EXIT(std::_Exit(child()), ::testing::ExitedWithCode(0), "");
   EXPECT_EQ(FileLength(path), 8 * kMiB);
   EXPECT_EQ(ReadWithPread(path, 7 * kMiB, kMiB), Pattern(kMiB, 2));
+}
+
+TEST_F(FileNodeTest, FailedWritesLeaveTheLengthOfAFileNotGrownAhead) {
+  // A failed write past the data is not in flight: at close a grown-ahead
+  // file is cut back to what its writes reached, as long as the same file
+  // without growing ahead (and as QEMU leaves it): 2 MiB, where a 2 MiB
+  // write at 1 MiB stopped at a 2 MiB file size limit (a short write, then
+  // EFBIG), and a write at 4 MiB failed at once. Forked: the limit and
+  // SIGXFSZ (ignored, so that the writes fail with EFBIG) are process-wide.
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  const std::string grown = Path("failed-grown.qcow2");
+  const std::string plain = Path("failed-plain.qcow2");
+  ASSERT_TRUE(Create(grown, 0).ok());
+  ASSERT_TRUE(Create(plain, 0).ok());
+  auto child = [&]() -> int {
+    io::ThreadPoolEngine engine(1);
+    std::vector<uint64_t> got;
+    for (const std::string& path : {grown, plain}) {
+      const struct rlimit unlimited = {RLIM_INFINITY, RLIM_INFINITY};
+      if (setrlimit(RLIMIT_FSIZE, &unlimited) != 0) return 2;
+      FileOpenOptions options;
+      options.set_filename(path);
+      auto node = FileNode::Open(engine, options, &warnings_);
+      if (!node.ok()) return 3;
+      FileNode& n = **node;
+      if (path == grown) n.GrowLengthAhead(8 * kMiB);
+      auto write = [&](uint64_t offset, const std::vector<uint8_t>& data) {
+        return io::RunSync(
+            engine, n.Write(offset, io::ConstIoVec(data.data(), data.size())));
+      };
+      if (!write(0, Pattern(4096, 1)).ok()) return 4;
+      if (signal(SIGXFSZ, SIG_IGN) == SIG_ERR) return 5;
+      const struct rlimit limit = {2 * kMiB, RLIM_INFINITY};
+      if (setrlimit(RLIMIT_FSIZE, &limit) != 0) return 6;
+      if (write(kMiB, Pattern(2 * kMiB, 2)).ok()) return 7;
+      if (write(4 * kMiB, Pattern(4096, 3)).ok()) return 8;
+      got.push_back(n.size());
+      if (!io::RunSync(engine, n.Close()).ok()) return 9;
+      got.push_back(FileLength(path));
+    }
+    const std::vector<uint64_t> want = {4096, 2 * kMiB, 4096, 2 * kMiB};
+    if (got != want) {
+      std::fprintf(stderr, "sizes and lengths %s\n",
+                   absl::StrJoin(got, " ").c_str());
+      return 10;
+    }
+    return 0;
+  };
+  EXPECT_EXIT(std::_Exit(child()), ::testing::ExitedWithCode(0), "");
+  EXPECT_EQ(FileLength(grown), 2 * kMiB);
+  std::vector<uint8_t> reached = Pattern(2 * kMiB, 2);
+  reached.resize(kMiB);
+  EXPECT_EQ(ReadWithPread(grown, kMiB, kMiB), reached);
 }
 
 TEST_F(FileNodeTest, OfdLocksMatchQemu) {
