@@ -243,8 +243,11 @@ BackingOpener Env::Opener() {
 }
 
 absl::StatusOr<std::unique_ptr<Qcow2Node>> Env::OpenQcow2(
-    const std::string& path, bool read_only, Qcow2OpenOptions options) {
+    const std::string& path, bool read_only, Qcow2OpenOptions options,
+    uint64_t grow_length_ahead) {
   ASSIGN_OR_RETURN(std::unique_ptr<io::BlockNode> file, OpenFile(path, read_only));
+  // OpenFile opens a FileNode.
+  static_cast<posix_file::FileNode&>(*file).GrowLengthAhead(grow_length_ahead);
   return Run(Qcow2Node::Open(std::move(file), options, Opener()));
 }
 

@@ -121,10 +121,14 @@ class Env {
       const std::string& path, bool read_only);
 
   // Opens a qcow2 image with backing files opened read-only by probing
-  // (qcow2 magic -> qcow2, else raw).
+  // (qcow2 magic -> qcow2, else raw). `grow_length_ahead` != 0: the image
+  // file grows its length that many bytes ahead of the data, as when
+  // block/registry.cc opens a qcow2 node over a file read-write (see
+  // posix_file::FileNode::GrowLengthAhead).
   absl::StatusOr<std::unique_ptr<Qcow2Node>> OpenQcow2(
       const std::string& path, bool read_only,
-      Qcow2OpenOptions options = Qcow2OpenOptions());
+      Qcow2OpenOptions options = Qcow2OpenOptions(),
+      uint64_t grow_length_ahead = 0);
 
   BackingOpener Opener();
 

@@ -14,7 +14,8 @@
 //    through Qcow2Node gives the same bytes.
 // Configurations: cluster sizes 512, 4k, 64k, 2M; refcount_bits 16 and 1;
 // lazy refcounts off and on; no backing file, a raw or a qcow2 one; and
-// extended L2 entries at 64k and 2M.
+// extended L2 entries at 64k and 2M; crash_writer's file growing its length
+// 64 MiB or 1 MiB ahead of the data, or not (by seed).
 //
 // Environment: CRASH_SEED (default 1) picks configurations, kill times and
 // workloads; CRASH_ITERATIONS scales the number of kills (default 56 mixed

@@ -14,6 +14,10 @@
 //   alloc  metadata-heavy: small writes to fresh clusters all over a sparse
 //          image, frequent growing truncates (L1 growth) with writes into
 //          the new area, tiny L2 and refcount caches (evictions).
+// By seed, the image file grows its length ahead of the data as imgtool's
+// qcow2 nodes do (64 MiB, posix_file::FileNode::GrowLengthAhead), or 1 MiB
+// ahead (writes cross the grown length often), or not at all; a kill then
+// leaves a hole after the data.
 #include <unistd.h>
 
 #include <algorithm>
@@ -203,8 +207,9 @@ int Main(int argc, char** argv) {
     options.set_l2_cache_size(64 * 1024);
     options.set_refcount_cache_size(64 * 1024);
   }
-  absl::StatusOr<std::unique_ptr<Qcow2Node>> node =
-      env.OpenQcow2(argv[1], /*read_only=*/false, options);
+  constexpr uint64_t kGrowthSteps[] = {uint64_t{64} << 20, uint64_t{1} << 20, 0};
+  absl::StatusOr<std::unique_ptr<Qcow2Node>> node = env.OpenQcow2(
+      argv[1], /*read_only=*/false, options, kGrowthSteps[(seed / 3) % 3]);
   if (!node.ok()) Fail("open", node.status());
   Workload workload(**node, seed, alloc);
   for (int i = 0; i < kInFlight; ++i) io::Spawn(workload.Worker());
