@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -443,6 +444,73 @@ TEST_F(FileNodeFsTest, GrowingAheadCutsDirectIoPaddingAtClose) {
   expected.insert(expected.end(), a.begin(), a.end());
   expected.insert(expected.end(), b.begin(), b.end());
   EXPECT_EQ(ReadWithPread(path, 0, 20000), expected);
+}
+
+// Writes `path` with O_DIRECT until the filesystem has no block left: 1 MiB,
+// 4 KiB, then 512-byte requests, each size until it fails (no speculative
+// preallocation to give back later). Returns the bytes written.
+uint64_t FillFilesystem(const std::string& path) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0644);
+  if (fd < 0) return 0;
+  void* buf = nullptr;
+  if (posix_memalign(&buf, 4096, 1 << 20) != 0) return 0;
+  std::memset(buf, 0x11, 1 << 20);
+  uint64_t done = 0;
+  for (size_t chunk : {size_t{1} << 20, size_t{4096}, size_t{512}}) {
+    for (;;) {
+      const ssize_t r = pwrite(fd, buf, chunk, static_cast<off_t>(done));
+      if (r != static_cast<ssize_t>(chunk)) break;
+      done += chunk;
+    }
+    done = static_cast<uint64_t>(lseek(fd, 0, SEEK_END)) / 512 * 512;
+  }
+  fsync(fd);
+  close(fd);
+  std::free(buf);
+  return done;
+}
+
+// A write that fails for want of space leaves a grown-ahead file, once
+// closed, as long as the data written before it: no hole after the data
+// (the file was grown 64 MiB past it), no length up to the failed write's
+// end, whether the write went through the page cache or O_DIRECT.
+TEST_F(FileNodeFsTest, GrowingAheadOnAFullFilesystemLeavesTheDataLength) {
+  for (FsKind kind : {FsKind::kExt4, FsKind::kXfs}) {
+    SCOPED_TRACE(kind == FsKind::kXfs ? "xfs" : "ext4");
+    MOUNT_OR_SKIP(mnt, LoopMount::Create(kind, kind == FsKind::kXfs
+                                                   ? uint64_t{300} << 20
+                                                   : uint64_t{40} << 20));
+    for (const char* cache : {"writeback", "none"}) {
+      SCOPED_TRACE(cache);
+      const std::string path = mnt->path() + "/ahead.qcow2";
+      const std::string filler = mnt->path() + "/filler";
+      ASSERT_TRUE(Create(path, 0).ok());
+      auto node = Open(path, cache);
+      ASSERT_NE(node, nullptr);
+      node->GrowLengthAhead(uint64_t{64} << 20);
+      const auto head = Pattern(8192, 5);
+      ASSERT_TRUE(
+          Run(node->Write(0, io::ConstIoVec(head.data(), head.size()))).ok());
+      struct stat st;
+      ASSERT_EQ(stat(path.c_str(), &st), 0);
+      EXPECT_EQ(st.st_size, 65 << 20);
+      ASSERT_GT(FillFilesystem(filler), 0u);
+      const std::vector<uint8_t> data(4 << 20, 0xab);
+      absl::Status w =
+          Run(node->Write(2 << 20, io::ConstIoVec(data.data(), data.size())));
+      EXPECT_EQ(w.code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_EQ(w.message(), path + ": pwritev: No space left on device");
+      EXPECT_EQ(node->size(), 8192u);
+      EXPECT_EQ(NodeRead(*node, 0, head.size()), head);
+      ASSERT_TRUE(Run(node->Close()).ok());
+      ASSERT_EQ(stat(path.c_str(), &st), 0);
+      EXPECT_EQ(st.st_size, 8192);
+      EXPECT_EQ(ReadWithPread(path, 0, 1 << 20), head);
+      ASSERT_EQ(unlink(path.c_str()), 0);
+      ASSERT_EQ(unlink(filler.c_str()), 0);
+      sync();
+    }
+  }
 }
 
 // A loop device with 4096-byte sectors, attached (not mounted) for the test.
