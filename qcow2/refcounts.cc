@@ -177,7 +177,7 @@ io::Task<absl::StatusOr<uint64_t>> Refcounts::AllocateBytes(uint64_t size) {
         free_in_cluster += cs;
       }
     }
-    absl::Status st = co_await Update(offset, size, 1, false);
+    absl::Status st = co_await Update(offset, size, 1, false, /*packing=*/true);
     if (st.ok()) break;
     offset = 0;
     if (!IsRetry(st)) co_return st;
@@ -261,7 +261,8 @@ io::Task<absl::StatusOr<TableCache::Ref>> Refcounts::EnsureBlock(
 }
 
 io::Task<absl::Status> Refcounts::Update(uint64_t offset, uint64_t length,
-                                         uint64_t addend, bool decrease) {
+                                         uint64_t addend, bool decrease,
+                                         bool packing) {
   if (length == 0) co_return absl::OkStatus();
   const uint64_t mask = cluster_size() - 1;
   const uint64_t start = offset & ~mask;
@@ -296,6 +297,12 @@ io::Task<absl::Status> Refcounts::Update(uint64_t offset, uint64_t length,
           decrease ? "drop below zero" : "exceed its maximum", refcount));
       break;
     }
+    if (!decrease && refcount == 0 && !packing && free_byte_offset_ != 0 &&
+        (free_byte_offset_ & ~mask) == cluster_offset) {
+      // The cluster compressed data was packed into was freed and is now
+      // handed out again: packing must not go on in it.
+      free_byte_offset_ = 0;
+    }
     refcount = decrease ? refcount - addend : refcount + addend;
     if (refcount == 0 && cluster_index < free_cluster_index_) {
       free_cluster_index_ = cluster_index;
@@ -309,12 +316,6 @@ io::Task<absl::Status> Refcounts::Update(uint64_t offset, uint64_t length,
       }
       cache_.Discard(cluster_offset);
       io_.ClusterFreed(cluster_offset);
-      // Compressed data must not be appended to a freed cluster: it may be
-      // handed out whole (as a data cluster) before the next AllocateBytes.
-      if (free_byte_offset_ != 0 &&
-          (free_byte_offset_ & ~mask) == cluster_offset) {
-        free_byte_offset_ = 0;
-      }
     }
   }
   block.reset();

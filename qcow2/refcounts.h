@@ -55,14 +55,19 @@ class Refcounts {
   // Allocates `size` bytes (1..cluster_size) for compressed data, packed
   // after the previous compressed allocation when it fits (each host
   // cluster's refcount counts the allocations touching it;
-  // qcow2_alloc_bytes).
+  // qcow2_alloc_bytes). As in QEMU, packing goes on in a cluster whose
+  // compressed data was all freed meanwhile (so that files stay
+  // byte-identical to qemu-img's), unless that cluster was handed out
+  // again in between: then a fresh cluster is taken (QEMU would write the
+  // compressed data into the other user's cluster).
   io::Task<absl::StatusOr<uint64_t>> AllocateBytes(uint64_t size);
 
   // Adds (or with `decrease` subtracts) `addend` to the refcount of every
   // cluster touched by [offset, offset + length). kDataLoss on overflow or
-  // underflow.
+  // underflow. `packing`: the call is AllocateBytes's own.
   io::Task<absl::Status> Update(uint64_t offset, uint64_t length,
-                                uint64_t addend, bool decrease);
+                                uint64_t addend, bool decrease,
+                                bool packing = false);
 
   // Decrements the refcounts of [offset, offset + length) now.
   io::Task<absl::Status> Free(uint64_t offset, uint64_t length) {
