@@ -341,7 +341,11 @@ FileNode::FileNode(std::string filename, bool read_only,
                    std::unique_ptr<State> state)
     : io::BlockNode(std::move(filename), read_only), state_(std::move(state)) {}
 
-FileNode::~FileNode() = default;
+FileNode::~FileNode() {
+  // A node dropped without Close (an open that failed half way) still
+  // gives back the length it grew ahead; best effort, as Close reports.
+  if (state_->fd >= 0 && !read_only()) state_->io.CutToSize().IgnoreError();
+}
 
 uint64_t FileNode::size() const { return state_->io.size(); }
 

@@ -61,6 +61,8 @@ class FileNode : public io::BlockNode {
       io::Engine& engine, const FileOpenOptions& options,
       std::ostream* warnings);
 
+  // Closes the file if Close did not (without flushing; a grown-ahead
+  // length is still cut back to the data, errors ignored).
   ~FileNode() override;
 
   uint64_t size() const override;

@@ -733,6 +733,22 @@ TEST_F(FileNodeTest, TruncateDuringAWriteAfterTheDataKeepsTheWrite) {
   EXPECT_EQ(ReadWithPread(path, kMiB, data.size()), data);
 }
 
+// A node dropped without Close (e.g. a qcow2 open failing after it wrote)
+// leaves no grown length behind either.
+TEST_F(FileNodeTest, GrowingAheadIsCutBackWithoutClose) {
+  const std::string path = Path("dropped.qcow2");
+  ASSERT_TRUE(Create(path, 0).ok());
+  {
+    auto node = Open(path);
+    ASSERT_TRUE(node.ok()) << node.status();
+    (*node)->GrowLengthAhead(uint64_t{8} << 20);
+    ASSERT_TRUE(NodeWrite(**node, 0, Pattern(5000, 9)).ok());
+    EXPECT_EQ(FileLength(path), 9u << 20);
+  }
+  EXPECT_EQ(FileLength(path), 5000u);
+  EXPECT_EQ(ReadWithPread(path, 0, 8192), Pattern(5000, 9));
+}
+
 TEST_F(FileNodeTest, GrowingAheadNeedsAnOwnedWritableFile) {
   const std::string path = Path("shared.raw");
   ASSERT_TRUE(Create(path, 0).ok());
