@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <new>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -283,7 +284,10 @@ io::Task<absl::Status> FileIo::Read(uint64_t offset, io::IoVec buf) {
 }
 
 io::Task<absl::Status> FileIo::Write(uint64_t offset, io::ConstIoVec data) {
-  const auto issued = issued_ends_.insert(offset + data.size());
+  // Only a file grown ahead can be longer than what write syscalls reached,
+  // so only there can cutting it back reach a write in flight.
+  std::optional<std::multiset<uint64_t>::iterator> issued;
+  if (grows_ahead_) issued = issued_ends_.insert(offset + data.size());
   // Not `cond ? co_await a : co_await b`: GCC 12 destroys the result of
   // such a conditional twice (a use-after-free of the Status).
   absl::Status st;
@@ -292,7 +296,7 @@ io::Task<absl::Status> FileIo::Write(uint64_t offset, io::ConstIoVec data) {
   } else {
     st = co_await WritePlain(offset, data.data(), data.size());
   }
-  issued_ends_.erase(issued);
+  if (issued.has_value()) issued_ends_.erase(*issued);
   if (st.ok()) NoteWritten(offset, offset + data.size());
   co_return st;
 }

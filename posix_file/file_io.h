@@ -106,7 +106,10 @@ class FileIo {
   // file, no other writer or resizer) and whose users ignore a hole after
   // their data, such as qcow2: a crash leaves the file up to `step` + 1 MiB
   // longer than its data.
-  void set_growth_step(uint64_t step) { growth_step_ = step; }
+  void set_growth_step(uint64_t step) {
+    growth_step_ = step;
+    grows_ahead_ = step != 0;
+  }
 
   // Cuts the file back to size() if growing ahead left it longer.
   // Errors name the path ("ftruncate").
@@ -205,9 +208,13 @@ class FileIo {
   // The file's length (st_size) as this FileIo left it: >= size_, more only
   // while growing ahead.
   uint64_t length_;
-  uint64_t growth_step_ = 0;
+  uint64_t growth_step_ = 0;  // 0 also while Truncate runs
+  // set_growth_step was given a step (Truncate's pause does not change it).
+  bool grows_ahead_ = false;
   // Ends of the data of the Writes in flight (size_ grows only when one
-  // completes); CutToSize never cuts below them.
+  // completes), kept only when grows_ahead_ (a map node per write
+  // otherwise, on every write of every file); CutToSize never cuts below
+  // them.
   std::multiset<uint64_t> issued_ends_;
   // Furthest end of the data write syscalls reached, also of a write that
   // then failed: where the file would end without growing ahead (and where
