@@ -1,6 +1,7 @@
 // imgtool: a qemu-img look-alike. main only dispatches
 // `imgtool <command> args...` to the command's Run function (command.h) and
 // prints its error as "imgtool: <message>".
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -76,6 +77,13 @@ int UsageFailure(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write or ftruncate past the file size limit (RLIMIT_FSIZE, `ulimit
+  // -f`) raises SIGXFSZ, whose default action kills the process with a core
+  // dump. Ignored, the syscall fails with EFBIG instead and the command
+  // reports "<file>: ...: File too large" like any other write error, as
+  // qemu-img does. A disposition is process-wide, so this covers the
+  // engine's threads (thread pool, io_uring workers) started later too.
+  signal(SIGXFSZ, SIG_IGN);
   // `bazel run //imgtool -- info x.raw` runs in the runfiles tree; file
   // names are meant relative to the user's directory.
   if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY");
