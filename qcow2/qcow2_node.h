@@ -65,6 +65,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -425,6 +426,13 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // Resize pieces (metadata lock held).
   io::Task<absl::Status> GrowL1(uint64_t min_size, bool exact);
   io::Task<absl::Status> PreallocateMetadata(uint64_t from, uint64_t to);
+  // The bytes [first, second) of a cluster that replaces `old` when a
+  // request starting or ending in the subcluster holding byte `at` (of the
+  // cluster) allocates it, i.e. what the new cluster gets written or copied
+  // (QEMU's calculate_l2_meta): the whole cluster for standard L2 entries
+  // and compressed clusters; with extended L2 entries the touched
+  // subcluster, widened to the old cluster's allocated subclusters.
+  std::pair<uint64_t, uint64_t> CowBounds(const format::L2Entry& old, uint64_t at) const;
   // Allocates host clusters for guest [from, to) (the first cluster anew
   // even if used, its part before `from` copied) in a grown file area;
   // `mark_allocated`: extended L2 bitmaps say "all data" (the area reads

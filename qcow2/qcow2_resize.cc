@@ -1,8 +1,10 @@
 // Qcow2Node: resizing (qcow2_co_truncate): L1 growth, metadata and data
 // preallocation the way QEMU 7.2 lays them out, and shrinking.
 #include <algorithm>
+#include <utility>
 #include <vector>
 
+#include "absl/numeric/bits.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "io/aligned_buffer.h"
@@ -52,6 +54,25 @@ io::Task<absl::Status> Qcow2Node::GrowL1(uint64_t min_size, bool exact) {
   header_.l1_size = static_cast<uint32_t>(new_size);
   l1_.resize(new_size, 0);
   co_return co_await refcounts_->Free(old_table, old_bytes);
+}
+
+std::pair<uint64_t, uint64_t> Qcow2Node::CowBounds(const format::L2Entry& old,
+                                                   uint64_t at) const {
+  // QEMU's calculate_l2_meta() for a cluster allocated anew.
+  if (!l2_format_.extended_l2 || old.compressed()) return {0, cluster_size_};
+  const uint32_t sc_bits = subcluster_bits();
+  const uint32_t sc = static_cast<uint32_t>(at >> sc_bits);
+  if (old.host_offset() == 0) {
+    // Zero or unallocated subclusters: only the touched one.
+    return {uint64_t{sc} << sc_bits, uint64_t{sc + 1} << sc_bits};
+  }
+  // The old cluster's allocated subclusters move to the new one.
+  const uint32_t alloc =
+      static_cast<uint32_t>(old.bitmap & format::kSubclusterAllocMask);
+  const uint32_t first = alloc == 0 ? sc : std::min<uint32_t>(sc, absl::countr_zero(alloc));
+  const uint32_t end =
+      alloc == 0 ? sc + 1 : std::max<uint32_t>(sc + 1, 32 - absl::countl_zero(alloc));
+  return {uint64_t{first} << sc_bits, uint64_t{end} << sc_bits};
 }
 
 io::Task<absl::Status> Qcow2Node::PreallocateMetadata(uint64_t from,
@@ -114,23 +135,35 @@ io::Task<absl::Status> Qcow2Node::PreallocateMetadata(uint64_t from,
           L2Entry e;
           e.word = format::MakeStandardL2Word(host + (i << cluster_bits_),
                                               /*copied=*/true, /*zero=*/false);
+          // QEMU (QCowL2Meta.prealloc) keeps the subcluster bitmap as it
+          // was: zero subclusters stay zero, unallocated ones read on from
+          // the backing file. A compressed cluster was copied whole: all
+          // data (QEMU 7.2 leaves the bitmap 0, as PreallocateData notes).
+          e.bitmap = olds[i].compressed() ? format::kSubclusterAllocMask
+                                          : olds[i].bitmap;
           SetEntry(l2, index + i, e);
           FreeEntryLater(olds[i], /*discard=*/false);
         }
         // Like QEMU (perform_cow), the parts of the first and last cluster
-        // outside the range get their old contents written.
+        // outside the range get their old contents written: with extended
+        // L2 entries only up to the touched subcluster's boundaries
+        // (CowBounds).
         const uint64_t piece_end =
             pos + std::min(remaining, (n << cluster_bits_) - in_cluster);
         const uint64_t tail_in = piece_end & mask;
         l2.reset();
-        if (in_cluster != 0) {
-          std::vector<uint8_t> head(in_cluster);
-          CO_RETURN_IF_ERROR(co_await ReadOldContents(olds.front(), pos & ~mask,
-                                                      io::IoVec(head)));
-          CO_RETURN_IF_ERROR(co_await file_->Write(host, head));
+        const uint64_t head_from =
+            in_cluster != 0 ? CowBounds(olds.front(), in_cluster).first : 0;
+        if (head_from < in_cluster) {
+          std::vector<uint8_t> head(in_cluster - head_from);
+          CO_RETURN_IF_ERROR(co_await ReadOldContents(
+              olds.front(), (pos & ~mask) + head_from, io::IoVec(head)));
+          CO_RETURN_IF_ERROR(co_await file_->Write(host + head_from, head));
         }
-        if (tail_in != 0) {
-          std::vector<uint8_t> tail(cluster_size_ - tail_in);
+        const uint64_t tail_to =
+            tail_in != 0 ? CowBounds(olds[n - 1], tail_in - 1).second : 0;
+        if (tail_to > tail_in) {
+          std::vector<uint8_t> tail(tail_to - tail_in);
           CO_RETURN_IF_ERROR(co_await ReadOldContents(olds[n - 1], piece_end,
                                                       io::IoVec(tail)));
           CO_RETURN_IF_ERROR(co_await file_->Write(
@@ -358,8 +391,32 @@ io::Task<absl::Status> Qcow2Node::DoTruncate(uint64_t new_size,
       }
     }
     // Whole new clusters become zero clusters (preallocated ones stay
-    // allocated); no request can be in flight past the old end.
+    // allocated); no request can be in flight past the old end. With
+    // extended L2 entries QEMU starts at the next subcluster: the rest of
+    // the old last cluster becomes zero subclusters.
+    const uint64_t sc_mask = (uint64_t{1} << subcluster_bits()) - 1;
+    const uint64_t sc_zero_start = (old_size + sc_mask) & ~sc_mask;
     const uint64_t zero_start = (old_size + cluster_size_ - 1) & ~(cluster_size_ - 1);
+    if (zero_new && l2_format_.extended_l2 && new_size > sc_zero_start &&
+        sc_zero_start < zero_start) {
+      CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(l1_index(sc_zero_start)));
+      const uint64_t index = l2_index(sc_zero_start);
+      const L2Entry old = GetEntry(l2, index);
+      CO_ASSIGN_OR_RETURN(const ClusterType type, co_await Classify(old, l2.offset(), index));
+      if (type == ClusterType::kCompressed) {
+        co_return absl::UnimplementedError(
+            "Failed to zero out new clusters: Operation not supported");
+      }
+      // Up to the new end if that is in this cluster too (rounded up).
+      const uint64_t in_cluster = sc_zero_start & (cluster_size_ - 1);
+      const uint64_t end = std::min(new_size, zero_start) - (sc_zero_start - in_cluster);
+      const uint32_t a = static_cast<uint32_t>(in_cluster >> subcluster_bits());
+      const uint32_t b = static_cast<uint32_t>((end + sc_mask) >> subcluster_bits());
+      const uint64_t range = format::SubclusterAllocRange(a, b - a);
+      L2Entry e = old;
+      e.bitmap = (old.bitmap & ~range) | (range << 32);
+      if (!(e == old)) SetEntry(l2, index, e);
+    }
     if (zero_new && new_size > zero_start) {
       uint64_t first = zero_start >> cluster_bits_;
       uint64_t count = (new_size - zero_start + cluster_size_ - 1) >> cluster_bits_;
@@ -375,11 +432,12 @@ io::Task<absl::Status> Qcow2Node::DoTruncate(uint64_t new_size,
     CO_RETURN_IF_ERROR(
         co_await WriteHeaderField(kSizeOffset, io::ConstIoVec(field, 8)));
     header_.size = new_size;
-    if (zero_new && zero_start > old_size) {
-      // The rest of the old last cluster: explicit zeroes (copy-on-write of
-      // that cluster), as QEMU writes them.
+    const uint64_t explicit_end = l2_format_.extended_l2 ? sc_zero_start : zero_start;
+    if (zero_new && explicit_end > old_size) {
+      // The rest of the old last (sub)cluster: explicit zeroes (copy-on-write
+      // of that cluster), as QEMU writes them.
       lock.Release();
-      std::vector<uint8_t> zeroes(std::min(zero_start, new_size) - old_size, 0);
+      std::vector<uint8_t> zeroes(std::min(explicit_end, new_size) - old_size, 0);
       co_return co_await DoWrite(old_size, zeroes);
     }
     co_return absl::OkStatus();

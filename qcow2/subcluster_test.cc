@@ -671,6 +671,52 @@ TEST_F(SubclusterTest, PreallocatedResizeKeepsCompressedLastCluster) {
   ExpectContents(path, ref);
 }
 
+// Growing over a longer backing file from a size inside a cluster: QEMU
+// zeroes the rest of the old last cluster from the next subcluster on (zero
+// subclusters, no allocation) and writes explicit zeroes only up to that
+// subcluster; metadata preallocation keeps the old subcluster bitmap and
+// copies only up to the touched subclusters' ends. Files byte for byte
+// qemu-img resize's. Before, the zero subclusters of the old last cluster
+// were lost with preallocation=metadata (the guest read the backing file's
+// bytes there) and the new part of that cluster became data.
+TEST_F(SubclusterTest, GrowingOverBackingFileMatchesQemu) {
+  const std::string base = TempPath("gb_base.raw");
+  WriteFile(base, Pattern(8 * kMiB, 12));
+  int n = 0;
+  for (const char* old_size : {"3000k", "3001k"}) {
+    for (const char* io : {"", "write -z 2944k 56k", "write -P 1 2944k 4k"}) {
+      for (bool metadata : {false, true}) {
+        for (uint64_t new_size : {3006 * kKiB, 4 * kMiB}) {
+          SCOPED_TRACE(absl::StrCat(old_size, " '", io, "' ", metadata ? "metadata " : "",
+                                    new_size));
+          const std::string create =
+              absl::StrCat("qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=64k -b ",
+                           base, " -F raw ");
+          const std::string prep =
+              *io == '\0' ? "" : absl::StrCat(" && qemu-io -f qcow2 -c '", io, "' ");
+          const std::string ours = TempPath(absl::StrCat("gb_ours", n, ".qcow2"));
+          const std::string theirs = TempPath(absl::StrCat("gb_qemu", n, ".qcow2"));
+          ++n;
+          ShellResult r = Shell(absl::StrCat(
+              create, ours, " ", old_size, prep, prep.empty() ? "" : ours, " && ", create,
+              theirs, " ", old_size, prep, prep.empty() ? "" : theirs,
+              " && qemu-img resize -q --preallocation=", metadata ? "metadata " : "off ",
+              theirs, " ", new_size));
+          ASSERT_EQ(r.exit_code, 0) << r.output;
+          auto node = Open(ours);
+          ASSERT_NE(node, nullptr);
+          absl::Status st = env_.Run(node->Truncate(
+              new_size, metadata ? io::PreallocMode::kMetadata : io::PreallocMode::kOff));
+          ASSERT_TRUE(st.ok()) << st;
+          Close(node);
+          ExpectSameAsQemus(ours, theirs);
+          EXPECT_TRUE(ReadFile(ours) == ReadFile(theirs));
+        }
+      }
+    }
+  }
+}
+
 TEST_F(SubclusterTest, ConcurrentWritesToSubclustersOfOneCluster) {
   for (bool with_backing : {false, true}) {
     SCOPED_TRACE(with_backing ? "backing" : "no backing");
