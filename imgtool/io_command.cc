@@ -417,6 +417,27 @@ class Session {
     return std::move(*result);
   }
 
+  // The errno text of a failed request ("read failed: <text>"). A qcow2
+  // corruption event in it ("qcow2: Marking image as corrupt: ...") goes to
+  // stderr first, once per session, as qemu-io shows QEMU's report of it
+  // (later events are suppressed there too). Once an image opened
+  // read-write was marked corrupt, QEMU has dropped its driver and later
+  // requests fail with ENOMEDIUM.
+  std::string FailureText(const absl::Status& status) {
+    if (absl::IsDataLoss(status) && absl::StartsWith(status.message(), "qcow2: ")) {
+      const bool marked = absl::StartsWith(status.message(), "qcow2: Marking image as corrupt");
+      if (marked) driver_dropped_ = true;
+      if (!corruption_reported_) {
+        corruption_reported_ = true;
+        out().flush();
+        err() << status.message() << "\n";
+      } else if (marked) {
+        return std::strerror(ENOMEDIUM);
+      }
+    }
+    return ErrorText(status);
+  }
+
   void PrintAioOutput() {
     if (aio_output_.empty()) return;
     out() << aio_output_;
@@ -554,11 +575,16 @@ class Session {
   // Runs `r`, setting *seconds to how long it took; prints "<op> failed:
   // <error>" and returns false if it failed.
   bool RunTimed(const Request& r, absl::string_view op, double* seconds) {
+    if (driver_dropped_) {
+      out() << op << " failed: " << std::strerror(ENOMEDIUM) << "\n";
+      return false;
+    }
     const Clock::time_point start = Clock::now();
     absl::Status st = Wait(RunRequest(&node(), ImageLength(), r));
     *seconds = Seconds(Clock::now() - start);
     if (!st.ok()) {
-      out() << op << " failed: " << ErrorText(st) << "\n";
+      const std::string why = FailureText(st);
+      out() << op << " failed: " << why << "\n";
       return false;
     }
     return true;
@@ -764,6 +790,10 @@ class Session {
   bool discard_ignored_ = false;
   bool failed_ = false;
   bool quit_ = false;
+  bool corruption_reported_ = false;  // a qcow2 corruption event was printed
+  // The image was marked corrupt: QEMU has no driver for it any more
+  // (ENOMEDIUM for every request, length and info).
+  bool driver_dropped_ = false;
   int aio_in_flight_ = 0;
   std::string aio_output_;  // completion lines not printed yet
 };
@@ -973,10 +1003,15 @@ bool Session::CmdWritev(const CommandDef& def,
 }
 
 void Session::SubmitAio(std::shared_ptr<AioRequest> aio, const char* op) {
+  const bool write = aio->request.kind != Request::kRead;
+  if (driver_dropped_) {
+    absl::StrAppend(&aio_output_, write ? "aio_write" : "readv", " failed: ",
+                    std::strerror(ENOMEDIUM), "\n");
+    return;
+  }
   ++aio_in_flight_;
   aio->start = Clock::now();
   if (!aio->buffer.empty()) aio->request.buffer = absl::MakeSpan(aio->buffer);
-  const bool write = aio->request.kind != Request::kRead;
   io::Task<absl::Status> task =
       RunRequest(&node(), ImageLength(), aio->request);
   io::Spawn(std::move(task), [this, aio, op, write](absl::Status st) {
@@ -986,7 +1021,7 @@ void Session::SubmitAio(std::shared_ptr<AioRequest> aio, const char* op) {
     if (!st.ok()) {
       // qemu-io names a failed aio_read "readv".
       absl::StrAppend(&aio_output_, write ? "aio_write" : "readv",
-                      " failed: ", ErrorText(st), "\n");
+                      " failed: ", FailureText(st), "\n");
       return;
     }
     if (aio->pattern.has_value() && !AllBytesAre(aio->buffer, *aio->pattern)) {
@@ -1115,6 +1150,10 @@ bool Session::CmdTruncate(const CommandDef& def,
   if (operands.empty()) return Usage(def);
   uint64_t size = 0;
   if (!ParseNumber(operands[0], &size)) return false;
+  if (driver_dropped_) {
+    err() << "imgtool: No medium inserted\n";
+    return false;
+  }
   absl::Status st = Wait(node().Truncate(size, mode));
   if (!st.ok()) {
     err() << "imgtool: " << WithoutFilename(st, node().filename()) << "\n";
@@ -1124,11 +1163,16 @@ bool Session::CmdTruncate(const CommandDef& def,
 }
 
 bool Session::CmdLength(const CommandDef&, std::vector<std::string>&) {
+  if (driver_dropped_) {
+    out() << "getlength: " << std::strerror(ENOMEDIUM) << "\n";
+    return false;
+  }
   out() << HumanBytes(static_cast<double>(ImageLength())) << "\n";
   return true;
 }
 
 bool Session::CmdInfo(const CommandDef&, std::vector<std::string>&) {
+  if (driver_dropped_) return false;  // qemu-io: bdrv_get_info fails silently
   out() << "format name: " << image_.format << "\n";
   // qemu-io 7.2 prints the name of the `file` driver twice.
   if (image_.format == "file") out() << "format name: file\n";
@@ -1167,14 +1211,18 @@ bool Session::CmdInfo(const CommandDef&, std::vector<std::string>&) {
 }
 
 bool Session::CmdMap(const CommandDef&, std::vector<std::string>&) {
+  if (driver_dropped_) {
+    err() << "imgtool: Failed to query image length: " << std::strerror(ENOMEDIUM) << "\n";
+    return false;
+  }
   const uint64_t length = ImageLength();
   uint64_t offset = 0;
   while (offset < length) {
     absl::StatusOr<std::pair<bool, uint64_t>> first =
         IsAllocated(offset, length - offset);
     if (!first.ok()) {
-      err() << "imgtool: Failed to get allocation status: "
-            << ErrorText(first.status()) << "\n";
+      const std::string why = FailureText(first.status());
+      err() << "imgtool: Failed to get allocation status: " << why << "\n";
       return false;
     }
     const bool allocated = first->first;
@@ -1183,8 +1231,8 @@ bool Session::CmdMap(const CommandDef&, std::vector<std::string>&) {
       absl::StatusOr<std::pair<bool, uint64_t>> next =
           IsAllocated(offset + run, length - offset - run);
       if (!next.ok()) {
-        err() << "imgtool: Failed to get allocation status: "
-              << ErrorText(next.status()) << "\n";
+        const std::string why = FailureText(next.status());
+        err() << "imgtool: Failed to get allocation status: " << why << "\n";
         return false;
       }
       if (next->first != allocated) break;
@@ -1210,7 +1258,8 @@ bool Session::CmdAlloc(const CommandDef&, std::vector<std::string>& words) {
     absl::StatusOr<std::pair<bool, uint64_t>> st =
         IsAllocated(offset + done, count - done);
     if (!st.ok()) {
-      out() << "is_allocated failed: " << ErrorText(st.status()) << "\n";
+      const std::string why = FailureText(st.status());
+      out() << "is_allocated failed: " << why << "\n";
       return false;
     }
     if (st->first) allocated += st->second;

@@ -265,6 +265,24 @@ check "qcow2 compressed packing after overwrite" setup_qcow2_4k_1m nosort \
   -f qcow2 -c 'write -c -P 2 0 4k' -c 'write -c -P 3 4k 4k' \
   -c 'write -c -P 6 8k 4k' -c 'write -P 4 2k 4k' -c 'write -c -P 7 12k 4k' \
   -c 'read -P 6 8k 4k' img.qcow2
+# A corrupt image: L1 entry 0 points at an unaligned L2 table. qemu-io
+# prints QEMU's corruption event once on stderr ("Marking image as corrupt"
+# read-write, "Image is corrupt" read-only); once marked, the driver is gone
+# and every later request, length and map fail with "No medium found".
+setup_qcow2_bad_l1() {
+  qemu-img create -q -f qcow2 "$1/img.qcow2" 8M
+  qemu-io -f qcow2 -c 'write -P 1 0 64k' "$1/img.qcow2" >/dev/null
+  printf '\x80\x00\x00\x00\x00\x04\x02\x00' |
+    dd of="$1/img.qcow2" bs=1 seek=$((0x30000)) conv=notrunc status=none
+}
+check "qcow2 corrupt L1 entry, read-write" setup_qcow2_bad_l1 nosort \
+  -f qcow2 -c 'read 0 4k' -c 'read 0 4k' -c 'alloc 0 4k' -c 'write 1M 4k' \
+  -c 'length' -c 'info' -c 'map' -c 'truncate 16M' img.qcow2
+check "qcow2 corrupt L1 entry, read-only" setup_qcow2_bad_l1 nosort \
+  -r -f qcow2 -c 'read 0 4k' -c 'aio_read 0 4k' -c 'aio_flush' \
+  -c 'alloc 0 4k' -c 'length' img.qcow2
+check "qcow2 corrupt L1 entry, aio" setup_qcow2_bad_l1 nosort \
+  -f qcow2 -c 'aio_write -P 3 0 4k' -c 'aio_flush' -c 'discard 0 4k' img.qcow2
 # ...but not once the freed cluster was handed out again: QEMU 7.2 then
 # packs the compressed data into the new owner's cluster and corrupts it
 # ("Pattern verification failed" for the plain write), imgtool takes a
