@@ -177,7 +177,8 @@ io::Task<absl::StatusOr<uint64_t>> Refcounts::AllocateBytes(uint64_t size) {
         free_in_cluster += cs;
       }
     }
-    absl::Status st = co_await Update(offset, size, 1, false, /*packing=*/true);
+    absl::Status st = co_await UpdateRefcounts(offset, size, 1, false,
+                                               /*packing=*/true);
     if (st.ok()) break;
     offset = 0;
     if (!IsRetry(st)) co_return st;
@@ -260,9 +261,10 @@ io::Task<absl::StatusOr<TableCache::Ref>> Refcounts::EnsureBlock(
   co_return Retry();
 }
 
-io::Task<absl::Status> Refcounts::Update(uint64_t offset, uint64_t length,
-                                         uint64_t addend, bool decrease,
-                                         bool packing) {
+io::Task<absl::Status> Refcounts::UpdateRefcounts(uint64_t offset,
+                                                  uint64_t length,
+                                                  uint64_t addend,
+                                                  bool decrease, bool packing) {
   if (length == 0) co_return absl::OkStatus();
   const uint64_t mask = cluster_size() - 1;
   const uint64_t start = offset & ~mask;

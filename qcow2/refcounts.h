@@ -64,10 +64,12 @@ class Refcounts {
 
   // Adds (or with `decrease` subtracts) `addend` to the refcount of every
   // cluster touched by [offset, offset + length). kDataLoss on overflow or
-  // underflow. `packing`: the call is AllocateBytes's own.
+  // underflow.
   io::Task<absl::Status> Update(uint64_t offset, uint64_t length,
-                                uint64_t addend, bool decrease,
-                                bool packing = false);
+                                uint64_t addend, bool decrease) {
+    return UpdateRefcounts(offset, length, addend, decrease,
+                           /*packing=*/false);
+  }
 
   // Decrements the refcounts of [offset, offset + length) now.
   io::Task<absl::Status> Free(uint64_t offset, uint64_t length) {
@@ -105,6 +107,12 @@ class Refcounts {
   const std::vector<uint64_t>& table() const { return table_; }
 
  private:
+  // Update's body. `packing`: the call is AllocateBytes's own, adding a
+  // compressed allocation to the cluster it packs into; any other increase
+  // of a freed cluster's refcount ends packing in it.
+  io::Task<absl::Status> UpdateRefcounts(uint64_t offset, uint64_t length,
+                                         uint64_t addend, bool decrease,
+                                         bool packing);
   // Sentinel for QEMU's -EAGAIN: refcount metadata was allocated, the
   // caller must search for free clusters again.
   static absl::Status Retry();
