@@ -275,25 +275,33 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
 
   ASSIGN_OR_RETURN(std::unique_ptr<io::Engine> engine,
                    io::CreateEngine(io::EngineKind::kAuto, 1, &streams.err));
-  block::OpenSettings settings;
-  settings.engine = engine.get();
-  settings.cache = cache;
-  settings.read_only = read_only;
-  settings.force_share = force_share;
-  settings.raw_shares_write = false;
-  settings.no_backing = true;
-  settings.err = &streams.err;
-  settings.warn = [&streams](absl::string_view warnings) {
-    PrintWarnings(warnings, streams.err);
+  // QEMU takes an image's locks once its format driver is attached: the
+  // file under a raw format (or a plain file) shares writes, so another
+  // process writing it does not keep check from answering "does not
+  // support checks"; a qcow2 image keeps writers out. A probed image is
+  // opened sharing writes and, if it turns out to be qcow2, opened again
+  // with qcow2's locks.
+  auto open_file = [&](bool share_write) {
+    block::OpenSettings settings;
+    settings.engine = engine.get();
+    settings.cache = cache;
+    settings.read_only = read_only;
+    settings.force_share = force_share;
+    settings.raw_shares_write = share_write;
+    settings.no_backing = true;
+    settings.err = &streams.err;
+    settings.warn = [&streams](absl::string_view warnings) {
+      PrintWarnings(warnings, streams.err);
+    };
+    return io::RunSync(*engine, block::OpenGraph(file_options, std::move(settings)));
   };
-  absl::StatusOr<block::OpenedGraph> graph = io::RunSync(
-      *engine, block::OpenGraph(std::move(file_options), std::move(settings)));
+  const bool share_write = format.empty() || format == "raw" || format == "file";
+  absl::StatusOr<block::OpenedGraph> graph = open_file(share_write);
   if (!graph.ok()) return CouldNotOpen(filename, graph.status());
-  io::BlockNode& node = *graph->node;
-  auto close = [&]() { return io::RunSync(*engine, node.Close()); };
+  auto close = [&]() { return io::RunSync(*engine, graph->node->Close()); };
 
   if (format.empty()) {
-    absl::StatusOr<std::string> probed = ProbeFormat(*engine, node);
+    absl::StatusOr<std::string> probed = ProbeFormat(*engine, *graph->node);
     if (!probed.ok()) {
       close().IgnoreError();
       return CouldNotOpen(filename, probed.status());
@@ -315,7 +323,13 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
     }
     format = *probed;
     options->values["driver"] = format;
+    if (format == "qcow2") {
+      RETURN_IF_ERROR(close());
+      graph = open_file(/*share_write=*/false);
+      if (!graph.ok()) return CouldNotOpen(filename, graph.status());
+    }
   }
+  io::BlockNode& node = *graph->node;
   if (format != "file") {
     if (absl::Status st = block::CheckNodeOptions(*options, read_only,
                                                   /*no_backing=*/false);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,8 @@
 #include "gtest/gtest.h"
 #include "imgtool/command.h"
 #include "imgtool/testing/command_runner.h"
+#include "io/engine.h"
+#include "posix_file/file_node.h"
 #include "qcow2/test_util.h"
 
 namespace imgtool::cli {
@@ -80,12 +83,14 @@ class CheckCommandTest : public ::testing::Test {
        " >/dev/null");
   }
 
-  // Copies work/<name> to qemu/ and ours/ (if it exists), runs `qemu-img
+  // Copies work/<name> to qemu/ and ours/ (if it exists; not if `copy` is
+  // false: the copies are there already), runs `qemu-img
   // check <args> <name>` in qemu/ and RunCheck(<args> <name>) in ours/,
   // and compares. Returns our result.
   CommandResult Compare(const std::vector<std::string>& args,
-                        const std::string& name) {
+                        const std::string& name, bool copy = true) {
     for (const char* d : {"qemu", "ours"}) {
+      if (!copy) break;
       const std::string to = root_ + "/" + d + "/" + name;
       std::filesystem::remove(to);
       if (std::filesystem::exists(Work(name))) {
@@ -287,6 +292,43 @@ TEST_F(CheckCommandTest, RawImagesHaveNoChecks) {
   MakeBaseImage("x.qcow2");
   Compare({"-f", "raw"}, "x.qcow2");
   Compare({"-f", "foo"}, "x.qcow2");
+}
+
+// Another process writing the image (here: file nodes open read-write in
+// this process, OFD locks): a raw image, or one checked as raw or file,
+// still answers "does not support checks" (QEMU's raw format shares
+// writes); a qcow2 image, probed or named, cannot be checked. Before,
+// check took qcow2's locks before probing and failed on every image in use.
+TEST_F(CheckCommandTest, ImageInUseByAWriter) {
+  Sh("truncate -s 1M x.raw");
+  MakeBaseImage("x.qcow2");
+  auto engine = io::CreateEngine(io::EngineKind::kThreads, 1, nullptr);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<std::unique_ptr<posix_file::FileNode>> holders;
+  for (const char* name : {"x.raw", "x.qcow2"}) {
+    for (const char* d : {"qemu", "ours"}) {
+      const std::string to = root_ + "/" + d + "/" + name;
+      std::filesystem::copy_file(Work(name), to);
+      posix_file::FileOpenOptions options;
+      options.set_filename(to);
+      options.set_read_only(false);
+      auto holder = posix_file::FileNode::Open(**engine, options, nullptr);
+      ASSERT_TRUE(holder.ok()) << holder.status();
+      holders.push_back(*std::move(holder));
+    }
+  }
+  EXPECT_EQ(ExitCodeOf(Compare({}, "x.raw", /*copy=*/false).status), 63);
+  Compare({"-f", "raw"}, "x.raw", false);
+  Compare({"-f", "file"}, "x.raw", false);
+  Compare({"--image-opts"}, "driver=raw,file.filename=x.raw", false);
+  Compare({"-f", "qcow2"}, "x.raw", false);
+  EXPECT_THAT(Compare({}, "x.qcow2", false).stderr_text(),
+              ::testing::HasSubstr("Failed to get shared \"write\" lock"));
+  Compare({"-f", "qcow2"}, "x.qcow2", false);
+  Compare({"-f", "raw"}, "x.qcow2", false);
+  Compare({"-r", "leaks"}, "x.qcow2", false);
+  Compare({"-U"}, "x.qcow2", false);
+  for (auto& h : holders) ASSERT_TRUE(io::RunSync(**engine, h->Close()).ok());
 }
 
 TEST_F(CheckCommandTest, UsageErrors) {
