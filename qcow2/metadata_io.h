@@ -50,6 +50,12 @@ class MetadataIo {
   // The refcount of the cluster at `offset` dropped to 0: forget cached
   // copies of it.
   virtual void ClusterFreed(uint64_t offset) = 0;
+  // Called first by every cluster allocation (Refcounts::Allocate,
+  // AllocateAt, AllocateBytes): the owner may apply frees it deferred, so
+  // that the allocation finds those clusters free again, as QEMU's
+  // allocator does (a free lowers its free_cluster_index at once). An error
+  // fails the allocation.
+  virtual io::Task<absl::Status> BeforeAllocate() = 0;
   // Current length of the image file in bytes.
   virtual uint64_t FileSize() const = 0;
 };

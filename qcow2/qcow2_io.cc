@@ -106,7 +106,6 @@ io::Task<absl::StatusOr<TableCache::Ref>> Qcow2Node::GetL2ForWrite(
     co_return co_await LoadL2(index);
   }
   // A new table, or a private copy of a shared one (refcount > 1).
-  CO_RETURN_IF_ERROR(co_await ReclaimFreedClusters());
   TableCache::Ref old_table;
   if (old != 0) {
     CO_ASSIGN_OR_RETURN(old_table, co_await LoadL2(index));
@@ -720,7 +719,6 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
     if (!news.empty()) {
       const uint64_t new_host =
           olds[0].host_offset() + (n << cluster_bits_);
-      CO_RETURN_IF_ERROR(co_await ReclaimFreedClusters());
       CO_ASSIGN_OR_RETURN(const uint64_t got,
                           co_await refcounts_->AllocateAt(new_host,
                                                           news.size()));
@@ -746,7 +744,6 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
   if (kind == WriteKind::kReuse) {
     host = olds[0].host_offset();
   } else {
-    CO_RETURN_IF_ERROR(co_await ReclaimFreedClusters());
     CO_ASSIGN_OR_RETURN(host, co_await refcounts_->Allocate(n << cluster_bits_));
   }
   CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, n << cluster_bits_, 0));
@@ -950,7 +947,6 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
                            n << cluster_bits_);
       }
     }
-    CO_RETURN_IF_ERROR(co_await ReclaimFreedClusters());
     CO_ASSIGN_OR_RETURN(host, co_await refcounts_->Allocate(n << cluster_bits_));
   }
   CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(
@@ -1120,7 +1116,6 @@ io::Task<absl::Status> Qcow2Node::WriteCompressedCluster(uint64_t offset,
           "%s: compressed write to the allocated cluster at offset %u",
           filename(), offset));
     }
-    CO_RETURN_IF_ERROR(co_await ReclaimFreedClusters());
     CO_ASSIGN_OR_RETURN(const uint64_t host,
                         co_await refcounts_->AllocateBytes(*compressed));
     CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, *compressed, 0));

@@ -223,6 +223,9 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   io::Task<absl::Status> SetRefcountTable(uint64_t offset,
                                           uint32_t clusters) override;
   void ClusterFreed(uint64_t offset) override;
+  io::Task<absl::Status> BeforeAllocate() override {
+    return ReclaimFreedClusters();
+  }
   uint64_t FileSize() const override { return file_->size(); }
 
   // Open helpers.
@@ -284,12 +287,14 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   uint64_t OldestDataOp() const;
   // Frees the pending clusters no data request in flight uses any more.
   io::Task<absl::Status> ApplyPendingFrees();
-  // Before every cluster allocation (metadata lock held): if pending frees
-  // can be applied, writes the dirty L2 tables, syncs and applies them, so
-  // that the allocation finds those clusters free again, as QEMU's
-  // allocator does (a free lowers free_cluster_index; the refcount blocks
-  // wait for the L2 tables). `write 0 1M; discard 0 1M; write 0 64k` thus
-  // puts the last write in the first freed cluster, not at the file end.
+  // BeforeAllocate, i.e. before every cluster allocation, data or metadata
+  // (metadata lock held): if pending frees can be applied, writes the
+  // dirty L2 tables, syncs and applies them, so that the allocation finds
+  // those clusters free again, as QEMU's allocator does (a free lowers
+  // free_cluster_index; the refcount blocks wait for the L2 tables).
+  // `write 0 1M; discard 0 1M; write 0 64k` thus puts the last write in the
+  // first freed cluster, not at the file end, and a resize that follows a
+  // discard puts its new L1 table there.
   io::Task<absl::Status> ReclaimFreedClusters();
 
   // Data paths (no lock held).

@@ -146,6 +146,7 @@ io::Task<absl::StatusOr<uint64_t>> Refcounts::FindFree(uint64_t count) {
 }
 
 io::Task<absl::StatusOr<uint64_t>> Refcounts::Allocate(uint64_t bytes) {
+  CO_RETURN_IF_ERROR(co_await io_.BeforeAllocate());
   while (true) {
     CO_ASSIGN_OR_RETURN(uint64_t offset,
                         co_await FindFree(DivRoundUp(bytes, cluster_size())));
@@ -156,6 +157,7 @@ io::Task<absl::StatusOr<uint64_t>> Refcounts::Allocate(uint64_t bytes) {
 }
 
 io::Task<absl::StatusOr<uint64_t>> Refcounts::AllocateBytes(uint64_t size) {
+  CO_RETURN_IF_ERROR(co_await io_.BeforeAllocate());
   const uint64_t cs = cluster_size();
   uint64_t offset = free_byte_offset_;
   if (offset != 0) {
@@ -190,6 +192,7 @@ io::Task<absl::StatusOr<uint64_t>> Refcounts::AllocateBytes(uint64_t size) {
 io::Task<absl::StatusOr<uint64_t>> Refcounts::AllocateAt(uint64_t offset,
                                                         uint64_t nb_clusters) {
   if (nb_clusters == 0) co_return uint64_t{0};
+  CO_RETURN_IF_ERROR(co_await io_.BeforeAllocate());
   while (true) {
     const uint64_t first = offset >> cluster_bits_;
     uint64_t i = 0;

@@ -43,6 +43,9 @@ class Refcounts {
   // Refcount of host cluster `cluster_index` (0 past the table).
   io::Task<absl::StatusOr<uint64_t>> Get(uint64_t cluster_index);
 
+  // Each of the three allocators below first awaits
+  // MetadataIo::BeforeAllocate (its error is returned as is).
+  //
   // Allocates clusters for `bytes` (rounded up) at the first free run and
   // returns its offset (qcow2_alloc_clusters).
   io::Task<absl::StatusOr<uint64_t>> Allocate(uint64_t bytes);

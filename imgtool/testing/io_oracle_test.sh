@@ -229,6 +229,18 @@ check "qcow2 4k freed clusters reused" setup_qcow2_4k nosort -f qcow2 \
 check "qcow2 subclusters freed clusters reused" setup_qcow2_ext nosort \
   -f qcow2 -c 'write 0 1M' -c 'discard 0 1M' -c 'write 4k 8k' \
   -c 'write 512k 1k' -c 'discard 0 64k' -c 'write 1M 64k' -c 'map' img.qcow2
+# Metadata allocations find them too: the L1 table a truncate grows goes
+# into the first freed cluster, not to the end of the file.
+check "qcow2 truncate after discard" setup_qcow2 nosort -f qcow2 \
+  -c 'write -P 1 0 1M' -c 'discard 0 1M' -c 'truncate 100G' \
+  -c 'write -P 2 2M 64k' -c 'discard 2M 64k' -c 'truncate 200G' \
+  -c 'read -P 0 0 1M' -c 'map' img.qcow2
+check "qcow2 4k truncate after discard" setup_qcow2_4k nosort -f qcow2 \
+  -c 'write 0 1M' -c 'discard 0 1M' -c 'truncate 3G' -c 'write 8M 4k' \
+  -c 'map' img.qcow2
+check "qcow2 subclusters truncate after discard" setup_qcow2_ext nosort \
+  -f qcow2 -c 'write 0 1M' -c 'discard 0 1M' -c 'truncate 100G' \
+  -c 'write 4k 8k' -c 'map' img.qcow2
 
 # qcow2 compressed writes (write -c): whole clusters from a cluster
 # boundary or up to the image end, refused with EIO on an allocated cluster
