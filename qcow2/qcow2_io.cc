@@ -1237,32 +1237,47 @@ io::Task<absl::Status> Qcow2Node::DiscardClusters(uint64_t first,
   co_return absl::OkStatus();
 }
 
-io::Task<absl::Status> Qcow2Node::ZeroSubclusters(uint64_t offset, uint64_t end,
-                                                  bool* fallback, bool if_no_data) {
+io::Task<absl::Status> Qcow2Node::ChangeSubclusters(uint64_t offset,
+                                                    uint64_t end, bool discard,
+                                                    bool* fallback,
+                                                    bool if_no_data) {
   const uint64_t cluster = offset >> cluster_bits_;
   const uint64_t in_cluster = offset & (cluster_size_ - 1);
   const uint32_t sc_bits = subcluster_bits();
   const uint32_t a = static_cast<uint32_t>(in_cluster >> sc_bits);
-  // From a cluster boundary to the image end QEMU zeroes the whole cluster
-  // (zero_in_l2_slice), its subclusters past the end included.
+  // A zero write from a cluster boundary to the image end zeroes the whole
+  // cluster, its subclusters past the end included, as QEMU does
+  // (zero_in_l2_slice).
   const uint32_t b =
-      in_cluster == 0 && end == size()
+      !discard && in_cluster == 0 && end == size()
           ? format::kSubclustersPerCluster
           : static_cast<uint32_t>(std::min<uint64_t>(
                 format::kSubclustersPerCluster,
-                (in_cluster + (end - offset) + (uint64_t{1} << sc_bits) - 1) >> sc_bits));
+                (in_cluster + (end - offset) + (uint64_t{1} << sc_bits) - 1) >>
+                    sc_bits));
   if (a >= b) co_return absl::OkStatus();
   const uint64_t range = format::SubclusterAllocRange(a, b - a);
+  const bool has_backing =
+      backing_ != nullptr || header_.backing_file.has_value();
   co_return co_await ForEachL2Range(
       cluster, 1, [&](uint64_t, uint64_t) -> io::Task<absl::Status> {
-        CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(l1_index(offset)));
+        const uint64_t li = l1_index(offset);
+        if (discard && !has_backing &&
+            (li >= l1_.size() || (l1_[li] & format::kL1OffsetMask) == 0)) {
+          co_return absl::OkStatus();  // reads as zeroes already
+        }
+        CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(li));
         const uint64_t index = l2_index(offset);
         const L2Entry old = GetEntry(l2, index);
         CO_ASSIGN_OR_RETURN(const ClusterType type,
                             co_await Classify(old, l2.offset(), index));
         if (type == ClusterType::kCompressed) {
-          *fallback = true;  // never subdivided: zeroes are written as data
+          // Never subdivided: zeroes are written as data, discards dropped.
+          if (!discard) *fallback = true;
           co_return absl::OkStatus();
+        }
+        if (discard && !has_backing && old.host_offset() == 0) {
+          co_return absl::OkStatus();  // reads as zeroes already
         }
         if (if_no_data && (old.bitmap & range) != 0) {
           *fallback = true;  // written meanwhile
@@ -1270,8 +1285,12 @@ io::Task<absl::Status> Qcow2Node::ZeroSubclusters(uint64_t offset, uint64_t end,
         }
         L2Entry e = old;
         e.bitmap = (old.bitmap & ~range) | (range << 32);
+        const bool free_host = discard && old.host_offset() != 0 &&
+                               (e.bitmap & format::kSubclusterAllocMask) == 0;
+        if (free_host) e.word = 0;  // no data left: the host cluster goes
         if (e == old) co_return absl::OkStatus();
         SetEntry(l2, index, e);
+        if (free_host) FreeEntryLater(old, /*discard=*/true);
         co_return absl::OkStatus();
       });
 }
@@ -1303,8 +1322,9 @@ io::Task<absl::Status> Qcow2Node::WriteZeroesInSubcluster(uint64_t offset,
   }
   if (zero_ok) {
     bool fallback = false;
-    CO_RETURN_IF_ERROR(co_await ZeroSubclusters(s0, s1, &fallback,
-                                                /*if_no_data=*/true));
+    CO_RETURN_IF_ERROR(co_await ChangeSubclusters(s0, s1, /*discard=*/false,
+                                                  &fallback,
+                                                  /*if_no_data=*/true));
     if (!fallback) co_return absl::OkStatus();
   }
   co_return co_await DoWrite(offset, Zeroes(length));
@@ -1374,7 +1394,8 @@ io::Task<absl::Status> Qcow2Node::DoWriteZeroes(uint64_t offset,
             std::max(a, end == size() ? end : end & ~sc_mask);
         bool fallback = false;
         if (a < b) {
-          CO_RETURN_IF_ERROR(co_await ZeroSubclusters(a, b, &fallback));
+          CO_RETURN_IF_ERROR(co_await ChangeSubclusters(
+              a, b, /*discard=*/false, &fallback));
         }
         if (fallback) co_return co_await DoWrite(pos, Zeroes(end - pos));
         // [pos, a) and [b, end) each lie inside one subcluster.
@@ -1400,11 +1421,17 @@ io::Task<absl::Status> Qcow2Node::DoDiscard(uint64_t offset, uint64_t length) {
       [this](uint64_t f, uint64_t n) {
         return DiscardClusters(f, n, /*full_discard=*/false);
       },
-      [](uint64_t, uint64_t) -> io::Task<absl::Status> {
-        // Partial clusters are dropped, with extended L2 entries too: QEMU
-        // 7.2 discards whole clusters only (pdiscard_alignment is the
-        // cluster size; subcluster discard came much later).
-        co_return absl::OkStatus();
+      [this](uint64_t pos, uint64_t end) -> io::Task<absl::Status> {
+        // Partial clusters are dropped; with extended L2 entries whole
+        // subclusters in them read as zeroes afterwards (QEMU drops partial
+        // subclusters).
+        if (!l2_format_.extended_l2) co_return absl::OkStatus();
+        const uint64_t sc_mask = (uint64_t{1} << subcluster_bits()) - 1;
+        const uint64_t a = (pos + sc_mask) & ~sc_mask;
+        const uint64_t b = end == size() ? end : end & ~sc_mask;
+        if (a >= b) co_return absl::OkStatus();
+        bool fallback = false;
+        co_return co_await ChangeSubclusters(a, b, /*discard=*/true, &fallback);
       });
 }
 

@@ -35,12 +35,13 @@
 // subclusters that are allocated, zero or unallocated on their own
 // (subclusters.md): reads resolve each subcluster, writes reserve the host
 // cluster once and copy only the untouched parts of the subclusters they
-// touch, write zeroes works per subcluster, block status reports per
-// subcluster. Discards, as in QEMU 7.2, drop every part of a cluster they
-// do not cover whole (the last, partial cluster of the image counts as
-// whole). An invalid subcluster bitmap is a corruption event ("Invalid
-// cluster entry found"). Compressed clusters are never subdivided: a zero
-// write that does not cover one is written as data.
+// touch, write zeroes and discard work per subcluster (discards of whole
+// subclusters inside a cluster make them read as zeroes instead of being
+// dropped), block status reports per subcluster. An invalid subcluster
+// bitmap is a corruption event ("Invalid cluster entry found").
+// Compressed clusters are never subdivided: a discard that does not cover a
+// whole compressed cluster leaves it unchanged (as QEMU does), and a zero
+// write that does not cover it is written as data.
 //
 // Allocating writes copy on write the way QEMU 7.2 does: the head and the
 // tail of the new cluster (subcluster) are read with one request when at
@@ -405,15 +406,15 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // the old contents of the touched subclusters, then sets their alloc bits.
   io::Task<absl::StatusOr<uint64_t>> WriteStepExtended(uint64_t offset,
                                                        io::ConstIoVec data);
-  // Write zeroes of the whole subclusters [offset, end) of one guest cluster
-  // (subcluster aligned; `end` may be the image end, and from the cluster's
-  // start to the image end every subcluster of it becomes a zero one, as in
-  // QEMU). Sets `*fallback` when zeroes have to be written as data
+  // Write zeroes (`discard` false) or discard of the whole subclusters
+  // [offset, end) of one guest cluster (subcluster aligned; `end` may be the
+  // image end). Sets `*fallback` when zeroes have to be written as data
   // (compressed cluster). Takes the metadata lock.
   // `if_no_data`: also sets `*fallback` (changing nothing) when one of the
   // subclusters holds data.
-  io::Task<absl::Status> ZeroSubclusters(uint64_t offset, uint64_t end,
-                                         bool* fallback, bool if_no_data = false);
+  io::Task<absl::Status> ChangeSubclusters(uint64_t offset, uint64_t end,
+                                           bool discard, bool* fallback,
+                                           bool if_no_data = false);
   // Write zeroes of [offset, offset + length) inside one subcluster (not
   // all of it): nothing if it reads zeroes, a zero subcluster if it is
   // unallocated and the rest of it reads zeroes from the backing file,

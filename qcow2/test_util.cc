@@ -327,12 +327,13 @@ void RunMixedBatches(Env& env, io::BlockNode& node, std::vector<uint8_t>& ref,
           op.data.assign(op.length, 0xee);
           break;
         case kDiscard: {
-          // The whole units inside the range read as zeroes afterwards; the
-          // rest is dropped.
+          // Whole units only (partial ones may be dropped).
           const uint64_t a = (op.offset + discard_unit - 1) / discard_unit *
                              discard_unit;
           const uint64_t b = std::max(
               a, (op.offset + op.length) / discard_unit * discard_unit);
+          op.offset = a;
+          op.length = b - a;
           std::fill(ref.begin() + a, ref.begin() + b, 0);
           break;
         }

@@ -63,9 +63,8 @@ class Env;
 // once on `node` at disjoint byte ranges (one in each of 64 random slots of
 // `slot` bytes, starting up to 99 bytes in, so that they share clusters):
 // writes, zero writes (with and without may_unmap), reads checked against
-// `ref` and, with `discard_unit` > 0, discards of their range, of which the
-// whole discard_unit-aligned units (clusters) inside it must read as zeroes
-// and the rest must be dropped. A flush runs alongside
+// `ref` and, with `discard_unit` > 0, discards of the whole discard_unit-
+// aligned units (subclusters) inside their range. A flush runs alongside
 // every 7th batch. `ref` (node.size() bytes) follows what the node must
 // read; `rng` draws everything. gtest failures on any error.
 void RunMixedBatches(Env& env, io::BlockNode& node, std::vector<uint8_t>& ref,

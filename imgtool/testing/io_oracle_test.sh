@@ -242,21 +242,18 @@ check "qcow2 subclusters truncate after discard" setup_qcow2_ext nosort \
   -f qcow2 -c 'write 0 1M' -c 'discard 0 1M' -c 'truncate 100G' \
   -c 'write 4k 8k' -c 'map' img.qcow2
 
-# Extended L2 entries: QEMU 7.2 drops the part of a discard that does not
-# cover a whole cluster (the data stays, no zero subclusters), and a zero
-# write from the start of the last, partial cluster to the image end makes
-# every subcluster of that cluster a zero subcluster (2050k: one subcluster
-# of it lies inside the image).
+# Extended L2 entries: a zero write from the start of the last, partial
+# cluster to the image end makes every subcluster of that cluster a zero
+# subcluster, as in QEMU (2050k: one subcluster of it lies inside the
+# image). (Discards are not compared here: QEMU 7.2 drops the part of a
+# discard that does not cover a whole cluster, while imgtool makes the
+# whole subclusters it covers read as zeroes, on purpose.)
 setup_qcow2_ext_backed() {
   qemu-img create -q -f raw "$1/base.raw" 2114k
   qemu-io -f raw -c 'write -P 0x77 0 2114k' "$1/base.raw" >/dev/null
   (cd "$1" && qemu-img create -q -f qcow2 -o extended_l2=on -b base.raw \
     -F raw img.qcow2 2050k)
 }
-check "qcow2 subclusters partial discards dropped" setup_qcow2_ext_backed \
-  nosort -f qcow2 -c 'write -P 1 704k 8k' -c 'discard 706k 2k' \
-  -c 'discard 720k 2k' -c 'discard 722944 2560' -c 'discard 640k 66k' \
-  -c 'read -P 1 706k 2k' -c 'map' img.qcow2
 check "qcow2 subclusters zero write up to the image end, as data" setup_qcow2_ext_backed \
   nosort -f qcow2 -c 'write -z 2098688 512' -c 'map' img.qcow2
 check "qcow2 subclusters zero write up to the image end, no backing" \

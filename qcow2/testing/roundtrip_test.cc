@@ -287,10 +287,12 @@ class RoundTripTest : public ::testing::Test {
             std::fill_n(ref.begin() + op.offset, op.length, 0);
             break;
           case Op::kDiscard: {
-            // Whole clusters only, with extended L2 entries too (QEMU
-            // 7.2); a partial last one of the image counts when the range
-            // reaches the end. v3 leaves zero clusters, v2 unallocated ones.
-            const uint64_t mask = cluster_size - 1;
+            // Whole clusters (subclusters with extended L2 entries, except
+            // in compressed clusters) only; a partial last one of the image
+            // counts when the range reaches the end. v3 leaves zero
+            // clusters, v2 unallocated ones.
+            const uint64_t mask =
+                (extended_l2 ? cluster_size / 32 : cluster_size) - 1;
             const uint64_t start = (op.offset + mask) & ~mask;
             uint64_t end = op.offset + op.length;
             end = end == size ? end : end & ~mask;
