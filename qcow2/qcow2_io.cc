@@ -366,16 +366,13 @@ io::Task<absl::Status> Qcow2Node::ReadBacking(uint64_t offset, io::IoVec buf) {
 io::Task<absl::Status> Qcow2Node::ReadCompressed(uint64_t l2_word,
                                                  uint64_t offset_in_cluster,
                                                  io::IoVec buf) {
-  if (header_.compression_type != format::kCompressionZlib) {
-    co_return absl::UnimplementedError(absl::StrFormat(
-        "%s: zstd-compressed clusters are not supported", filename()));
-  }
   const format::CompressedDescriptor d =
       format::DecodeCompressedDescriptor(l2_word, cluster_bits_);
   std::vector<uint8_t> src(d.size());
   CO_RETURN_IF_ERROR(co_await file_->Read(d.host_offset, io::IoVec(src)));
   std::vector<uint8_t> cluster(cluster_size_);
-  absl::Status st = InflateCluster(src, absl::MakeSpan(cluster));
+  absl::Status st = DecompressCluster(header_.compression_type, src,
+                                      absl::MakeSpan(cluster));
   if (!st.ok()) {
     co_return absl::DataLossError(absl::StrFormat(
         "%s: compressed cluster at host offset %#x does not decompress",
@@ -1091,7 +1088,8 @@ io::Task<absl::Status> Qcow2Node::WriteCompressedCluster(uint64_t offset,
   std::vector<uint8_t> cluster(cluster_size_, 0);
   std::memcpy(cluster.data(), data.data(), data.size());
   std::vector<uint8_t> out(cluster_size_ - 1);
-  absl::StatusOr<uint64_t> compressed = DeflateCluster(cluster, absl::MakeSpan(out));
+  absl::StatusOr<uint64_t> compressed =
+      CompressCluster(header_.compression_type, cluster, absl::MakeSpan(out));
   if (!compressed.ok()) {
     if (absl::IsResourceExhausted(compressed.status())) {
       co_return co_await DoWrite(offset, data);  // does not compress

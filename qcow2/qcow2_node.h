@@ -50,8 +50,9 @@
 // write zeroes instead.
 //
 // Errors: kDataLoss for corrupt images, kUnimplemented for valid images
-// using features not implemented (external data files, encryption,
-// zstd-compressed clusters), kOutOfRange for requests
+// using features not implemented (external data files, encryption),
+// kDataLoss also for a compressed cluster (zlib or zstd) that does not
+// decompress to a whole cluster (QEMU: EIO), kOutOfRange for requests
 // past the end, I/O errors of the file. Open errors carry QEMU's text
 // without the file name (callers prefix "Could not open '<file>': ").
 // Thread model: like every node, used from its engine's thread only.

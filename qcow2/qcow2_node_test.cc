@@ -64,6 +64,10 @@ class Qcow2NodeTest : public ::testing::Test {
     ASSERT_TRUE(st.ok()) << st;
   }
 
+  // Reads and partly rewrites the compressed clusters of an image that
+  // `qemu-img convert -c -o CREATE_OPTIONS` made.
+  void ReadsAndRewritesCompressed(const std::string& create_options);
+
   std::vector<uint8_t> Read(io::BlockNode& node, uint64_t offset, uint64_t length) {
     std::vector<uint8_t> buf(length, 0xee);
     absl::Status st = env_.Run(node.Read(offset, io::IoVec(buf)));
@@ -186,7 +190,8 @@ TEST_F(Qcow2NodeTest, ReadsWhatQemuIoWrote) {
   Close(node);
 }
 
-TEST_F(Qcow2NodeTest, ReadsAndRewritesCompressedClusters) {
+void Qcow2NodeTest::ReadsAndRewritesCompressed(const std::string& create_options) {
+  SCOPED_TRACE(create_options);
   const std::string raw = TempPath("comp.raw");
   std::vector<uint8_t> data(4 * kMiB, 0);
   for (uint64_t i = 0; i < data.size(); i += 4096) {
@@ -195,7 +200,8 @@ TEST_F(Qcow2NodeTest, ReadsAndRewritesCompressedClusters) {
   }
   WriteFile(raw, data);
   const std::string path = TempPath("comp.qcow2");
-  ShellResult r = Shell("qemu-img convert -c -O qcow2 -f raw " + raw + " " + path);
+  ShellResult r = Shell("qemu-img convert -c -O qcow2 -o " + create_options + " -f raw " +
+                        raw + " " + path);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_THAT(Shell("qemu-img check " + path).output, HasSubstr("compressed clusters"));
   auto node = Open(path);
@@ -213,6 +219,16 @@ TEST_F(Qcow2NodeTest, ReadsAndRewritesCompressedClusters) {
   Close(node);
   ExpectClean(path);
   ExpectContents(path, ref);
+}
+
+TEST_F(Qcow2NodeTest, ReadsAndRewritesCompressedClusters) {
+  ReadsAndRewritesCompressed("compression_type=zlib");
+}
+
+TEST_F(Qcow2NodeTest, ReadsAndRewritesZstdCompressedClusters) {
+  ReadsAndRewritesCompressed("compression_type=zstd");
+  ReadsAndRewritesCompressed("compression_type=zstd,cluster_size=4k");
+  ReadsAndRewritesCompressed("compression_type=zstd,extended_l2=on");
 }
 
 TEST_F(Qcow2NodeTest, CompressedWritesMatchQemuImgConvert) {
