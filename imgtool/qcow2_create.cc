@@ -314,14 +314,14 @@ absl::Status CreateQcow2File(const std::string& filename,
   std::optional<absl::Status> late_error;
   const std::optional<std::string> compression =
       values.Text("compression_type");
-  if (compression.has_value() && *compression != "zlib") {
-    late_error =
-        *compression == "zstd"
-            ? absl::UnimplementedError(
-                  "compression_type=zstd is not supported yet")
-            : absl::InvalidArgumentError(absl::StrCat(
-                  "Parameter 'compression-type' does not accept value '",
-                  *compression, "'"));
+  if (compression.has_value()) {
+    if (*compression == "zlib" || *compression == "zstd") {
+      options.set_compression_type(*compression);
+    } else {
+      late_error = absl::InvalidArgumentError(absl::StrCat(
+          "Parameter 'compression-type' does not accept value '", *compression,
+          "'"));
+    }
   }
   if (values.Flag("data_file_raw")) {
     late_error = absl::InvalidArgumentError("data-file-raw requires data-file");

@@ -64,7 +64,7 @@ std::string Qcow2OptionHelp(bool with_protocol);
 // an image is left. Errors carry qemu-img's message without the file name
 // prefix, except those of creating the file ("Could not create '<file>':
 // <strerror>"). kUnimplemented for options imgtool cannot create
-// (encryption, external data files, zstd compression).
+// (encryption, external data files).
 absl::Status CreateQcow2File(const std::string& filename,
                              const Qcow2CreateValues& values,
                              std::ostream& err);

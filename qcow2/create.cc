@@ -118,6 +118,14 @@ absl::StatusOr<CheckedCreateOptions> CheckCreateOptions(
   o.refcount_bits = options.has_refcount_bits() ? options.refcount_bits() : 16;
   o.extended_l2 = options.extended_l2();
   o.lazy_refcounts = options.lazy_refcounts();
+  const std::string& compression = options.compression_type();
+  if (compression.empty() || compression == "zlib") {
+    o.compression_type = format::kCompressionZlib;
+  } else if (compression == "zstd") {
+    o.compression_type = format::kCompressionZstd;
+  } else {
+    return NotAccepted("compression-type", compression);
+  }
   if (!options.backing_file().empty()) o.backing_file = options.backing_file();
   if (!options.backing_fmt().empty()) o.backing_format = options.backing_fmt();
 

@@ -87,6 +87,19 @@ TEST_F(CreateTest, Compat010MatchesQemu) {
   ExpectSameAsQemu("v2", "compat=0.10", 64 << 20, o);
 }
 
+TEST_F(CreateTest, ZstdCompressionTypeMatchesQemu) {
+  Qcow2CreateOptions o;
+  o.set_compression_type("zstd");
+  ExpectSameAsQemu("zstd", "compression_type=zstd", 64 << 20, o);
+  o.set_compression_type("zlib");
+  ExpectSameAsQemu("zlib", "compression_type=zlib", 64 << 20, o);
+  o.set_compression_type("zstd");
+  o.set_extended_l2(true);
+  o.set_preallocation("metadata");
+  ExpectSameAsQemu("zstdext", "compression_type=zstd,extended_l2=on,preallocation=metadata",
+                   9 << 20, o);
+}
+
 TEST_F(CreateTest, LazyRefcountsMatchQemu) {
   Qcow2CreateOptions o;
   o.set_lazy_refcounts(true);
@@ -186,6 +199,15 @@ TEST_F(CreateTest, OptionErrorsUseQemuWording) {
   EXPECT_EQ(error(o),
             "Lazy refcounts only supported with compatibility level 1.1 and "
             "above (use version=v3 or greater)");
+  o = Opts();
+  o.set_compression_type("ZSTD");
+  EXPECT_EQ(error(o), "Parameter 'compression-type' does not accept value 'ZSTD'");
+  o = Opts();
+  o.set_compat("0.10");
+  o.set_compression_type("zstd");
+  EXPECT_EQ(error(o),
+            "Non-zlib compression type is only supported with compatibility "
+            "level 1.1 and above (use version=v3 or greater)");
   o = Opts();
   o.set_backing_fmt("raw");
   EXPECT_EQ(error(o), "Backing format cannot be used without backing file");

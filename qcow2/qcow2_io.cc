@@ -1070,10 +1070,6 @@ io::Task<absl::Status> Qcow2Node::WriteCompressed(uint64_t offset,
         "(%u bytes at offset %u)",
         filename(), data.size(), offset));
   }
-  if (header_.compression_type != format::kCompressionZlib) {
-    co_return absl::UnimplementedError(absl::StrFormat(
-        "%s: zstd compression is not supported", filename()));
-  }
   while (!data.empty()) {
     const uint64_t n = std::min<uint64_t>(data.size(), cluster_size_);
     CO_RETURN_IF_ERROR(co_await WriteCompressedCluster(offset, data.first(n)));

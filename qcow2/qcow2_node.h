@@ -130,8 +130,8 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // node set, then closes the backing node and the file.
   io::Task<absl::Status> Close() override;
 
-  // Writes the guest clusters from `offset` (cluster aligned) compressed
-  // with zlib, one at a time, as `qemu-img convert -c` and `qemu-io write
+  // Writes the guest clusters from `offset` (cluster aligned) compressed,
+  // one at a time, as `qemu-img convert -c` and `qemu-io write
   // -c` do: `data` is whole clusters, or ends at the end of the image.
   // Compressed data is packed byte-wise after the previous compressed
   // cluster; a cluster that does not compress is written normally. An
@@ -140,7 +140,9 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // 0 bytes). Errors: kInvalidArgument for a misaligned or wrongly sized
   // request, kFailedPrecondition if a cluster is allocated already
   // (compression can't overwrite anything; the clusters before it are
-  // written), kUnimplemented for zstd images, and those of Write().
+  // written), and those of Write(). Clusters are compressed with the
+  // image's compression_type (zlib or zstd, qcow2/compress.h), with QEMU
+  // 7.2's parameters, so the same library version makes the same bytes.
   io::Task<absl::Status> WriteCompressed(uint64_t offset, io::ConstIoVec data);
 
   // The header as it is now (dirty and corrupt bits included).

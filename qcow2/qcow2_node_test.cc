@@ -67,6 +67,9 @@ class Qcow2NodeTest : public ::testing::Test {
   // Reads and partly rewrites the compressed clusters of an image that
   // `qemu-img convert -c -o CREATE_OPTIONS` made.
   void ReadsAndRewritesCompressed(const std::string& create_options);
+  // Compressed writes through the driver make the same file as `qemu-img
+  // convert -c -o compression_type=COMPRESSION_TYPE`.
+  void CompressedWritesMatchConvert(const std::string& compression_type);
 
   std::vector<uint8_t> Read(io::BlockNode& node, uint64_t offset, uint64_t length) {
     std::vector<uint8_t> buf(length, 0xee);
@@ -231,7 +234,8 @@ TEST_F(Qcow2NodeTest, ReadsAndRewritesZstdCompressedClusters) {
   ReadsAndRewritesCompressed("compression_type=zstd,extended_l2=on");
 }
 
-TEST_F(Qcow2NodeTest, CompressedWritesMatchQemuImgConvert) {
+void Qcow2NodeTest::CompressedWritesMatchConvert(const std::string& compression_type) {
+  SCOPED_TRACE(compression_type);
   // Mostly compressible clusters, one incompressible, one all-zero, and a
   // short last cluster.
   const uint64_t size = 2 * kMiB + 10240;
@@ -244,8 +248,11 @@ TEST_F(Qcow2NodeTest, CompressedWritesMatchQemuImgConvert) {
   const std::string raw = TempPath("cw.raw");
   WriteFile(raw, data);
   const std::string theirs = TempPath("cw.qemu.qcow2");
-  ASSERT_EQ(Shell("qemu-img convert -c -O qcow2 -f raw " + raw + " " + theirs).exit_code, 0);
-  const std::string ours = Create("cw.ours.qcow2", size);
+  ASSERT_EQ(Shell("qemu-img convert -c -O qcow2 -o compression_type=" +
+                  compression_type + " -f raw " + raw + " " + theirs).exit_code, 0);
+  Qcow2CreateOptions options;
+  options.set_compression_type(compression_type);
+  const std::string ours = Create("cw.ours.qcow2", size, options);
   auto node = Open(ours);
   for (uint64_t c = 0; c < size; c += 65536) {
     if (c == 5 * 65536) continue;  // convert skips zero clusters
@@ -262,6 +269,14 @@ TEST_F(Qcow2NodeTest, CompressedWritesMatchQemuImgConvert) {
   ExpectClean(ours);
   ExpectContents(ours, data);
   EXPECT_EQ(testing::FirstDifference(ours, theirs), -1);
+}
+
+TEST_F(Qcow2NodeTest, CompressedWritesMatchQemuImgConvert) {
+  CompressedWritesMatchConvert("zlib");
+}
+
+TEST_F(Qcow2NodeTest, ZstdCompressedWritesMatchQemuImgConvert) {
+  CompressedWritesMatchConvert("zstd");
 }
 
 TEST_F(Qcow2NodeTest, BackingChainRawQcow2Qcow2) {

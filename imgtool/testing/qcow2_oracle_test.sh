@@ -190,6 +190,10 @@ for args in "-O qcow2 c64k.qcow2 o.qcow2" "-O qcow2 comp64k.qcow2 o.qcow2" \
   "-O qcow2 -B base.raw -F raw mid.qcow2 o.qcow2" \
   "-O qcow2 -c c64k.qcow2 o.qcow2" "-O qcow2 -c -o cluster_size=4k top.qcow2 o.qcow2" \
   "-O qcow2 -c -o cluster_size=2M base.raw o.qcow2" \
+  "-O qcow2 -c -o compression_type=zstd c64k.qcow2 o.qcow2" \
+  "-O qcow2 -c -o compression_type=zstd,cluster_size=4k top.qcow2 o.qcow2" \
+  "-O qcow2 -c -o compression_type=zstd,extended_l2=on comp4k.qcow2 o.qcow2" \
+  "-O qcow2 -o compression_type=zstd c4k.qcow2 o.qcow2" \
   "-O qcow2 -o compat=0.10 mixed.qcow2 o.qcow2" \
   "-O qcow2 -o preallocation=metadata mine.qcow2 o.qcow2" \
   "-O qcow2 -S 0 c4k.qcow2 o.qcow2" "-O qcow2 c4k.qcow2 v2.qcow2 o.qcow2" \
@@ -234,6 +238,9 @@ for args in "x.qcow2 64M" "-q x.qcow2 1M" "x.qcow2 1000b" "x.qcow2 0" \
   "-o preallocation=metadata,cluster_size=2M x.qcow2 9M" \
   "-o extended_l2=on x.qcow2 1M" "-o extended_l2=on,cluster_size=2M x.qcow2 1G" \
   "-o nocow=off,extent_size_hint=0 x.qcow2 1M" "-o compression_type=zlib x.qcow2 1M" \
+  "-o compression_type=zstd x.qcow2 1M" "-o compression_type=zstd,cluster_size=2M x.qcow2 5G" \
+  "-o compression_type=zstd,extended_l2=on,preallocation=metadata x.qcow2 9M" \
+  "-o compression_type=zstd,compat=0.10 x.qcow2 1M" "-o compression_type=ZSTD x.qcow2 1M" \
   "-o cluster_size=1000 x.qcow2 1M" "-o refcount_bits=3 x.qcow2 1M" \
   "-o refcount_bits=-1 x.qcow2 1M" "-o refcount_bits=abc x.qcow2 1M" \
   "-o compat=0.9 x.qcow2 1M" "-o preallocation=foo x.qcow2 1M" \
