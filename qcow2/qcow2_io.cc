@@ -1290,21 +1290,35 @@ io::Task<absl::Status> Qcow2Node::ChangeSubclusters(uint64_t offset,
 }
 
 io::Task<absl::Status> Qcow2Node::WriteZeroesInSubcluster(uint64_t offset,
-                                                          uint64_t length) {
+                                                          uint64_t length,
+                                                          bool may_unmap) {
   const uint64_t sc_size = uint64_t{1} << subcluster_bits();
   const uint64_t s0 = offset & ~(sc_size - 1);
   const uint64_t s1 = std::min(s0 + sc_size, size());
   bool unallocated = false;
+  bool unmap_cluster = false;
   {
     auto lock = co_await io::ScopedLock::Take(meta_lock_);
     CO_RETURN_IF_ERROR(CheckUsable());
     CO_ASSIGN_OR_RETURN(Mapping m, co_await GetMapping(s0, s1 - s0));
     if (m.length >= s1 - s0) {
       if (m.type == ClusterType::kZeroPlain || m.type == ClusterType::kZeroAlloc) {
-        co_return absl::OkStatus();  // the whole subcluster reads zeroes
+        // The whole subcluster reads zeroes: nothing to do, unless it is
+        // the only one of the last cluster inside the image and may be
+        // unmapped (QEMU zeroes that cluster whole, freeing its host
+        // cluster).
+        unmap_cluster = may_unmap && m.type == ClusterType::kZeroAlloc &&
+                        (s0 & (cluster_size_ - 1)) == 0 && s1 == size();
+        if (!unmap_cluster) co_return absl::OkStatus();
       }
       unallocated = m.type == ClusterType::kUnallocated;
     }
+  }
+  if (unmap_cluster) {
+    co_return co_await ForEachL2Range(
+        s0 >> cluster_bits_, 1, [this](uint64_t f, uint64_t n) {
+          return ZeroClusters(f, n, /*may_unmap=*/true);
+        });
   }
   // QEMU's qcow2_co_pwrite_zeroes: the subcluster becomes a zero subcluster
   // if the rest of it reads zeroes already; otherwise zeroes are data.
@@ -1325,18 +1339,29 @@ io::Task<absl::Status> Qcow2Node::WriteZeroesInSubcluster(uint64_t offset,
 }
 
 io::Task<absl::Status> Qcow2Node::WriteZeroesPartial(uint64_t offset,
-                                                     uint64_t length) {
+                                                     uint64_t length,
+                                                     bool may_unmap) {
   const uint64_t start = offset & ~(cluster_size_ - 1);
   const uint64_t end = std::min(start + cluster_size_, size());
   const uint64_t cluster = start >> cluster_bits_;
-  // The rest of the cluster must already read as zeroes (QEMU's is_zero()),
-  // and the cluster must hold no data, for a zero cluster to do.
-  // Not `co_await a && co_await b`: GCC 12 mishandles the temporaries of a
-  // co_await in a conditionally evaluated operand.
-  bool zero_ok = co_await BackingReadsZero(start, offset - start);
-  if (zero_ok) {
-    zero_ok = co_await BackingReadsZero(offset + length,
-                                        end - (offset + length));
+  // The rest of the cluster must already read as zeroes (QEMU's is_zero():
+  // a zero cluster does, an unallocated one where the backing file reads
+  // zeroes), and the cluster must hold no data, for a zero cluster to do.
+  ClusterType type;
+  {
+    auto lock = co_await io::ScopedLock::Take(meta_lock_);
+    CO_RETURN_IF_ERROR(CheckUsable());
+    CO_ASSIGN_OR_RETURN(Mapping m, co_await GetMapping(start, cluster_size_));
+    type = m.type;
+  }
+  bool zero_ok = type == ClusterType::kZeroPlain || type == ClusterType::kZeroAlloc;
+  if (type == ClusterType::kUnallocated) {
+    // Not `co_await a && co_await b`: GCC 12 mishandles the temporaries of
+    // a co_await in a conditionally evaluated operand.
+    zero_ok = co_await BackingReadsZero(start, offset - start);
+    if (zero_ok) {
+      zero_ok = co_await BackingReadsZero(offset + length, end - (offset + length));
+    }
   }
   if (zero_ok) {
     bool fallback = false;
@@ -1350,7 +1375,7 @@ io::Task<absl::Status> Qcow2Node::WriteZeroesPartial(uint64_t offset,
             fallback = true;
             co_return absl::OkStatus();
           }
-          co_return co_await ZeroClusters(first, 1, /*may_unmap=*/false);
+          co_return co_await ZeroClusters(first, 1, may_unmap);
         }));
     if (!fallback) co_return absl::OkStatus();
   }
@@ -1376,9 +1401,9 @@ io::Task<absl::Status> Qcow2Node::DoWriteZeroes(uint64_t offset,
       [this, flags](uint64_t f, uint64_t n) {
         return ZeroClusters(f, n, flags.may_unmap);
       },
-      [this](uint64_t pos, uint64_t end) -> io::Task<absl::Status> {
+      [this, flags](uint64_t pos, uint64_t end) -> io::Task<absl::Status> {
         if (!l2_format_.extended_l2) {
-          co_return co_await WriteZeroesPartial(pos, end - pos);
+          co_return co_await WriteZeroesPartial(pos, end - pos, flags.may_unmap);
         }
         // Whole subclusters get zero bits; unaligned pieces zero their
         // subcluster when the rest of it reads zeroes, else are data.
@@ -1394,10 +1419,12 @@ io::Task<absl::Status> Qcow2Node::DoWriteZeroes(uint64_t offset,
         if (fallback) co_return co_await DoWrite(pos, Zeroes(end - pos));
         // [pos, a) and [b, end) each lie inside one subcluster.
         if (pos < a) {
-          CO_RETURN_IF_ERROR(co_await WriteZeroesInSubcluster(pos, a - pos));
+          CO_RETURN_IF_ERROR(
+              co_await WriteZeroesInSubcluster(pos, a - pos, flags.may_unmap));
         }
         if (b < end) {
-          CO_RETURN_IF_ERROR(co_await WriteZeroesInSubcluster(b, end - b));
+          CO_RETURN_IF_ERROR(
+              co_await WriteZeroesInSubcluster(b, end - b, flags.may_unmap));
         }
         co_return absl::OkStatus();
       });

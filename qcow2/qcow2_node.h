@@ -390,7 +390,12 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   io::Task<absl::Status> ForEachL2Range(
       uint64_t first, uint64_t count,
       std::function<io::Task<absl::Status>(uint64_t, uint64_t)> fn);
-  io::Task<absl::Status> WriteZeroesPartial(uint64_t offset, uint64_t length);
+  // Write zeroes of a part of one cluster (standard L2 entries): a zero
+  // cluster when the rest of it reads zeroes and it holds no data (QEMU
+  // 7.2's head/tail rule; with `may_unmap` an allocated zero cluster is
+  // freed), zeroes written as data otherwise.
+  io::Task<absl::Status> WriteZeroesPartial(uint64_t offset, uint64_t length,
+                                            bool may_unmap);
   // Splits guest range [offset, offset + length) (inside the image) at
   // cluster boundaries: each run of whole clusters (the last may end at the
   // image end) goes to `whole(first_cluster, count)` through ForEachL2Range,
@@ -421,9 +426,11 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // Write zeroes of [offset, offset + length) inside one subcluster (not
   // all of it): nothing if it reads zeroes, a zero subcluster if it is
   // unallocated and the rest of it reads zeroes from the backing file,
-  // zeroes written as data otherwise (QEMU 7.2's head/tail rule).
+  // zeroes written as data otherwise (QEMU 7.2's head/tail rule). With
+  // `may_unmap`, an allocated zero cluster whose first subcluster is the
+  // last of the image (this one) is freed, as QEMU does.
   io::Task<absl::Status> WriteZeroesInSubcluster(uint64_t offset,
-                                                 uint64_t length);
+                                                 uint64_t length, bool may_unmap);
 
   // Flush (metadata lock held): L2 tables, refcount blocks, sync, frees.
   io::Task<absl::Status> FlushAll();

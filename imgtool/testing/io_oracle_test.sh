@@ -260,6 +260,24 @@ check "qcow2 subclusters zero write up to the image end, no backing" \
   setup_qcow2_ext nosort -f qcow2 -c 'truncate 2050k' \
   -c 'write -z 2098176 1024' -c 'write -z -u 2095104 2560' -c 'map' img.qcow2
 
+# A zero write into part of a zero cluster makes it a zero cluster again as
+# QEMU does: the rest of the cluster reads zeroes whatever the backing file
+# holds, and with -u an allocated zero cluster is freed (standard and
+# extended L2 entries, in the middle and in the last, partial cluster).
+setup_qcow2_backed_2050k() {
+  qemu-img create -q -f raw "$1/base.raw" 2114k
+  qemu-io -f raw -c 'write -P 0x77 0 2114k' "$1/base.raw" >/dev/null
+  (cd "$1" && qemu-img create -q -f qcow2 -b base.raw -F raw img.qcow2 2050k)
+}
+check "qcow2 partial zero writes on zero clusters" setup_qcow2_backed_2050k \
+  nosort -f qcow2 -c 'write -P 1 2M 2k' -c 'write -P 2 64k 64k' \
+  -c 'write -z 2033664 65536' -c 'write -z 64k 64k' \
+  -c 'write -z -u 2098688 512' -c 'write -z -u 66k 512' -c 'write -z 200k 512' \
+  -c 'map' img.qcow2
+check "qcow2 subclusters partial zero write on the last zero cluster" \
+  setup_qcow2_ext_backed nosort -f qcow2 -c 'write -P 1 2M 2k' \
+  -c 'write -z 2033664 65536' -c 'write -z -u 2098688 512' -c 'map' img.qcow2
+
 # qcow2 compressed writes (write -c): whole clusters from a cluster
 # boundary or up to the image end, refused with EIO on an allocated cluster
 # and EINVAL when misaligned; -z ignores -c.
