@@ -488,9 +488,11 @@ io::Task<absl::StatusOr<Opened>> OpenQcow2(const Driver& driver,
   // length ahead of them so that those writes run in parallel (see
   // FileNode::GrowLengthAhead). Not through a filter: the preallocate
   // filter grows the file itself.
+  posix_file::FileNode* grows = nullptr;
   if (child.driver->kind == DriverKind::kProtocol && child.file != nullptr &&
       !ctx.read_only) {
-    child.file->GrowLengthAhead(kQcow2FileGrowthStep);
+    grows = child.file;
+    grows->GrowLengthAhead(kQcow2FileGrowthStep);
   }
   // Named locals, not temporaries in the co_await expression: GCC 12
   // destroys some of those twice.
@@ -499,6 +501,13 @@ io::Task<absl::StatusOr<Opened>> OpenQcow2(const Driver& driver,
       std::unique_ptr<qcow2::Qcow2Node> q,
       co_await qcow2::Qcow2Node::Open(std::move(file), std::move(options),
                                       std::move(opener), std::move(repair)));
+  if (grows != nullptr) {
+    // A writer killed while the file was grown ahead left a hole after the
+    // data; past the last refcounted cluster it is cut at close (best
+    // effort: refcounts that cannot be read leave the file as it is).
+    absl::StatusOr<uint64_t> used_end = co_await q->RefcountedEnd();
+    if (used_end.ok()) grows->AdoptHoleTail(*used_end);
+  }
   out.qcow2 = q.get();
   out.qcow2_below = q.get();
   out.node = std::move(q);

@@ -272,6 +272,83 @@ TEST_F(OpenGraphTest, Qcow2GrowsItsFileAheadAndCutsItAtClose) {
   ASSERT_TRUE(io::RunSync(*engine_, g->node->Close()).ok());
 }
 
+// A writer killed while its qcow2 file was grown ahead leaves a hole after
+// the data; the next read-write open and close cut it, never below the last
+// refcounted cluster nor below data. The crash itself is simulated with
+// truncate; qcow2/testing/crash_test.cc covers real kills.
+TEST_F(OpenGraphTest, Qcow2CutsAHoleTailLeftAfterItsClustersAtClose) {
+  auto length = [](const std::string& path) -> int64_t {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0 ? st.st_size : -1;
+  };
+  auto sh = [](const std::string& command) {
+    return std::system((command + " >/dev/null 2>&1").c_str());
+  };
+  auto open_close = [&](const std::string& path, bool read_only) {
+    absl::StatusOr<OpenedGraph> g =
+        Open("driver=qcow2,file.filename=" + path, read_only);
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(io::RunSync(*engine_, g->node->Close()).ok());
+  };
+  // What qemu-io leaves: 1 MiB of data, the file ends at its last cluster.
+  const std::string twin = dir_ + "/tail_twin.qcow2";
+  ASSERT_EQ(sh(absl::StrCat("cp ", qcow2_, " ", twin,
+                            " && qemu-io -c 'write -P 0x5a 0 1M' ", twin)),
+            0);
+  const int64_t data_end = length(twin);
+  ASSERT_EQ(data_end, 1376256);  // header, L1, refcounts, L2, 16 clusters
+
+  const std::string img = dir_ + "/tail.qcow2";
+  ASSERT_EQ(sh(absl::StrCat("cp ", twin, " ", img, " && truncate -s +65M ",
+                            img)),
+            0);
+  // QEMU keeps such a tail for good and cannot preallocate over it.
+  EXPECT_NE(sh(absl::StrCat("cp ", img, " ", img, ".q && qemu-img resize "
+                            "--preallocation=falloc ", img, ".q +1M")),
+            0);
+  // Read-only: left alone.
+  open_close(img, /*read_only=*/true);
+  EXPECT_EQ(length(img), data_end + (int64_t{65} << 20));
+  {
+    absl::StatusOr<OpenedGraph> g =
+        Open("driver=qcow2,file.filename=" + img, /*read_only=*/false);
+    ASSERT_TRUE(g.ok()) << g.status();
+    // Seen from above, the file ends at the data already.
+    EXPECT_EQ(g->file->size(), static_cast<uint64_t>(data_end));
+    ASSERT_TRUE(io::RunSync(*engine_, g->node->Close()).ok());
+  }
+  EXPECT_EQ(length(img), data_end);
+  EXPECT_EQ(sh(absl::StrCat("cmp ", img, " ", twin)), 0);
+  EXPECT_EQ(sh("qemu-img check " + img), 0);
+  EXPECT_EQ(sh("qemu-img resize --preallocation=falloc " + img + " +1M"), 0);
+
+  // Data after the last refcounted cluster (here 64 KiB a failed write
+  // left) stays; the hole after it goes.
+  ASSERT_EQ(sh(absl::StrCat("cp ", twin, " ", img, " && head -c 64k "
+                            "/dev/urandom >>", img, " && truncate -s +65M ",
+                            img)),
+            0);
+  open_close(img, /*read_only=*/false);
+  EXPECT_EQ(length(img), data_end + 65536);
+  EXPECT_EQ(sh(absl::StrCat("cmp -n ", data_end, " ", img, " ", twin)), 0);
+  EXPECT_EQ(sh("qemu-img check " + img), 0);
+
+  // preallocation=metadata: every cluster refcounted, nearly all holes;
+  // QEMU's file ends at the last cluster and so does it afterwards, also
+  // when a hole tail comes after it.
+  const std::string meta = dir_ + "/tail_meta.qcow2";
+  ASSERT_EQ(sh(absl::StrCat("qemu-img create -q -f qcow2 -o "
+                            "preallocation=metadata ", meta, " 100M && cp ",
+                            meta, " ", img)),
+            0);
+  ASSERT_EQ(length(meta), 105185280);  // qemu-img check: image end offset
+  open_close(img, /*read_only=*/false);
+  EXPECT_EQ(sh(absl::StrCat("cmp ", img, " ", meta)), 0);
+  ASSERT_EQ(sh("truncate -s +65M " + img), 0);
+  open_close(img, /*read_only=*/false);
+  EXPECT_EQ(sh(absl::StrCat("cmp ", img, " ", meta)), 0);
+}
+
 TEST_F(OpenGraphTest, ErrorsAreQemus) {
   const std::string q = qcow2_;
   const std::pair<std::string, std::string> cases[] = {

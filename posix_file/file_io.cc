@@ -349,6 +349,29 @@ void FileIo::GrowAhead(uint64_t end) {
   if (ftruncate(config_.fd, static_cast<off_t>(target)) == 0) length_ = target;
 }
 
+void FileIo::AdoptHoleTail(uint64_t used_end) {
+  if (!grows_ahead_ || !config_.regular_file) return;
+  uint64_t keep = std::max(used_end, written_end_);
+  if (!issued_ends_.empty()) keep = std::max(keep, *issued_ends_.rbegin());
+  if (keep >= size_) return;
+  // The end of the last data in [keep, size_).
+  uint64_t data_end = keep;
+  for (uint64_t pos = keep;;) {
+    const off_t d = lseek(config_.fd, static_cast<off_t>(pos), SEEK_DATA);
+    if (d < 0 && errno == ENXIO) break;  // no data from pos on
+    if (d < 0) return;
+    if (static_cast<uint64_t>(d) >= size_) break;
+    const off_t h = lseek(config_.fd, d, SEEK_HOLE);
+    if (h < 0 || static_cast<uint64_t>(h) >= size_) return;
+    data_end = std::max(data_end, static_cast<uint64_t>(h));
+    pos = static_cast<uint64_t>(h);
+  }
+  if (data_end >= size_) return;
+  adopted_length_ = std::max(adopted_length_, size_);
+  RemoveHoles(data_end, UINT64_MAX);
+  size_ = data_end;
+}
+
 absl::Status FileIo::CutToSize() {
   // Never below a write still in flight (a Truncate racing with writes),
   // nor below what a failed write reached.
@@ -629,7 +652,8 @@ io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode
     co_return absl::InvalidArgumentError(absl::StrCat(
         config_.path, ": Unsupported preallocation mode: metadata"));
   }
-  if (new_size < old_size && mode != io::PreallocMode::kOff) {
+  if (new_size < std::max(old_size, adopted_length_) &&
+      mode != io::PreallocMode::kOff) {
     co_return absl::InvalidArgumentError(absl::StrCat(
         config_.path, ": Cannot use preallocation for shrinking files"));
   }
@@ -643,6 +667,7 @@ io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode
       AddHole(old_size, new_size);  // ftruncate adds a hole
       size_ = new_size;
       length_ = new_size;
+      adopted_length_ = 0;
       written_end_ = std::min(written_end_, new_size);
       if (old_size == 0 && new_size > 0) co_await WriteFirstBlock(new_size);
       co_return absl::OkStatus();
@@ -690,6 +715,7 @@ io::Task<absl::Status> FileIo::Truncate(uint64_t new_size, io::PreallocMode mode
   RemoveHoles(new_size, UINT64_MAX);
   size_ = new_size;
   length_ = new_size;
+  adopted_length_ = 0;
   written_end_ = std::min(written_end_, new_size);
   if (mode == io::PreallocMode::kFalloc && old_size == 0 && new_size > 0) {
     co_await WriteFirstBlock(new_size);

@@ -111,6 +111,19 @@ class FileIo {
     grows_ahead_ = step != 0;
   }
 
+  // Takes the end of the file past `used_end` (bytes) that holds no data
+  // (SEEK_DATA/SEEK_HOLE: holes and never written preallocation) as length
+  // grown ahead, as if this FileIo had grown it: size() then ends at the
+  // last data past `used_end` (or at `used_end`), and CutToSize cuts the
+  // rest. For the hole a killed writer that grew ahead left after its
+  // data; the caller vouches that nothing past `used_end` is in use (qcow2:
+  // the end of its last cluster with a nonzero refcount). Never below a
+  // write made or in flight. Only while growing ahead (set_growth_step) on
+  // a regular file; nothing if lseek fails or data reaches the end. The
+  // length before counts on for Truncate's preallocation check until a
+  // Truncate succeeds (QEMU sees the file that long; see Truncate).
+  void AdoptHoleTail(uint64_t used_end);
+
   // Cuts the file back to size() if growing ahead left it longer.
   // Errors name the path ("ftruncate").
   absl::Status CutToSize();
@@ -154,7 +167,11 @@ class FileIo {
   // empty file; falloc = fallocate from the old length (no ftruncate first),
   // falling back to zero writes of <= 1 MiB each (one write per filesystem
   // block at most, no reads); full = ftruncate, zero writes, fsync. On
-  // failure the old length is restored. Block and character devices keep
+  // failure the old length is restored. A preallocating Truncate below the
+  // file's length is kInvalidArgument "Cannot use preallocation for
+  // shrinking files"; that length is the one QEMU would see: without the
+  // length grown ahead, with a tail taken by AdoptHoleTail. Block and
+  // character devices keep
   // their length and take only kOff: `exact` (resize) accepts only the
   // current length (else kUnimplemented "Cannot resize device files"),
   // !exact (create) any length up to it (else kInvalidArgument "Cannot grow
@@ -209,6 +226,9 @@ class FileIo {
   // while growing ahead.
   uint64_t length_;
   uint64_t growth_step_ = 0;  // 0 also while Truncate runs
+  // size_ before AdoptHoleTail took a tail (0: none), until a Truncate
+  // succeeds: the length QEMU would see, for Truncate's check.
+  uint64_t adopted_length_ = 0;
   // set_growth_step was given a step (Truncate's pause does not change it).
   bool grows_ahead_ = false;
   // Ends of the data of the Writes in flight (size_ grows only when one

@@ -405,6 +405,11 @@ void FileNode::GrowLengthAhead(uint64_t step) {
   state_->io.set_growth_step(step);
 }
 
+void FileNode::AdoptHoleTail(uint64_t used_end) {
+  if (state_->fd < 0) return;
+  state_->io.AdoptHoleTail(used_end);
+}
+
 io::Task<absl::Status> FileNode::DoRead(uint64_t offset, io::IoVec buf) {
   co_return co_await state_->io.Read(offset, buf);
 }

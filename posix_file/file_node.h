@@ -107,6 +107,23 @@ class FileNode : public io::BlockNode {
   // resizers (!shares_write_or_resize()). 0 turns it off.
   void GrowLengthAhead(uint64_t step);
 
+  // After GrowLengthAhead, for the hole a killed writer that grew ahead
+  // left after the data: takes the end of the file past `used_end` (bytes)
+  // that holds no data (SEEK_DATA/SEEK_HOLE; never written preallocation
+  // counts as a hole) as length grown ahead, so size() ends at the last
+  // data past `used_end` (at `used_end` if none) and Truncate and Close
+  // cut the rest. The caller vouches that the format uses nothing past
+  // `used_end`: qcow2 passes the end of its last cluster with a nonzero
+  // refcount (Qcow2Node::RefcountedEnd), so images whose clusters are all
+  // refcounted but holes (preallocation=metadata) keep their length, and
+  // so does data after the last cluster (a failed write's). Never below a
+  // write made or in flight. QEMU leaves such a tail for good (qemu-img
+  // resize with preallocation then fails "Cannot use preallocation for
+  // shrinking files"); a preallocating Truncate of this node still fails
+  // so while it would end below the length the file had (as QEMU's). A
+  // no-op without growing ahead or where lseek fails.
+  void AdoptHoleTail(uint64_t used_end);
+
   // Write zeroes that must leave the range allocated, by fallocate only
   // (ZERO_RANGE, else punch hole + allocate, else allocate past the end of
   // the file; file-posix.md §4), growing the file if the range ends past it:

@@ -667,6 +667,68 @@ TEST_F(FileNodeTest, GrowingAheadKeepsTheLengthPastTheDataUntilClose) {
   EXPECT_EQ(ReadWithPread(path, 5 * kMiB, b.size()), b);
 }
 
+TEST_F(FileNodeTest, AdoptedHoleTailIsCutAtCloseNeverBelowData) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  const std::string path = Path("killed.qcow2");
+  ASSERT_TRUE(Create(path, 0).ok());
+  // What a writer killed while growing ahead leaves: data, then a hole.
+  auto killed = [&] {
+    WriteWithPwrite(path, 0, Pattern(8192, 1));
+    WriteWithPwrite(path, kMiB, Pattern(4096, 2));
+    ASSERT_EQ(truncate(path.c_str(), 9 * kMiB), 0);
+  };
+  killed();
+
+  // Not growing ahead: nothing.
+  auto node = Open(path);
+  ASSERT_TRUE(node.ok()) << node.status();
+  (*node)->AdoptHoleTail(8192);
+  EXPECT_EQ((*node)->size(), 9 * kMiB);
+  ASSERT_TRUE(Run((*node)->Close()).ok());
+  EXPECT_EQ(FileLength(path), 9 * kMiB);
+
+  // Data past `used_end` stays: cut after it. A preallocating truncate to
+  // less than the 9 MiB QEMU sees fails as QEMU's does.
+  node = Open(path);
+  ASSERT_TRUE(node.ok()) << node.status();
+  (*node)->GrowLengthAhead(64 * kMiB);
+  (*node)->AdoptHoleTail(8192);
+  EXPECT_EQ((*node)->size(), kMiB + 4096);
+  EXPECT_EQ(FileLength(path), 9 * kMiB);
+  absl::Status st =
+      Run((*node)->Truncate(2 * kMiB, io::PreallocMode::kFalloc));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            path + ": Cannot use preallocation for shrinking files");
+  ASSERT_TRUE(Run((*node)->Close()).ok());
+  EXPECT_EQ(FileLength(path), kMiB + 4096);
+  EXPECT_EQ(ReadWithPread(path, kMiB, 4096), Pattern(4096, 2));
+
+  // `used_end` past the data: cut there. Preallocating past the old length
+  // works and is exact.
+  killed();
+  node = Open(path);
+  ASSERT_TRUE(node.ok()) << node.status();
+  (*node)->GrowLengthAhead(64 * kMiB);
+  (*node)->AdoptHoleTail(2 * kMiB);
+  EXPECT_EQ((*node)->size(), 2 * kMiB);
+  ASSERT_TRUE(
+      Run((*node)->Truncate(12 * kMiB, io::PreallocMode::kFalloc)).ok());
+  EXPECT_EQ(FileLength(path), 12 * kMiB);
+  ASSERT_TRUE(Run((*node)->Close()).ok());
+  EXPECT_EQ(FileLength(path), 12 * kMiB);
+
+  // `used_end` at the end of the file: nothing to take.
+  killed();
+  node = Open(path);
+  ASSERT_TRUE(node.ok()) << node.status();
+  (*node)->GrowLengthAhead(64 * kMiB);
+  (*node)->AdoptHoleTail(9 * kMiB);
+  EXPECT_EQ((*node)->size(), 9 * kMiB);
+  ASSERT_TRUE(Run((*node)->Close()).ok());
+  EXPECT_EQ(FileLength(path), 9 * kMiB);
+}
+
 TEST_F(FileNodeTest, TruncateAfterGrowingAheadIsExact) {
   constexpr uint64_t kMiB = uint64_t{1} << 20;
   const std::string path = Path("ahead-truncate.qcow2");

@@ -73,6 +73,12 @@ absl::StatusOr<uint64_t> Qcow2Node::AllocatedSize() const {
   return file_->AllocatedSize();
 }
 
+io::Task<absl::StatusOr<uint64_t>> Qcow2Node::RefcountedEnd() {
+  auto lock = co_await io::ScopedLock::Take(meta_lock_);
+  CO_RETURN_IF_ERROR(CheckUsable());
+  co_return co_await refcounts_->UsedEnd();
+}
+
 std::string Qcow2Node::backing_filename() const {
   return header_.backing_file.value_or("");
 }

@@ -145,6 +145,15 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // 7.2's parameters, so the same library version makes the same bytes.
   io::Task<absl::Status> WriteCompressed(uint64_t offset, io::ConstIoVec data);
 
+  // End in bytes of the last host cluster with a nonzero refcount
+  // (Refcounts::UsedEnd; 0 if none): no cluster the image uses lies past
+  // it. block/registry.cc gives it to the file node after a read-write
+  // open (posix_file::FileNode::AdoptHoleTail), so that the hole a killed
+  // writer left after the data is cut at close. kDataLoss if a refcount
+  // table entry is unaligned or past the end of the file (the image is
+  // not marked corrupt for it), and read errors of the file.
+  io::Task<absl::StatusOr<uint64_t>> RefcountedEnd();
+
   // The header as it is now (dirty and corrupt bits included).
   const format::Header& header() const { return header_; }
   uint64_t cluster_size() const { return cluster_size_; }

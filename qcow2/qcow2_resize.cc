@@ -1,11 +1,15 @@
 // Qcow2Node: resizing (qcow2_co_truncate): L1 growth, metadata and data
 // preallocation the way QEMU 7.2 lays them out, and shrinking.
 #include <algorithm>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/numeric/bits.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "base/status_macros.h"
 #include "io/aligned_buffer.h"
 #include "qcow2/bytes.h"
@@ -21,6 +25,23 @@ constexpr uint64_t kL1SizeOffset = 36;
 constexpr uint64_t kSizeOffset = 24;
 constexpr uint64_t kInvalidOffset = ~uint64_t{0};
 constexpr uint64_t kIntMax = 0x7fffffff;
+
+// QEMU's error_prepend(errp, "Failed to resize underlying file: ") on the
+// file's truncate error: "<image>: Failed to resize underlying file:
+// <cause>", the file's own name taken off the cause; payloads (errno) kept.
+absl::Status UnderlyingFileError(const absl::Status& st,
+                                 const std::string& image,
+                                 const std::string& file) {
+  absl::string_view cause = st.message();
+  absl::ConsumePrefix(&cause, absl::StrCat(file, ": "));
+  absl::Status out(st.code(), absl::StrCat(image, ": Failed to resize "
+                                                  "underlying file: ",
+                                           cause));
+  st.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+    out.SetPayload(url, payload);
+  });
+  return out;
+}
 
 }  // namespace
 
@@ -222,20 +243,31 @@ io::Task<absl::Status> Qcow2Node::PreallocateData(uint64_t from, uint64_t to,
         "%s: preallocated area at %#x is not free", filename(), start));
   }
   const uint64_t new_file_size = start + (data_clusters << cluster_bits_);
-  if (start < FileSize()) {
-    // Unused space before the old end of the file may hold stale bytes; the
-    // new clusters must read as zeroes.
-    CO_RETURN_IF_ERROR(co_await file_->WriteZeroes(
-        start, std::min(new_file_size, FileSize()) - start, {}));
+  const uint64_t old_end = FileSize();
+  // As QEMU, the file is always truncated to the new end with the mode: a
+  // file longer than that (data after the last cluster in use, or a hole a
+  // killed writer left) fails "Cannot use preallocation for shrinking
+  // files".
+  absl::Status truncated;
+  if (new_file_size < old_end) {
+    // file-posix's refusal; io::BlockNode::Truncate would word it the way
+    // qemu-img resize refuses to shrink an image.
+    truncated = absl::InvalidArgumentError(absl::StrCat(
+        file_->filename(), ": Cannot use preallocation for shrinking files"));
+  } else {
+    truncated = co_await file_->Truncate(new_file_size, mode);
   }
-  if (new_file_size > FileSize()) {
-    absl::Status st = co_await file_->Truncate(new_file_size, mode);
-    if (!st.ok()) {
-      absl::Status undo =
-          co_await refcounts_->Free(start, data_clusters << cluster_bits_);
-      (void)undo;
-      co_return st;
-    }
+  if (!truncated.ok()) {
+    absl::Status undo =
+        co_await refcounts_->Free(start, data_clusters << cluster_bits_);
+    (void)undo;
+    co_return UnderlyingFileError(truncated, filename(), file_->filename());
+  }
+  if (start < old_end) {
+    // Unused space before the old end of the file may hold stale bytes; the
+    // new clusters must read as zeroes (QEMU leaves the stale bytes).
+    CO_RETURN_IF_ERROR(co_await file_->WriteZeroes(
+        start, std::min(new_file_size, old_end) - start, {}));
   }
   uint64_t host = start;
   while (data_clusters > 0) {

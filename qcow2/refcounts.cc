@@ -423,4 +423,27 @@ io::Task<absl::StatusOr<int64_t>> Refcounts::LastUsedCluster(
   co_return int64_t{-1};
 }
 
+io::Task<absl::StatusOr<uint64_t>> Refcounts::UsedEnd() {
+  const uint64_t entries = uint64_t{1} << block_bits_;
+  for (uint64_t t = table_.size(); t-- > 0;) {
+    const uint64_t block_offset = table_[t];
+    if (block_offset == 0) continue;
+    // Checked here, not by LoadBlock: a broken entry is no reason to mark
+    // the image corrupt when only the caller's question needs it.
+    if ((block_offset & (cluster_size() - 1)) != 0 ||
+        block_offset >= io_.FileSize()) {
+      co_return absl::DataLossError(absl::StrFormat(
+          "refcount block offset %#x is invalid (reftable index: %#x)",
+          block_offset, t));
+    }
+    CO_ASSIGN_OR_RETURN(TableCache::Ref block, co_await LoadBlock(t));
+    for (uint64_t i = entries; i-- > 0;) {
+      if (format::GetRefcount(block.data(), i, refcount_order_) != 0) {
+        co_return ((t << block_bits_) + i + 1) << cluster_bits_;
+      }
+    }
+  }
+  co_return uint64_t{0};
+}
+
 }  // namespace imgtool::qcow2

@@ -93,6 +93,15 @@ class Refcounts {
   // -1 if there is none (qcow2_get_last_cluster).
   io::Task<absl::StatusOr<int64_t>> LastUsedCluster(uint64_t file_size);
 
+  // End in bytes of the last host cluster with a nonzero refcount anywhere
+  // in the refcount table, 0 if there is none: with consistent refcounts,
+  // the end of everything the image uses (qemu-img check's "Image end
+  // offset"). Reads refcount blocks from the top of the table down to the
+  // first nonzero refcount. kDataLoss, and nothing marked corrupt, if a
+  // table entry it meets is not cluster aligned or points at or past
+  // FileSize(); read errors of the file.
+  io::Task<absl::StatusOr<uint64_t>> UsedEnd();
+
   // Writes every dirty refcount block (no sync).
   io::Task<absl::Status> WriteDirty() { return cache_.WriteDirty(); }
   bool dirty() const { return cache_.HasDirty(); }

@@ -247,8 +247,17 @@ absl::StatusOr<std::unique_ptr<Qcow2Node>> Env::OpenQcow2(
     uint64_t grow_length_ahead) {
   ASSIGN_OR_RETURN(std::unique_ptr<io::BlockNode> file, OpenFile(path, read_only));
   // OpenFile opens a FileNode.
-  static_cast<posix_file::FileNode&>(*file).GrowLengthAhead(grow_length_ahead);
-  return Run(Qcow2Node::Open(std::move(file), options, Opener()));
+  auto& file_node = static_cast<posix_file::FileNode&>(*file);
+  file_node.GrowLengthAhead(grow_length_ahead);
+  ASSIGN_OR_RETURN(std::unique_ptr<Qcow2Node> node,
+                   Run(Qcow2Node::Open(std::move(file), options, Opener())));
+  if (grow_length_ahead != 0 && !read_only) {
+    // As block/registry.cc: a hole tail past the last refcounted cluster is
+    // cut at close.
+    absl::StatusOr<uint64_t> used_end = Run(node->RefcountedEnd());
+    if (used_end.ok()) file_node.AdoptHoleTail(*used_end);
+  }
+  return node;
 }
 
 absl::Status Env::CreateImage(const std::string& path,

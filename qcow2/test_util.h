@@ -124,7 +124,8 @@ class Env {
   // (qcow2 magic -> qcow2, else raw). `grow_length_ahead` != 0: the image
   // file grows its length that many bytes ahead of the data, as when
   // block/registry.cc opens a qcow2 node over a file read-write (see
-  // posix_file::FileNode::GrowLengthAhead).
+  // posix_file::FileNode::GrowLengthAhead), and read-write a hole after
+  // the last refcounted cluster is cut at close (AdoptHoleTail).
   absl::StatusOr<std::unique_ptr<Qcow2Node>> OpenQcow2(
       const std::string& path, bool read_only,
       Qcow2OpenOptions options = Qcow2OpenOptions(),

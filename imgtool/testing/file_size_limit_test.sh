@@ -54,12 +54,14 @@ echo "== create"
 # qemu-img replaces EFBIG from create with "The image size is too large for
 # file format 'raw'" (qcow2: "... 'qcow2' (try using a larger cluster
 # size)"), exit status 1, and leaves the new file at length 0; imgtool keeps
-# the cause and removes the file it created, as after ENOSPC.
+# the cause and removes the file it created, as after ENOSPC (where
+# qemu-img's qcow2 message has "Could not resize image: " before "Failed to
+# resize underlying file: ...").
 for c in "raw full Could not resize file" \
          "raw falloc Could not preallocate new data" \
          "raw off Could not resize file" \
-         "qcow2 full Could not resize file" \
-         "qcow2 falloc Could not preallocate new data"; do
+         "qcow2 full Failed to resize underlying file: Could not resize file" \
+         "qcow2 falloc Failed to resize underlying file: Could not preallocate new data"; do
   read -r fmt mode what <<<"$c"
   fresh
   limited "$D" "$IMGTOOL" create -q -f "$fmt" -o preallocation="$mode" x 100M

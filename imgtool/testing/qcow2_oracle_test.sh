@@ -281,6 +281,24 @@ for args in "c64k.qcow2 16M" "c512.qcow2 +1M" "c64k.qcow2 +1000" "c64k.qcow2 100
   "--shrink snap.qcow2 1M"; do
   eval same_contents copy resize "$args"
 done
+# Files longer than their clusters: a hole a killed writer left, data a
+# failed write left. Preallocating to less than the file's length fails as
+# QEMU's does. A read-write open and close of imgtool cut the hole, and new
+# clusters over stale data read as zeroes (QEMU's show the stale bytes):
+# there only the messages compare.
+tails() {
+  cp "$D/c64k.qcow2" hole.qcow2 && truncate -s +65M hole.qcow2
+  cp "$D/c64k.qcow2" data.qcow2 && head -c 1M "$WORK/seed" >>data.qcow2
+}
+for args in "--preallocation=falloc hole.qcow2 +1M" \
+  "--preallocation=full hole.qcow2 +1M" "hole.qcow2 +1M" \
+  "--preallocation=full data.qcow2 +2M"; do
+  eval same_messages tails resize "$args"
+done
+for args in "--preallocation=falloc hole.qcow2 +100M" \
+  "--preallocation=falloc data.qcow2 +64k" "data.qcow2 +1M"; do
+  eval same_contents tails resize "$args"
+done
 
 echo "== io"
 normalize() {

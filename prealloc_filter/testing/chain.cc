@@ -1,9 +1,5 @@
 #include "prealloc_filter/testing/chain.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <functional>
 #include <utility>
 #include <vector>
@@ -74,29 +70,6 @@ absl::StatusOr<uint64_t> ExtentCount(qcow2::testing::Env& env,
   absl::StatusOr<uint64_t> n = file->ExtentCount();
   RETURN_IF_ERROR(env.Run(file->Close()));
   return n;
-}
-
-uint64_t LastDataEnd(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) return 0;
-  uint64_t end = 0;
-  off_t pos = 0;
-  while (true) {
-    const off_t d = lseek(fd, pos, SEEK_DATA);
-    if (d < 0) break;
-    const off_t h = lseek(fd, d, SEEK_HOLE);
-    if (h < 0) break;
-    end = static_cast<uint64_t>(h);
-    pos = h;
-  }
-  close(fd);
-  return end;
-}
-
-uint64_t FileLength(const std::string& path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) return 0;
-  return static_cast<uint64_t>(st.st_size);
 }
 
 }  // namespace imgtool::prealloc_filter::testing

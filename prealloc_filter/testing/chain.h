@@ -44,11 +44,8 @@ absl::Status WriteSequential(qcow2::testing::Env& env, io::BlockNode& node,
 absl::StatusOr<uint64_t> ExtentCount(qcow2::testing::Env& env,
                                      const std::string& path);
 
-// The end of the last data extent of `path` (SEEK_DATA/SEEK_HOLE):
-// fallocate'd, never written space counts as a hole.
-uint64_t LastDataEnd(const std::string& path);
-
-uint64_t FileLength(const std::string& path);
+using qcow2::testing::FileLength;
+using qcow2::testing::LastDataEnd;
 
 }  // namespace imgtool::prealloc_filter::testing
 

@@ -1,5 +1,7 @@
 #include "qcow2/testing/harness.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -152,6 +154,28 @@ QemuCheck RunQemuCheck(const std::string& path, const std::string& extra) {
   c.fragmented_clusters = JsonNumber(r.out, "fragmented-clusters");
   c.compressed_clusters = JsonNumber(r.out, "compressed-clusters");
   return c;
+}
+
+uint64_t LastDataEnd(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return 0;
+  uint64_t end = 0;
+  for (off_t pos = 0;;) {
+    const off_t d = lseek(fd, pos, SEEK_DATA);
+    if (d < 0) break;
+    const off_t h = lseek(fd, d, SEEK_HOLE);
+    if (h < 0) break;
+    end = static_cast<uint64_t>(h);
+    pos = h;
+  }
+  close(fd);
+  return end;
+}
+
+uint64_t FileLength(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_size);
 }
 
 }  // namespace imgtool::qcow2::testing

@@ -27,6 +27,13 @@ struct CommandResult {
 // Runs `command` with /bin/sh -c, capturing stdout and stderr apart.
 CommandResult RunCommand(const std::string& command);
 
+// The end of the last data extent of `path` (SEEK_DATA/SEEK_HOLE):
+// fallocate'd, never written space counts as a hole. 0 if none.
+uint64_t LastDataEnd(const std::string& path);
+
+// The length of the file at `path` (0 if it cannot be read).
+uint64_t FileLength(const std::string& path);
+
 // One line of `qemu-img map --output=json`.
 struct MapEntry {
   uint64_t start = 0;
