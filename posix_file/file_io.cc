@@ -351,8 +351,7 @@ void FileIo::GrowAhead(uint64_t end) {
 
 void FileIo::AdoptHoleTail(uint64_t used_end) {
   if (!grows_ahead_ || !config_.regular_file) return;
-  uint64_t keep = std::max(used_end, written_end_);
-  if (!issued_ends_.empty()) keep = std::max(keep, *issued_ends_.rbegin());
+  const uint64_t keep = std::max(used_end, WrittenOrIssuedEnd());
   if (keep >= size_) return;
   // The end of the last data in [keep, size_).
   uint64_t data_end = keep;
@@ -372,11 +371,15 @@ void FileIo::AdoptHoleTail(uint64_t used_end) {
   size_ = data_end;
 }
 
+uint64_t FileIo::WrittenOrIssuedEnd() const {
+  return issued_ends_.empty() ? written_end_
+                              : std::max(written_end_, *issued_ends_.rbegin());
+}
+
 absl::Status FileIo::CutToSize() {
   // Never below a write still in flight (a Truncate racing with writes),
   // nor below what a failed write reached.
-  uint64_t end = std::max(size_, written_end_);
-  if (!issued_ends_.empty()) end = std::max(end, *issued_ends_.rbegin());
+  const uint64_t end = std::max(size_, WrittenOrIssuedEnd());
   if (length_ <= end) return absl::OkStatus();
   if (ftruncate(config_.fd, static_cast<off_t>(end)) != 0) {
     return ErrnoStatus(config_.path, "ftruncate", errno);

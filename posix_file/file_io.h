@@ -207,6 +207,9 @@ class FileIo {
   // never past RLIMIT_FSIZE (SIGXFSZ would kill the process). A failed
   // ftruncate is ignored: the write then grows the file itself.
   void GrowAhead(uint64_t end);
+  // The furthest end a write syscall reached or a Write in flight will
+  // reach (written_end_, issued_ends_): growing ahead is never cut below it.
+  uint64_t WrittenOrIssuedEnd() const;
   // Bookkeeping after [offset, end) was written: a gap between size_ and
   // `offset` becomes a known hole, [offset, end) stops being one, and size_
   // grows to `end`.
