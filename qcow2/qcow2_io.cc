@@ -1278,7 +1278,8 @@ io::Task<absl::Status> Qcow2Node::ChangeSubclusters(uint64_t offset,
           co_return absl::OkStatus();
         }
         L2Entry e = old;
-        e.bitmap = (old.bitmap & ~range) | (range << 32);
+        e.bitmap =
+            (old.bitmap & ~range) | format::SubclusterZeroRange(a, b - a);
         const bool free_host = discard && old.host_offset() != 0 &&
                                (e.bitmap & format::kSubclusterAllocMask) == 0;
         if (free_host) e.word = 0;  // no data left: the host cluster goes

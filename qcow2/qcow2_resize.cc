@@ -444,9 +444,9 @@ io::Task<absl::Status> Qcow2Node::DoTruncate(uint64_t new_size,
       const uint64_t end = std::min(new_size, zero_start) - (sc_zero_start - in_cluster);
       const uint32_t a = static_cast<uint32_t>(in_cluster >> subcluster_bits());
       const uint32_t b = static_cast<uint32_t>((end + sc_mask) >> subcluster_bits());
-      const uint64_t range = format::SubclusterAllocRange(a, b - a);
       L2Entry e = old;
-      e.bitmap = (old.bitmap & ~range) | (range << 32);
+      e.bitmap = (old.bitmap & ~format::SubclusterAllocRange(a, b - a)) |
+                 format::SubclusterZeroRange(a, b - a);
       if (!(e == old)) SetEntry(l2, index, e);
     }
     if (zero_new && new_size > zero_start) {
