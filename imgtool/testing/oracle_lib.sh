@@ -62,8 +62,11 @@ same_error() {
 }
 
 # state DIR: what qemu-img sees of every file in DIR (sizes, contents,
-# allocation map, info), with the directory name left out.
+# allocation map, info), with the directory name left out. The files'
+# allocation as qemu-img sees it depends on when ext4 allocates delayed
+# blocks: they are flushed before looking.
 state() {
+  sync -f "$1"/. 2>/dev/null
   local dir=$1 f
   (
     cd "$dir" || exit 1

@@ -23,22 +23,6 @@ if ! command -v qemu-img >/dev/null; then
   exit 1
 fi
 
-# The files' allocation as qemu-img sees it depends on when ext4 allocates
-# delayed blocks: flush them before looking.
-state() {
-  sync -f "$1"/. 2>/dev/null
-  local dir=$1 f
-  (
-    cd "$dir" || exit 1
-    for f in $(ls -A | sort); do
-      [[ -f "$f" ]] || continue
-      echo "== $f $(stat -c %s -- "$f") $(md5sum <"$f")"
-      qemu-img info -U -f raw --output=json "./$f" 2>&1
-      qemu-img map -U -f raw --output=json "./$f" 2>&1
-    done
-  )
-}
-
 # same_contents SETUP ARGS...: like same_effect, but the files need only be
 # byte-identical, not allocated alike (for operations where imgtool writes
 # fewer zeroes into metadata clusters than QEMU).
