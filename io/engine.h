@@ -51,7 +51,8 @@ struct Op {
   // system instead of finishing without a wait, e.g. a write that ends past
   // the file's length or into a hole as far as the caller knows (the file
   // system must allocate blocks and maybe extend the file, which XFS and
-  // ext4 refuse to do for a non-blocking O_DIRECT attempt). Engines may route such requests
+  // ext4 refuse to do for a non-blocking O_DIRECT attempt), or an O_DIRECT
+  // request the device has to split. Engines may route such requests
   // differently (UringEngine hands them to worker threads); a wrong hint
   // costs speed only, never correctness. Results, in_flight() and Poll()
   // behave the same either way.

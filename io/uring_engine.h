@@ -12,7 +12,8 @@
 // in a user-space FIFO and go to the kernel as earlier ones complete.
 //
 // Requests marked Op::may_block (posix_file marks the writes that end past
-// the file's length or fill a hole it knows of) bypass the ring: a side pool of worker threads (a
+// the file's length or fill a hole it knows of, and O_DIRECT requests
+// longer than the device takes unsplit) bypass the ring: a side pool of worker threads (a
 // ThreadPoolEngine, started by the first such request, up to
 // min(queue_depth, 64) threads) makes their blocking syscalls, as qemu-img's
 // aio=threads does for every request. XFS and ext4 refuse to extend a file

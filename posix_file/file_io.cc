@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <new>
 #include <optional>
 #include <utility>
@@ -181,6 +183,19 @@ absl::StatusOr<DioAlignment> ProbeDioAlignment(int fd, const std::string& path,
   return DioAlignment{request, memory};
 }
 
+uint64_t ProbeMaxRequestBytes(const struct stat& st) {
+  const dev_t dev = S_ISBLK(st.st_mode) ? st.st_rdev : st.st_dev;
+  const std::string device =
+      absl::StrFormat("/sys/dev/block/%u:%u", major(dev), minor(dev));
+  // A partition has no queue of its own: its disk is the parent directory.
+  for (const char* queue : {"/queue", "/../queue"}) {
+    std::ifstream in(device + queue + "/max_sectors_kb");
+    uint64_t kib = 0;
+    if (in >> kib && kib > 0) return kib << 10;
+  }
+  return 0;
+}
+
 std::unique_ptr<io::Engine> NewInlineEngine() {
   return std::make_unique<InlineEngine>();
 }
@@ -219,7 +234,8 @@ io::Task<absl::Status> FileIo::ReadPlain(uint64_t offset, uint8_t* buf,
               .fd = config_.fd,
               .iov = &iov,
               .iovcnt = 1,
-              .offset = offset + done};
+              .offset = offset + done,
+              .may_block = SplitByDevice(iov.iov_len)};
     int64_t r = co_await engine_.Run(op);
     if (r == -EINTR || r == -EAGAIN) continue;
     if (r < 0) co_return ErrnoStatus(config_.path, "preadv", static_cast<int>(-r));
@@ -249,7 +265,8 @@ io::Task<absl::Status> FileIo::WritePlain(uint64_t offset, const uint8_t* data,
               .iov = &iov,
               .iovcnt = 1,
               .offset = offset + done,
-              .may_block = MayAllocate(offset + done, offset + done + iov.iov_len)};
+              .may_block = MayAllocate(offset + done, offset + done + iov.iov_len) ||
+                           SplitByDevice(iov.iov_len)};
     int64_t r = co_await engine_.Run(op);
     if (r == -EINTR || r == -EAGAIN) continue;
     if (r < 0) co_return ErrnoStatus(config_.path, "pwritev", static_cast<int>(-r));

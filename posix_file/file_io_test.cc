@@ -7,10 +7,12 @@
 #include <cerrno>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "io/engine.h"
+#include "posix_file/testing/op_recorder.h"
 
 namespace imgtool::posix_file::internal {
 namespace {
@@ -98,6 +100,57 @@ TEST_F(FileIoTest, TruncateRestoresTheOldLengthOnFailure) {
                    file.Truncate(uint64_t{1} << 62, io::PreallocMode::kFull, true));
   EXPECT_FALSE(st.ok());
   EXPECT_EQ(lseek(fd, 0, SEEK_END), 8192);
+  close(fd);
+}
+
+// O_DIRECT reads and writes longer than the device takes unsplit are
+// marked may_block (worker threads instead of io_uring's inline attempt);
+// buffered ones, and all when the limit is unknown, are not.
+TEST_F(FileIoTest, RequestsTheDeviceSplitsAreMarkedMayBlock) {
+  using S = testing::OpRecorder::Seen;
+  constexpr uint64_t kMiB = 1 << 20;
+  {
+    const std::vector<uint8_t> data(4 * kMiB, 7);
+    int fd = open(path_.c_str(), O_WRONLY);
+    ASSERT_EQ(pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+    close(fd);
+  }
+  int fd = open(path_.c_str(), O_RDWR | O_DIRECT);
+  if (fd < 0) GTEST_SKIP() << path_ << ": no O_DIRECT here";
+  auto alignment = ProbeDioAlignment(fd, path_, false);
+  ASSERT_TRUE(alignment.ok()) << alignment.status();
+  AlignedBuffer buf(3 * kMiB, 4096);
+  for (const auto& [direct, max_request] :
+       {std::pair{true, kMiB}, std::pair{true, uint64_t{0}},
+        std::pair{false, kMiB}}) {
+    SCOPED_TRACE(::testing::PrintToString(std::tuple{direct, max_request}));
+    testing::OpRecorder reads(*engine_, io::OpKind::kRead);
+    testing::OpRecorder writes(reads, io::OpKind::kWrite);
+    FileIo file(writes, FileIo::Config{.fd = fd,
+                                       .path = path_,
+                                       .direct = direct,
+                                       .alignment = *alignment,
+                                       .size = 4 * kMiB,
+                                       .max_request = max_request});
+    auto read = [&](uint64_t offset, uint64_t length) {
+      return io::RunSync(writes, file.Read(offset, io::IoVec(buf.data(), length)));
+    };
+    auto write = [&](uint64_t offset, uint64_t length) {
+      return io::RunSync(writes,
+                         file.Write(offset, io::ConstIoVec(buf.data(), length)));
+    };
+    ASSERT_TRUE(read(0, kMiB).ok());
+    ASSERT_TRUE(read(kMiB, kMiB + 4096).ok());
+    ASSERT_TRUE(read(0, 3 * kMiB).ok());
+    ASSERT_TRUE(write(0, kMiB).ok());
+    ASSERT_TRUE(write(kMiB, 2 * kMiB).ok());
+    const bool split = direct && max_request != 0;
+    EXPECT_EQ(reads.Take(), (std::vector<S>{{0, kMiB, false},
+                                            {kMiB, kMiB + 4096, split},
+                                            {0, 3 * kMiB, split}}));
+    EXPECT_EQ(writes.Take(), (std::vector<S>{{0, kMiB, false},
+                                             {kMiB, 2 * kMiB, split}}));
+  }
   close(fd);
 }
 

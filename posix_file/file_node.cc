@@ -324,6 +324,7 @@ absl::StatusOr<std::unique_ptr<FileNode>> FileNode::Open(
         internal::ProbeDioAlignment(fd, path, block_device);
     if (!alignment.ok()) return fail(alignment.status());
     config.alignment = *alignment;
+    config.max_request = internal::ProbeMaxRequestBytes(st);
   }
 
   auto state = std::make_unique<State>(engine, std::move(config));

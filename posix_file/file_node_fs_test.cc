@@ -27,6 +27,7 @@
 #include "io/thread_pool_engine.h"
 #include "posix_file/file_node.h"
 #include "posix_file/file_options.pb.h"
+#include "posix_file/testing/op_recorder.h"
 
 namespace imgtool::posix_file {
 namespace {
@@ -607,6 +608,41 @@ TEST_F(FileNodeFsTest, HugeXfsFilesOpenUpToQemusLimit) {
       }
     }
   }
+}
+
+// The device's request limit (sysfs queue/max_sectors_kb) is what decides
+// which O_DIRECT reads are marked may_block: here a loop device lowered to
+// 256 KiB, opened with cache=none.
+TEST_F(FileNodeFsTest, DirectIoRequestsTheDeviceSplitsAreMarkedMayBlock) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root";
+  auto loop = LoopDevice::Attach(4 << 20, 512);
+  if (loop == nullptr) GTEST_SKIP() << "losetup failed";
+  const std::string limit = absl::StrCat(
+      "/sys/block/", loop->device().substr(loop->device().rfind('/') + 1),
+      "/queue/max_sectors_kb");
+  {
+    std::ofstream out(limit);
+    out << 256;
+  }
+  ASSERT_EQ(RunCommand("cat " + limit), "256\n");
+  testing::OpRecorder reads(engine_, io::OpKind::kRead);
+  FileOpenOptions options;
+  options.set_filename(loop->device());
+  options.set_cache("none");
+  absl::StatusOr<std::unique_ptr<FileNode>> node =
+      FileNode::Open(reads, options, nullptr);
+  ASSERT_TRUE(node.ok()) << node.status();
+  std::vector<uint8_t> buf(1 << 20);
+  for (uint64_t length : {256 << 10, (256 << 10) + 512, 1 << 20}) {
+    absl::Status st = io::RunSync(
+        reads, (*node)->Read(0, io::IoVec(buf.data(), length)));
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  ASSERT_TRUE(io::RunSync(reads, (*node)->Close()).ok());
+  using S = testing::OpRecorder::Seen;
+  EXPECT_EQ(reads.Take(), (std::vector<S>{{0, 256 << 10, false},
+                                          {0, (256 << 10) + 512, true},
+                                          {0, 1 << 20, true}}));
 }
 
 // Create and resize on block and character devices, as qemu-img 7.2 does

@@ -30,6 +30,7 @@
 #include "io/engine.h"
 #include "io/thread_pool_engine.h"
 #include "posix_file/file_options.pb.h"
+#include "posix_file/testing/op_recorder.h"
 
 namespace imgtool::posix_file {
 namespace {
@@ -391,40 +392,15 @@ TEST_F(FileNodeTest, WritesReadBackAndGrowTheNode) {
   EXPECT_EQ(ReadWithPread(path, 12345, data.size()), data);
 }
 
-// Forwards every request to another engine and records the writes:
-// (offset, bytes, may_block).
-class WriteRecorder : public io::Engine {
- public:
-  using Write = std::tuple<uint64_t, uint64_t, bool>;
-  explicit WriteRecorder(io::Engine& inner) : inner_(inner) {}
-  void Submit(io::Op* op) override {
-    if (op->kind == io::OpKind::kWrite) {
-      uint64_t bytes = 0;
-      for (int i = 0; i < op->iovcnt; ++i) bytes += op->iov[i].iov_len;
-      writes_.emplace_back(op->offset, bytes, op->may_block);
-    }
-    inner_.Submit(op);
-  }
-  absl::Status Poll(bool wait) override { return inner_.Poll(wait); }
-  uint64_t in_flight() const override { return inner_.in_flight(); }
-  const char* name() const override { return inner_.name(); }
-  // The writes seen since the last call.
-  std::vector<Write> Take() { return std::exchange(writes_, {}); }
-
- private:
-  io::Engine& inner_;
-  std::vector<Write> writes_;
-};
-
 // Writes that may allocate are marked may_block: those ending past the
 // length the node knows (also two in flight at once) and those into a hole
 // the node made (a gap left by a write past the end, a truncate that grew
 // the file, a discard) until written; other writes are not.
 TEST_F(FileNodeTest, MarksWritesThatMayAllocateMayBlock) {
-  using W = WriteRecorder::Write;
+  using W = testing::OpRecorder::Seen;
   const std::string path = Path("may_block.raw");
   ASSERT_TRUE(Create(path, 64 << 10).ok());
-  WriteRecorder recorder(engine_);
+  testing::OpRecorder recorder(engine_, io::OpKind::kWrite);
   FileOpenOptions options;
   options.set_filename(path);
   auto opened = FileNode::Open(recorder, options, &warnings_);
