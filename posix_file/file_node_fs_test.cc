@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -620,10 +621,14 @@ TEST_F(FileNodeFsTest, DirectIoRequestsTheDeviceSplitsAreMarkedMayBlock) {
   const std::string limit = absl::StrCat(
       "/sys/block/", loop->device().substr(loop->device().rfind('/') + 1),
       "/queue/max_sectors_kb");
-  {
+  // The limit outlives the loop device's detach: put the old one back.
+  const std::string old_limit = RunCommand("cat " + limit);
+  auto set_limit = [&limit](const std::string& kib) {
     std::ofstream out(limit);
-    out << 256;
-  }
+    out << kib;
+  };
+  set_limit("256");
+  absl::Cleanup restore = [&] { set_limit(old_limit); };
   ASSERT_EQ(RunCommand("cat " + limit), "256\n");
   testing::OpRecorder reads(engine_, io::OpKind::kRead);
   FileOpenOptions options;
