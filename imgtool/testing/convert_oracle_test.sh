@@ -183,10 +183,7 @@ cp -a --sparse=always "$S/tiny.raw" "$L/tiny.raw"
 # writers out.)
 qemu-io -f raw -c 'sleep 20000' "$L/in-use.raw" >/dev/null 2>&1 &
 holder=$!
-for _ in $(seq 50); do
-  grep -q "OFDLCK" /proc/locks && break
-  sleep 0.1
-done
+wait_until_locked "$L/in-use.raw"
 same_output "$L" convert in-use.raw out1.raw
 same_output "$L" convert -U in-use.raw out2.raw
 same_output "$L" compare in-use.raw out2.raw

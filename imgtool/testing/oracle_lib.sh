@@ -127,3 +127,20 @@ finish() {
   echo "$checks checks, $failures failures"
   [[ $failures -eq 0 ]]
 }
+
+# wait_until_locked FILE: waits (at most 5 s) until the process that opened
+# FILE in the background holds its image locks: an OFD lock on FILE's inode
+# in /proc/locks ("1: OFDLCK ADVISORY READ -1 fe:00:INODE 100 100"; any
+# OFDLCK line is not enough, other processes hold such locks too), then
+# 0.2 s for the rest of its lock bytes, taken right after the first.
+wait_until_locked() {
+  local ino _
+  ino=$(stat -c %i "$1") || return 1
+  for _ in $(seq 50); do
+    if grep -q "OFDLCK.*:$ino " /proc/locks; then
+      sleep 0.2
+      return 0
+    fi
+    sleep 0.1
+  done
+}

@@ -160,10 +160,7 @@ before=$(md5sum <"$L/in-use.qcow2")
 # qemu-io keeps the image open (and locked for writing) while it sleeps.
 qemu-io -c 'sleep 8000' "$L/in-use.qcow2" >/dev/null 2>&1 &
 holder=$!
-for _ in $(seq 50); do
-  grep -q "OFDLCK" /proc/locks && break
-  sleep 0.1
-done
+wait_until_locked "$L/in-use.qcow2"
 for args in "resize -f raw in-use.qcow2 2M" "resize -f raw --shrink in-use.qcow2 1K" \
   "create in-use.qcow2 1M" "create -f raw -o preallocation=full in-use.qcow2 1M" \
   "info -f raw in-use.qcow2" "info -U -f raw --output=json in-use.qcow2" \

@@ -355,10 +355,7 @@ truncate -s 1M "$L/src.raw"
 before=$(md5sum <"$L/in-use.qcow2")
 qemu-io -c 'sleep 8000' "$L/in-use.qcow2" >/dev/null 2>&1 &
 holder=$!
-for _ in $(seq 50); do
-  grep -q "OFDLCK" /proc/locks && break
-  sleep 0.1
-done
+wait_until_locked "$L/in-use.qcow2"
 for args in "info in-use.qcow2" "map in-use.qcow2" "info -U in-use.qcow2" \
   "map -U --output=json in-use.qcow2" "check in-use.qcow2" \
   "resize in-use.qcow2 2M" "compare -U in-use.qcow2 in-use.qcow2" \
