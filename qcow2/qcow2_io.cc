@@ -1239,16 +1239,9 @@ io::Task<absl::Status> Qcow2Node::ChangeSubclusters(uint64_t offset,
   const uint64_t in_cluster = offset & (cluster_size_ - 1);
   const uint32_t sc_bits = subcluster_bits();
   const uint32_t a = static_cast<uint32_t>(in_cluster >> sc_bits);
-  // A zero write from a cluster boundary to the image end zeroes the whole
-  // cluster, its subclusters past the end included, as QEMU does
-  // (zero_in_l2_slice).
-  const uint32_t b =
-      !discard && in_cluster == 0 && end == size()
-          ? format::kSubclustersPerCluster
-          : static_cast<uint32_t>(std::min<uint64_t>(
-                format::kSubclustersPerCluster,
-                (in_cluster + (end - offset) + (uint64_t{1} << sc_bits) - 1) >>
-                    sc_bits));
+  const uint32_t b = static_cast<uint32_t>(std::min<uint64_t>(
+      format::kSubclustersPerCluster,
+      (in_cluster + (end - offset) + (uint64_t{1} << sc_bits) - 1) >> sc_bits));
   if (a >= b) co_return absl::OkStatus();
   const uint64_t range = format::SubclusterAllocRange(a, b - a);
   const bool has_backing =
@@ -1290,53 +1283,128 @@ io::Task<absl::Status> Qcow2Node::ChangeSubclusters(uint64_t offset,
       });
 }
 
-io::Task<absl::Status> Qcow2Node::WriteZeroesInSubcluster(uint64_t offset,
-                                                          uint64_t length,
-                                                          bool may_unmap) {
-  const uint64_t sc_size = uint64_t{1} << subcluster_bits();
-  const uint64_t s0 = offset & ~(sc_size - 1);
-  const uint64_t s1 = std::min(s0 + sc_size, size());
-  bool unallocated = false;
-  bool unmap_cluster = false;
-  {
-    auto lock = co_await io::ScopedLock::Take(meta_lock_);
-    CO_RETURN_IF_ERROR(CheckUsable());
-    CO_ASSIGN_OR_RETURN(Mapping m, co_await GetMapping(s0, s1 - s0));
-    if (m.length >= s1 - s0) {
-      if (m.type == ClusterType::kZeroPlain || m.type == ClusterType::kZeroAlloc) {
-        // The whole subcluster reads zeroes: nothing to do, unless it is
-        // the only one of the last cluster inside the image and may be
-        // unmapped (QEMU zeroes that cluster whole, freeing its host
-        // cluster).
-        unmap_cluster = may_unmap && m.type == ClusterType::kZeroAlloc &&
-                        (s0 & (cluster_size_ - 1)) == 0 && s1 == size();
-        if (!unmap_cluster) co_return absl::OkStatus();
-      }
-      unallocated = m.type == ClusterType::kUnallocated;
+io::Task<bool> Qcow2Node::ReadsZero(uint64_t offset, uint64_t length) {
+  const uint64_t end = std::min(offset + length, size());
+  while (offset < end) {
+    absl::StatusOr<Mapping> m;
+    {
+      auto lock = co_await io::ScopedLock::Take(meta_lock_);
+      m = co_await GetMapping(offset, end - offset);
     }
+    if (!m.ok()) co_return false;
+    const uint64_t n = std::min(m->length, end - offset);
+    if (m->type == ClusterType::kUnallocated) {
+      const bool zero = co_await BackingReadsZero(offset, n);
+      if (!zero) co_return false;
+    } else if (m->type != ClusterType::kZeroPlain &&
+               m->type != ClusterType::kZeroAlloc) {
+      co_return false;
+    }
+    offset += n;
   }
-  if (unmap_cluster) {
-    co_return co_await ForEachL2Range(
-        s0 >> cluster_bits_, 1, [this](uint64_t f, uint64_t n) {
-          return ZeroClusters(f, n, /*may_unmap=*/true);
-        });
+  co_return true;
+}
+
+io::Task<absl::Status> Qcow2Node::ZeroizeExtended(uint64_t offset,
+                                                  uint64_t length,
+                                                  bool may_unmap,
+                                                  bool if_no_data,
+                                                  bool* fallback) {
+  const uint64_t cluster_mask = cluster_size_ - 1;
+  uint64_t end = offset + length;
+  const uint64_t head =
+      std::min(end, (offset + cluster_mask) & ~cluster_mask) - offset;
+  offset += head;
+  const uint64_t tail =
+      end >= size() ? 0 : end - std::max(offset, end & ~cluster_mask);
+  end -= tail;
+  if (head != 0) {
+    CO_RETURN_IF_ERROR(co_await ChangeSubclusters(
+        offset - head, offset, /*discard=*/false, fallback, if_no_data));
+    if (*fallback) co_return absl::OkStatus();
   }
-  // QEMU's qcow2_co_pwrite_zeroes: the subcluster becomes a zero subcluster
-  // if the rest of it reads zeroes already; otherwise zeroes are data.
-  // Not `co_await a && co_await b` (GCC 12, see WriteZeroesPartial).
-  bool zero_ok = unallocated;
-  if (zero_ok) zero_ok = co_await BackingReadsZero(s0, offset - s0);
-  if (zero_ok) {
-    zero_ok = co_await BackingReadsZero(offset + length, s1 - (offset + length));
+  if (offset < end) {
+    CO_RETURN_IF_ERROR(co_await ForEachL2Range(
+        offset >> cluster_bits_, (end - offset + cluster_mask) >> cluster_bits_,
+        [&](uint64_t first, uint64_t count) -> io::Task<absl::Status> {
+          if (if_no_data) {
+            // One subcluster, the first of its cluster: it must still hold
+            // no data (QEMU checks under the same lock).
+            CO_ASSIGN_OR_RETURN(TableCache::Ref l2,
+                                co_await GetL2ForWrite(first / l2_entries_));
+            const L2Entry e = GetEntry(l2, first % l2_entries_);
+            if (e.compressed() ||
+                (e.bitmap & format::SubclusterAllocBit(0)) != 0) {
+              *fallback = true;
+              co_return absl::OkStatus();
+            }
+          }
+          co_return co_await ZeroClusters(first, count, may_unmap);
+        }));
+    if (*fallback) co_return absl::OkStatus();
   }
-  if (zero_ok) {
+  if (tail != 0) {
+    CO_RETURN_IF_ERROR(co_await ChangeSubclusters(
+        end, end + tail, /*discard=*/false, fallback, if_no_data));
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::WriteZeroesExtended(uint64_t offset,
+                                                      uint64_t length,
+                                                      bool may_unmap) {
+  const uint64_t sc_size = uint64_t{1} << subcluster_bits();
+  const uint64_t sc_mask = sc_size - 1;
+  // QEMU hands its driver at most INT_MAX bytes (rounded down to the
+  // alignment) per zero request, and writes at most 16 MiB of explicit
+  // zeroes per fallback step (MAX_BOUNCE_BUFFER).
+  const uint64_t max_request = (uint64_t{INT32_MAX} / sc_size) * sc_size;
+  constexpr uint64_t kMaxFallback = uint64_t{16} << 20;
+  while (length > 0) {
+    // bdrv_co_do_pwrite_zeroes: the unaligned head alone, then the
+    // subcluster-aligned bulk, then the unaligned tail alone.
+    uint64_t num = length;
+    const uint64_t head = offset & sc_mask;
+    const uint64_t tail = (offset + length) & sc_mask;
+    if (head != 0) {
+      num = std::min(length, sc_size - head);
+    } else if (tail != 0 && num > sc_size) {
+      num -= tail;
+    }
+    num = std::min(num, max_request);
     bool fallback = false;
-    CO_RETURN_IF_ERROR(co_await ChangeSubclusters(s0, s1, /*discard=*/false,
-                                                  &fallback,
-                                                  /*if_no_data=*/true));
-    if (!fallback) co_return absl::OkStatus();
+    // qcow2_co_pwrite_zeroes: a request that does not cover its
+    // subclusters whole zeroes the one subcluster it lies in when the rest
+    // of that reads zeroes and holds no data.
+    const uint64_t req_head = head;
+    uint64_t req_tail = ((offset + num + sc_mask) & ~sc_mask) - (offset + num);
+    if (offset + num == size()) req_tail = 0;
+    if (req_head != 0 || req_tail != 0) {
+      bool zero = co_await ReadsZero(offset - req_head, req_head);
+      if (zero) zero = co_await ReadsZero(offset + num, req_tail);
+      if (zero) {
+        CO_RETURN_IF_ERROR(co_await ZeroizeExtended(
+            offset - req_head, sc_size, may_unmap, /*if_no_data=*/true,
+            &fallback));
+      } else {
+        fallback = true;
+      }
+    } else {
+      CO_RETURN_IF_ERROR(co_await ZeroizeExtended(
+          offset, num, may_unmap, /*if_no_data=*/false, &fallback));
+    }
+    if (fallback) {
+      // Not supported (a compressed cluster, or data around the request):
+      // zeroes written as data, as QEMU's generic fallback does.
+      num = std::min(num, kMaxFallback);
+      io::AlignedBuffer zeroes(num);
+      CO_RETURN_IF_ERROR(
+          co_await DoWrite(offset, io::ConstIoVec(zeroes.data(), num)));
+    }
+    offset += num;
+    length -= num;
   }
-  co_return co_await DoWrite(offset, Zeroes(length));
+  co_return absl::OkStatus();
 }
 
 io::Task<absl::Status> Qcow2Node::WriteZeroesPartial(uint64_t offset,
@@ -1397,37 +1465,16 @@ io::Task<absl::Status> Qcow2Node::DoWriteZeroes(uint64_t offset,
   if (header_.version < 3 && has_backing) {
     co_return absl::UnimplementedError("write zeroes");
   }
+  if (l2_format_.extended_l2) {
+    co_return co_await WriteZeroesExtended(offset, length, flags.may_unmap);
+  }
   co_return co_await ForEachClusterPiece(
       offset, length,
       [this, flags](uint64_t f, uint64_t n) {
         return ZeroClusters(f, n, flags.may_unmap);
       },
-      [this, flags](uint64_t pos, uint64_t end) -> io::Task<absl::Status> {
-        if (!l2_format_.extended_l2) {
-          co_return co_await WriteZeroesPartial(pos, end - pos, flags.may_unmap);
-        }
-        // Whole subclusters get zero bits; unaligned pieces zero their
-        // subcluster when the rest of it reads zeroes, else are data.
-        const uint64_t sc_mask = (uint64_t{1} << subcluster_bits()) - 1;
-        const uint64_t a = std::min((pos + sc_mask) & ~sc_mask, end);
-        const uint64_t b =
-            std::max(a, end == size() ? end : end & ~sc_mask);
-        bool fallback = false;
-        if (a < b) {
-          CO_RETURN_IF_ERROR(co_await ChangeSubclusters(
-              a, b, /*discard=*/false, &fallback));
-        }
-        if (fallback) co_return co_await DoWrite(pos, Zeroes(end - pos));
-        // [pos, a) and [b, end) each lie inside one subcluster.
-        if (pos < a) {
-          CO_RETURN_IF_ERROR(
-              co_await WriteZeroesInSubcluster(pos, a - pos, flags.may_unmap));
-        }
-        if (b < end) {
-          CO_RETURN_IF_ERROR(
-              co_await WriteZeroesInSubcluster(b, end - b, flags.may_unmap));
-        }
-        co_return absl::OkStatus();
+      [this, flags](uint64_t pos, uint64_t end) {
+        return WriteZeroesPartial(pos, end - pos, flags.may_unmap);
       });
 }
 

@@ -425,21 +425,35 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
                                                        io::ConstIoVec data);
   // Write zeroes (`discard` false) or discard of the whole subclusters
   // [offset, end) of one guest cluster (subcluster aligned; `end` may be the
-  // image end). Sets `*fallback` when zeroes have to be written as data
-  // (compressed cluster). Takes the metadata lock.
+  // image end; partial subclusters count whole). Sets `*fallback` when
+  // zeroes have to be written as data (compressed cluster). Takes the
+  // metadata lock.
   // `if_no_data`: also sets `*fallback` (changing nothing) when one of the
   // subclusters holds data.
   io::Task<absl::Status> ChangeSubclusters(uint64_t offset, uint64_t end,
                                            bool discard, bool* fallback,
                                            bool if_no_data = false);
-  // Write zeroes of [offset, offset + length) inside one subcluster (not
-  // all of it): nothing if it reads zeroes, a zero subcluster if it is
-  // unallocated and the rest of it reads zeroes from the backing file,
-  // zeroes written as data otherwise (QEMU 7.2's head/tail rule). With
-  // `may_unmap`, an allocated zero cluster whose first subcluster is the
-  // last of the image (this one) is freed, as QEMU does.
-  io::Task<absl::Status> WriteZeroesInSubcluster(uint64_t offset,
-                                                 uint64_t length, bool may_unmap);
+  // Write zeroes with extended L2 entries, split as QEMU 7.2 splits them
+  // (bdrv_co_do_pwrite_zeroes over qcow2_co_pwrite_zeroes): the part before
+  // the first subcluster boundary, the subcluster-aligned bulk, the part
+  // after the last boundary, each zeroed by ZeroizeExtended, or written as
+  // explicit zeroes (up to 16 MiB) where that is not possible.
+  io::Task<absl::Status> WriteZeroesExtended(uint64_t offset, uint64_t length,
+                                             bool may_unmap);
+  // QEMU's qcow2_subcluster_zeroize of [offset, offset + length)
+  // (subcluster aligned; the end may lie at or past the image end): zero
+  // subclusters in the partial first and last clusters, whole zero
+  // clusters (zero_in_l2_slice) between, the last cluster whole when the
+  // range reaches the image end. Sets `*fallback` and stops when a partial
+  // cluster is compressed, or with `if_no_data` when a subcluster holds
+  // data.
+  io::Task<absl::Status> ZeroizeExtended(uint64_t offset, uint64_t length,
+                                         bool may_unmap, bool if_no_data,
+                                         bool* fallback);
+  // Whether guest range [offset, offset + length) (clamped to the image)
+  // reads zeroes by block status (QEMU's is_zero): zero (sub)clusters, or
+  // unallocated where the backing chain reads zeroes.
+  io::Task<bool> ReadsZero(uint64_t offset, uint64_t length);
 
   // Flush (metadata lock held): L2 tables, refcount blocks, sync, frees.
   io::Task<absl::Status> FlushAll();

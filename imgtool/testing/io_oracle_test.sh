@@ -278,6 +278,25 @@ check "qcow2 subclusters partial zero write on the last zero cluster" \
   setup_qcow2_ext_backed nosort -f qcow2 -c 'write -P 1 2M 2k' \
   -c 'write -z 2033664 65536' -c 'write -z -u 2098688 512' -c 'map' img.qcow2
 
+# Extended L2 entries: zero writes are split as QEMU's block layer splits
+# them (unaligned head, subcluster-aligned bulk, unaligned tail), and a part
+# that cannot become zero subclusters (compressed cluster, data around it)
+# is written as zeroes whole. An image end inside a subcluster: the bulk
+# ends before it, so only 11 subclusters of the last cluster become zero
+# ones (all 32 when the bulk reaches the end from the cluster start).
+setup_qcow2_ext_32k_odd() {
+  qemu-img create -q -f qcow2 -o cluster_size=32k,extended_l2=on \
+    "$1/img.qcow2" 109056
+}
+check "qcow2 subclusters zero write to an end inside a subcluster" \
+  setup_qcow2_ext_32k_odd nosort -f qcow2 -c 'write -z -u 29k 79360' \
+  -c 'map' img.qcow2
+check "qcow2 subclusters zero write into a compressed cluster" \
+  setup_qcow2_ext_32k_odd nosort -f qcow2 -c 'write -c -P 80 0 32k' \
+  -c 'write -z -u 20992 3072' -c 'write -c -P 9 32k 32k' \
+  -c 'write -z 48k 16k' -c 'write -z 32k 1k' -c 'read -P 9 33k 15k' \
+  -c 'map' img.qcow2
+
 # qcow2 compressed writes (write -c): whole clusters from a cluster
 # boundary or up to the image end, refused with EIO on an allocated cluster
 # and EINVAL when misaligned; -z ignores -c.
