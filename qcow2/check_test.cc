@@ -645,6 +645,88 @@ TEST_F(CheckTest, ExtendedL2BitmapErrors) {
   CompareAllModes("x.qcow2");
 }
 
+// More extended-L2 recipes (128 KiB clusters: L2 at 0x80000; data at
+// 0xa0000 for guest 0, a compressed cluster at 0xc0000 for guest 128k): a
+// compressed cluster with subcluster bits (allocation, or zero only); and
+// the zero flag (bit 0 of the entry), which extended L2 entries leave
+// unused, on a normal and on an unallocated cluster: not an error.
+TEST_F(CheckTest, ExtendedL2CompressedAndZeroFlagRecipes) {
+  Sh("qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=128k "
+     "c.qcow2 64M");
+  Sh("qemu-io -c 'write -P 1 0 4k' -c 'write -c -P 2 128k 128k' c.qcow2 "
+     ">/dev/null");
+  ASSERT_EQ(HexAt("c.qcow2", 0x80010, 8), "40000000000c0000");
+  Sh("cp c.qcow2 alloc.qcow2 && cp c.qcow2 zero.qcow2 && "
+     "cp c.qcow2 flag.qcow2 && cp c.qcow2 uflag.qcow2");
+  PatchHex(Path("alloc.qcow2"), 0x80018, "0000000000000003");
+  Outcome o = CompareWithQemu("alloc.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              ElementsAre("ERROR compressed cluster 1 with non-zero "
+                          "subcluster allocation bitmap, "
+                          "entry=0x40000000000c0000",
+                          "Leaked cluster 6 refcount=1 reference=0"));
+  EXPECT_EQ(o.result.corruptions, 1u);
+  EXPECT_EQ(o.result.leaks, 1u);
+  CompareAllModes("alloc.qcow2");
+
+  PatchHex(Path("zero.qcow2"), 0x80018, "ffffffff00000000");
+  o = CompareWithQemu("zero.qcow2", RepairMode::kNone);
+  EXPECT_EQ(o.result.corruptions, 1u);
+  CompareAllModes("zero.qcow2");
+
+  PatchHex(Path("flag.qcow2"), 0x80000, "80000000000a0001");
+  o = CompareWithQemu("flag.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages, IsEmpty());
+  EXPECT_EQ(o.result.corruptions + o.result.leaks, 0u);
+
+  PatchHex(Path("uflag.qcow2"), 0x80020, "0000000000000001");
+  o = CompareWithQemu("uflag.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages, IsEmpty());
+  EXPECT_EQ(o.result.corruptions + o.result.leaks, 0u);
+}
+
+// Extended-L2 bitmap errors in the last subcluster of a 2 MiB cluster
+// (L2 at 0x800000, guest 0 at 0xa00000, guest 2M a zero-subcluster entry),
+// and in an L2 table only a snapshot still uses (128 KiB clusters: after
+// the snapshot the active L2 table moved to 0x100000, the old one at
+// 0x80000 belongs to the snapshot's L1 table).
+TEST_F(CheckTest, ExtendedL2BitmapErrorsInLastSubclusterAndSnapshot) {
+  Sh("qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=2M "
+     "big.qcow2 64M");
+  Sh("qemu-io -c 'write -P 1 0 4k' -c 'write -z 2M 64k' big.qcow2 "
+     ">/dev/null");
+  ASSERT_EQ(HexAt("big.qcow2", 0x800000, 32),
+            "8000000000a00000000000000000000100000000000000000000000100000000");
+  Sh("cp big.qcow2 last.qcow2 && cp big.qcow2 ulast.qcow2");
+  PatchHex(Path("last.qcow2"), 0x800008, "8000000080000000");
+  Outcome o = CompareWithQemu("last.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              ElementsAre("ERROR offset=a00000: Allocated cluster has "
+                          "corrupted subcluster allocation bitmap"));
+  CompareAllModes("last.qcow2");
+  PatchHex(Path("ulast.qcow2"), 0x800018, "0000000180000000");
+  o = CompareWithQemu("ulast.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              ElementsAre("ERROR: Unallocated cluster has non-zero "
+                          "subcluster allocation map"));
+  CompareAllModes("ulast.qcow2");
+
+  Sh("qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=128k "
+     "sn.qcow2 64M");
+  Sh("qemu-io -c 'write -P 1 0 4k' sn.qcow2 >/dev/null");
+  Sh("qemu-img snapshot -c first sn.qcow2");
+  Sh("qemu-io -c 'write -P 2 0 4k' sn.qcow2 >/dev/null");
+  ASSERT_EQ(HexAt("sn.qcow2", 0x80000, 16), "00000000000a00000000000000000001");
+  ASSERT_EQ(HexAt("sn.qcow2", 0x100000, 8), "8000000000120000");
+  PatchHex(Path("sn.qcow2"), 0x80008, "0000000100000001");
+  o = CompareWithQemu("sn.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              ElementsAre("ERROR offset=a0000: Allocated cluster has "
+                          "corrupted subcluster allocation bitmap"));
+  EXPECT_EQ(o.result.corruptions, 1u);
+  CompareAllModes("sn.qcow2");
+}
+
 // Recipe: the L1 table placed on the refcount table's cluster (two tables
 // on one cluster).
 TEST_F(CheckTest, OverlappingMetadata) {

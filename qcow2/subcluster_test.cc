@@ -830,6 +830,45 @@ TEST_F(SubclusterTest, InvalidBitmapMarksCorrupt) {
   EXPECT_THAT(info.output, HasSubstr("corrupt: true"));
 }
 
+// The other invalid combination, an unallocated cluster with allocation
+// bits, is refused by reads and block status alike, with QEMU's message
+// (qemu-io: 'read failed: Input/output error' after the same event).
+// Entries QEMU reads although check may object stay readable: a
+// compressed cluster with subcluster bits, the unused zero flag (bit 0).
+TEST_F(SubclusterTest, UnallocatedClusterWithAllocationBitsMarksCorrupt) {
+  const std::string path = TempPath("invalid_unalloc.qcow2");
+  ShellResult r = Shell("qemu-img create -q -f qcow2 -o extended_l2=on " + path +
+                        " 1M && qemu-io -f qcow2 -c 'write -P 1 0 4k' "
+                        "-c 'write -c -P 2 64k 64k' " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // 64k clusters: L2 table at 0x40000, 16-byte entries. Entry 1 is the
+  // compressed cluster, entry 2 unallocated.
+  std::vector<uint8_t> bytes = ReadFile(path);
+  ASSERT_EQ(bytes[0x40010] & 0xc0, 0x40);
+  bytes[0x40018 + 7] = 0x03;  // compressed: allocation bits 0-1
+  bytes[0x40000 + 7] |= 1;    // normal: zero flag
+  bytes[0x40028 + 7] = 0x04;  // unallocated: allocation bit 2
+  WriteFile(path, bytes);
+  std::unique_ptr<Qcow2Node> node = Open(path);
+  ASSERT_NE(node, nullptr);
+  EXPECT_EQ(Read(*node, 0, 4096), std::vector<uint8_t>(4096, 1));
+  EXPECT_EQ(Read(*node, 65536, 65536), std::vector<uint8_t>(65536, 2));
+  std::vector<uint8_t> buf(4096);
+  EXPECT_FALSE(node->corrupt());
+
+  absl::StatusOr<io::BlockStatus> status =
+      env_.Run(node->GetBlockStatus(2 * 65536 + 8192, 4096));
+  EXPECT_TRUE(absl::IsDataLoss(status.status())) << status.status();
+  EXPECT_THAT(std::string(status.status().message()),
+              HasSubstr("Invalid cluster entry found  (L2 offset: 0x40000, "
+                        "L2 index: 0x2)"));
+  EXPECT_TRUE(node->corrupt());
+  absl::Status st = env_.Run(node->Read(2 * 65536 + 8192, io::IoVec(buf)));
+  EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+  (void)env_.Run(node->Close());
+  EXPECT_THAT(Shell("qemu-img info " + path).output, HasSubstr("corrupt: true"));
+}
+
 TEST_F(SubclusterTest, PreallocatedCreateIsByteIdenticalAndKeepsBackingVisible) {
   const std::string backing = TempPath("prealloc_backing.raw");
   const std::vector<uint8_t> base = Pattern(4 * kMiB, 21);
