@@ -830,10 +830,11 @@ io::Task<absl::Status> Qcow2Node::DoWrite(uint64_t offset, io::ConstIoVec data) 
         "(%u bytes)",
         filename(), data.size(), offset, size()));
   }
+  uint64_t host_hint = 0;
   while (!data.empty()) {
     uint64_t n = 0;
     if (l2_format_.extended_l2) {
-      CO_ASSIGN_OR_RETURN(n, co_await WriteStepExtended(offset, data));
+      CO_ASSIGN_OR_RETURN(n, co_await WriteStepExtended(offset, data, &host_hint));
     } else {
       CO_ASSIGN_OR_RETURN(n, co_await WriteStep(offset, data));
     }
@@ -844,7 +845,7 @@ io::Task<absl::Status> Qcow2Node::DoWrite(uint64_t offset, io::ConstIoVec data) 
 }
 
 io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
-    uint64_t offset, io::ConstIoVec data) {
+    uint64_t offset, io::ConstIoVec data, uint64_t* host_hint) {
   auto lock = co_await io::ScopedLock::Take(meta_lock_);
   CO_RETURN_IF_ERROR(CheckUsable());
   CO_RETURN_IF_ERROR(co_await PrepareFirstWrite());
@@ -884,6 +885,9 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
     EndDataOp(seq);
     CO_RETURN_IF_ERROR(st);
     ++write_gen_;
+    *host_hint = in_cluster + bytes == cluster_size_
+                     ? old.host_offset() + cluster_size_
+                     : 0;
     co_return bytes;
   }
 
@@ -896,7 +900,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   uint64_t cow_end = in_cluster + bytes;
   uint64_t host = 0;
   uint64_t n = 1;
-  L2Entry last = old;
+  std::vector<L2Entry> olds{old};
   if (in_place) {
     host = old.host_offset();
     if ((old.bitmap & format::SubclusterAllocBit(s0)) == 0) {
@@ -906,46 +910,71 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
       cow_end = uint64_t{s1} << sc_bits;
     }
   } else {
-    uint32_t first_sc = s0;
-    uint32_t end_sc = s1;
+    // QEMU's handle_alloc: this cluster and the following ones the write
+    // reaches that need a new host cluster too (unallocated, compressed or
+    // shared) get one host range; the ones between the first and the last
+    // are written whole.
+    const uint64_t max_n = std::min(
+        (in_cluster + data.size() + cluster_size_ - 1) >> cluster_bits_,
+        l2_entries_ - index);
+    for (; n < max_n; ++n) {
+      if (FindInflight(cluster + n, 1) != nullptr) break;
+      const L2Entry e = GetEntry(l2, index + n);
+      CO_ASSIGN_OR_RETURN(const ClusterType t,
+                          co_await Classify(e, l2.offset(), index + n));
+      if (t == ClusterType::kNormal && e.copied()) break;
+      olds.push_back(e);
+    }
+    if (*host_hint != 0) {
+      // The write goes on from the host cluster before: right after it if
+      // that is free (QEMU's handle_alloc at the expected host offset).
+      CO_ASSIGN_OR_RETURN(const uint64_t got,
+                          co_await refcounts_->AllocateAt(*host_hint, n));
+      if (got > 0) {
+        host = *host_hint;
+        n = got;
+        olds.resize(n);
+      }
+    }
+    if (host == 0) {
+      CO_ASSIGN_OR_RETURN(host,
+                          co_await refcounts_->Allocate(n << cluster_bits_));
+    }
+    bytes = std::min<uint64_t>(data.size(), (n << cluster_bits_) - in_cluster);
+    part = data.first(bytes);
+    // The copy-on-write bounds (calculate_l2_meta): from the first
+    // cluster's old contents before the data, from the last one's after it.
     if (type == ClusterType::kCompressed) {
-      first_sc = 0;
-      end_sc = format::kSubclustersPerCluster;
+      cow_start = 0;
     } else if (old.host_offset() != 0) {
       // A shared cluster: its allocated subclusters move to the copy.
       const uint32_t alloc =
           static_cast<uint32_t>(old.bitmap & format::kSubclusterAllocMask);
-      if (alloc != 0) {
-        first_sc = std::min<uint32_t>(first_sc, absl::countr_zero(alloc));
-        end_sc = std::max<uint32_t>(end_sc, 32 - absl::countl_zero(alloc));
-      }
+      cow_start = uint64_t{std::min<uint32_t>(s0, absl::countr_zero(alloc))}
+                  << sc_bits;
+    } else {
+      cow_start = uint64_t{s0} << sc_bits;
     }
-    cow_start = uint64_t{first_sc} << sc_bits;
-    cow_end = std::min(uint64_t{end_sc} << sc_bits, cluster_size_);
-    if (type != ClusterType::kCompressed && old.host_offset() == 0 &&
-        in_cluster + data.size() > cluster_size_) {
-      // The write goes on into the next clusters: while they are
-      // unallocated too, one host range for all of them.
-      const uint64_t max_n = std::min(
-          (in_cluster + data.size() + cluster_size_ - 1) >> cluster_bits_,
-          l2_entries_ - index);
-      for (; n < max_n; ++n) {
-        if (FindInflight(cluster + n, 1) != nullptr) break;
-        const L2Entry e = GetEntry(l2, index + n);
-        CO_ASSIGN_OR_RETURN(const ClusterType t,
-                            co_await Classify(e, l2.offset(), index + n));
-        if (t == ClusterType::kCompressed || e.host_offset() != 0) break;
-        last = e;
-      }
-      if (n > 1) {
-        bytes = std::min<uint64_t>(data.size(), (n << cluster_bits_) - in_cluster);
-        part = data.first(bytes);
-        cow_end = std::min(((in_cluster + bytes + sc_mask) >> sc_bits) << sc_bits,
-                           n << cluster_bits_);
-      }
+    const L2Entry& last = olds.back();
+    const uint64_t data_end = in_cluster + bytes;
+    const uint64_t run_end = n << cluster_bits_;
+    if (last.compressed()) {
+      cow_end = run_end;
+    } else if (last.host_offset() != 0) {
+      const uint32_t alloc =
+          static_cast<uint32_t>(last.bitmap & format::kSubclusterAllocMask);
+      const uint32_t last_sc = static_cast<uint32_t>(
+          ((data_end - 1) & (cluster_size_ - 1)) >> sc_bits);
+      cow_end = run_end - (uint64_t{std::min<uint32_t>(
+                               format::kSubclustersPerCluster - 1 - last_sc,
+                               absl::countl_zero(alloc))}
+                           << sc_bits);
+    } else {
+      cow_end = std::min((data_end + sc_mask) & ~sc_mask, run_end);
     }
-    CO_ASSIGN_OR_RETURN(host, co_await refcounts_->Allocate(n << cluster_bits_));
   }
+  const L2Entry last = olds.back();
+  *host_hint = 0;
   CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(
       in_place ? host + cow_start : host,
       in_place ? cow_end - cow_start : n << cluster_bits_, 0));
@@ -961,7 +990,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   if (head == 0 && tail == 0) {
     st = co_await file_->Write(host + in_cluster, part);
     done = true;
-  } else if (type != ClusterType::kCompressed &&
+  } else if (type != ClusterType::kCompressed && !last.compressed() &&
              SubclustersReadZero(old, start + cow_start, head) &&
              SubclustersReadZero(last, offset + bytes, tail)) {
     // Nothing to copy: zero the padded range, then write the data
@@ -1013,15 +1042,15 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
         const uint32_t a = static_cast<uint32_t>(from >> sc_bits);
         const uint32_t b = static_cast<uint32_t>((to + sc_mask) >> sc_bits);
         const uint64_t written = format::SubclusterAllocRange(a, b - a);
-        const L2Entry prev = i == 0 ? old : i + 1 == n ? last : L2Entry{};
+        const L2Entry& prev = olds[i];
         L2Entry e;
         e.word = format::MakeStandardL2Word(host + base, /*copied=*/true,
                                             /*zero=*/false);
         if (in_place) {
           const L2Entry cur = GetEntry(*again, index);
           e.bitmap = (cur.bitmap | written) & ~(written << 32);
-        } else if (type == ClusterType::kCompressed) {
-          e.bitmap = format::kSubclusterAllocMask;
+        } else if (prev.compressed()) {
+          e.bitmap = written;  // the whole cluster
         } else {
           e.bitmap = ((prev.bitmap & format::kSubclusterZeroMask) &
                       ~(written << 32)) |
@@ -1043,6 +1072,11 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   relock.Release();
   inflight->done.Set();
   CO_RETURN_IF_ERROR(st);
+  if (!in_place && in_cluster + bytes == n << cluster_bits_) {
+    *host_hint = host + (n << cluster_bits_);
+  } else if (in_place && in_cluster + bytes == cluster_size_) {
+    *host_hint = host + cluster_size_;
+  }
   co_return bytes;
 }
 

@@ -421,8 +421,14 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // subclusters, otherwise allocates the host cluster once (or reuses the
   // reserved one) and writes the data padded to subcluster boundaries with
   // the old contents of the touched subclusters, then sets their alloc bits.
+  // A new allocation spans the following clusters the write reaches that
+  // need one too. `*host_hint` (in/out, 0 for none): the host offset right
+  // after the previous step of the same request, where a new allocation
+  // goes if it is free (as in QEMU); set to the end of this step's host
+  // range when the step ends at a cluster end.
   io::Task<absl::StatusOr<uint64_t>> WriteStepExtended(uint64_t offset,
-                                                       io::ConstIoVec data);
+                                                       io::ConstIoVec data,
+                                                       uint64_t* host_hint);
   // Write zeroes (`discard` false) or discard of the whole subclusters
   // [offset, end) of one guest cluster (subcluster aligned; `end` may be the
   // image end; partial subclusters count whole). Sets `*fallback` when

@@ -297,6 +297,28 @@ check "qcow2 subclusters zero write into a compressed cluster" \
   -c 'write -z 48k 16k' -c 'write -z 32k 1k' -c 'read -P 9 33k 15k' \
   -c 'map' img.qcow2
 
+# Extended L2 entries: a write allocates one host range for its first
+# cluster and the following ones that need a new host cluster too
+# (unallocated or compressed, with copy-on-write from the first and the
+# last), and goes on right after the host cluster it wrote in place when
+# that is free, as QEMU's handle_alloc does.
+setup_qcow2_ext_32k_256k() {
+  qemu-img create -q -f qcow2 -o cluster_size=32k,extended_l2=on \
+    "$1/img.qcow2" 256k
+}
+check "qcow2 subclusters write from a compressed cluster on" \
+  setup_qcow2_ext_32k_256k nosort -f qcow2 -c 'write -c -P 1 64k 32k' \
+  -c 'write -P 2 90k 32k' -c 'write -c -P 3 0 32k' -c 'write -P 4 20k 20k' \
+  -c 'write -c -P 5 192k 32k' -c 'write -P 6 170k 24k' \
+  -c 'read -P 5 194k 30k' -c 'map' img.qcow2
+check "qcow2 subclusters zero write as data over a compressed cluster" \
+  setup_qcow2_ext_32k_256k nosort -f qcow2 -c 'write -c -P 7 0 32k' \
+  -c 'write -z 2k 40k' -c 'read -P 7 42k 1k' -c 'map' img.qcow2
+check "qcow2 subclusters write on after a cluster written in place" \
+  setup_qcow2_ext nosort -f qcow2 -c 'write -P 1 0 64k' \
+  -c 'write -P 2 64k 64k' -c 'write -P 3 128k 64k' -c 'discard 0 64k' \
+  -c 'discard 128k 64k' -c 'write -P 4 100k 64k' -c 'map' img.qcow2
+
 # qcow2 compressed writes (write -c): whole clusters from a cluster
 # boundary or up to the image end, refused with EIO on an allocated cluster
 # and EINVAL when misaligned; -z ignores -c.
