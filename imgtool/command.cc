@@ -2,6 +2,8 @@
 
 #include <getopt.h>
 
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -16,7 +18,21 @@ namespace {
 constexpr char kExitCodePayload[] = "imgtool/exit_code";
 constexpr char kPrefixEachLinePayload[] = "imgtool/prefix_each_line";
 constexpr char kUsagePayload[] = "imgtool/usage";
+constexpr char kCorruptionEventPayload[] = "imgtool/corruption_event";
 constexpr char kPrefix[] = "imgtool: ";
+
+// Where a qcow2 corruption event (Qcow2Node::SignalCorruption) starts in a
+// kDataLoss status's message; it runs to the end. npos if there is none.
+size_t CorruptionEventStart(const absl::Status& status) {
+  if (!absl::IsDataLoss(status)) return absl::string_view::npos;
+  const absl::string_view message = status.message();
+  for (absl::string_view start :
+       {"qcow2: Image is corrupt: ", "qcow2: Marking image as corrupt: "}) {
+    const size_t pos = message.find(start);
+    if (pos != absl::string_view::npos) return pos;
+  }
+  return absl::string_view::npos;
+}
 
 }  // namespace
 
@@ -46,11 +62,31 @@ absl::Status UsageError(absl::string_view message, absl::string_view usage) {
   return status;
 }
 
+absl::Status WithCorruptionEvent(absl::Status status,
+                                 const absl::Status& cause) {
+  const size_t pos = CorruptionEventStart(cause);
+  if (pos == absl::string_view::npos) return status;
+  status.SetPayload(kCorruptionEventPayload,
+                    absl::Cord(cause.message().substr(pos)));
+  return status;
+}
+
 std::string FormatError(const absl::Status& status) {
   const bool each_line = status.GetPayload(kPrefixEachLinePayload).has_value();
   std::string text;
+  absl::string_view message = status.message();
+  std::string replaced;
+  if (auto event = status.GetPayload(kCorruptionEventPayload);
+      event.has_value()) {
+    absl::StrAppend(&text, std::string(*event), "\n");
+  } else if (const size_t pos = CorruptionEventStart(status);
+             pos != absl::string_view::npos) {
+    absl::StrAppend(&text, message.substr(pos), "\n");
+    replaced = absl::StrCat(message.substr(0, pos), std::strerror(EIO));
+    message = replaced;
+  }
   bool first = true;
-  for (absl::string_view line : absl::StrSplit(status.message(), '\n')) {
+  for (absl::string_view line : absl::StrSplit(message, '\n')) {
     if (first || each_line) text += kPrefix;
     absl::StrAppend(&text, line, "\n");
     first = false;

@@ -43,8 +43,21 @@ absl::Status PrefixEachLine(absl::Status status);
 absl::Status UsageError(absl::string_view message, absl::string_view usage);
 
 // The complete text main writes to stderr for `status` (not ok), ending
-// with a newline.
+// with a newline. A qcow2 corruption event in it (see WithCorruptionEvent)
+// is printed as QEMU reports one: the event on a line of its own, without
+// prefix, then the error with "Input/output error" where the event stood
+// ("qcow2: Image is corrupt: Invalid cluster entry found ...", then
+// "imgtool: Could not read file metadata: Input/output error").
 std::string FormatError(const absl::Status& status);
+
+// For an error whose message does not quote its cause (compare's "Sector
+// allocation test failed for F"): if `cause` is a qcow2 corruption event
+// (kDataLoss from Qcow2Node::SignalCorruption, "qcow2: Image is corrupt:
+// ..." or "qcow2: Marking image as corrupt: ..."), returns `status` with the
+// event attached, so that FormatError prints it first as qemu-img does;
+// otherwise `status` unchanged.
+absl::Status WithCorruptionEvent(absl::Status status,
+                                 const absl::Status& cause);
 
 // Writes library warnings (lines written to a std::ostream* warnings
 // argument, without a prefix) to `err` as qemu-img prints warnings:

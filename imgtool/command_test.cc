@@ -47,6 +47,40 @@ TEST(FormatErrorTest, PrefixEachLine) {
             "imgtool: first line\nimgtool: second line\n");
 }
 
+// A qcow2 corruption event goes on its own line first, as qemu-img prints
+// it, and the error says "Input/output error" in its place.
+TEST(FormatErrorTest, CorruptionEventOnItsOwnLine) {
+  const std::string event =
+      "qcow2: Image is corrupt: Invalid cluster entry found  (L2 offset: "
+      "0x80000, L2 index: 0); further non-fatal corruption events will be "
+      "suppressed";
+  EXPECT_EQ(FormatError(absl::DataLossError(
+                "Could not read file metadata: " + event)),
+            event + "\nimgtool: Could not read file metadata: Input/output "
+                    "error\n");
+  const std::string marking =
+      "qcow2: Marking image as corrupt: L2 table offset 0x40200 unaligned "
+      "(L1 index: 0); further corruption events will be suppressed";
+  EXPECT_EQ(FormatError(WithExitCode(
+                absl::DataLossError("Failed request: " + marking), 1)),
+            marking + "\nimgtool: Failed request: Input/output error\n");
+  // Only kDataLoss statuses carry events.
+  EXPECT_EQ(FormatError(absl::InternalError("x: " + event)),
+            "imgtool: x: " + event + "\n");
+  // A message that does not quote its cause keeps it as a payload.
+  absl::Status st = WithExitCode(
+      WithCorruptionEvent(absl::DataLossError("Sector allocation test failed "
+                                              "for a.qcow2"),
+                          absl::DataLossError(event)),
+      3);
+  EXPECT_EQ(ExitCodeOf(st), 3);
+  EXPECT_EQ(FormatError(st),
+            event + "\nimgtool: Sector allocation test failed for a.qcow2\n");
+  EXPECT_EQ(FormatError(WithCorruptionEvent(absl::DataLossError("y"),
+                                            absl::DataLossError("other"))),
+            "imgtool: y\n");
+}
+
 TEST(FormatErrorTest, UsageErrorAddsUsageAndHint) {
   absl::Status st = UsageError("Expecting image file name",
                                "Usage: imgtool create FILE [SIZE]");

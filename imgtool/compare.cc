@@ -123,9 +123,11 @@ class Side {
                       io::GetChainStatus(*image_.node, offset, size_ - offset));
       if (!st.ok()) {
         return WithExitCode(
-            absl::Status(
-                st.status().code(),
-                absl::StrCat("Sector allocation test failed for ", filename_)),
+            WithCorruptionEvent(
+                absl::Status(st.status().code(),
+                             absl::StrCat("Sector allocation test failed for ",
+                                          filename_)),
+                st.status()),
             kStatusError);
       }
       e.length = st->status.length;

@@ -324,6 +324,43 @@ io_check -c 'write -P 3 1k 1k' mixed.qcow2
 io_check -c 'write 0 4k' corrupt.qcow2
 io_check -c 'read 0 4k' orphan.qcow2
 
+echo "== corrupt entries met while reading"
+# Reads refuse an invalid subcluster bitmap (issue 4) and other corrupt
+# entries: qemu-img prints the corruption event on a line of its own, then
+# the error with "Input/output error". Extended L2, 128k clusters (L2 table
+# at 0x80000, 16-byte entries): guest 0 holds data, guest 128k is
+# compressed; bad-alloc.qcow2 sets the zero bit of allocated subcluster 0,
+# bad-unalloc.qcow2 an allocation bit of unallocated cluster 2 (guest
+# 256k). bad-l1.qcow2: a standard image whose L1 entry 0 points at an
+# unaligned L2 table.
+B="$WORK/bad"
+mkdir -p "$B"
+(
+  cd "$B" || exit 1
+  patch_hex() { printf "$3" | dd of="$1" bs=1 seek=$(($2)) conv=notrunc status=none; }
+  qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=128k ext.qcow2 1M
+  qemu-io -c 'write -P 1 0 4k' -c 'write -c -P 2 128k 128k' ext.qcow2 >/dev/null
+  cp ext.qcow2 bad-alloc.qcow2
+  patch_hex bad-alloc.qcow2 0x8000b '\x01'
+  cp ext.qcow2 bad-unalloc.qcow2
+  patch_hex bad-unalloc.qcow2 0x8002f '\x01'
+  qemu-img create -q -f qcow2 bad-l1.qcow2 1M
+  qemu-io -c 'write -P 3 0 128k' bad-l1.qcow2 >/dev/null
+  patch_hex bad-l1.qcow2 0x30006 '\x02'
+)
+for f in bad-alloc bad-unalloc bad-l1; do
+  same_output "$B" map $f.qcow2
+  same_output "$B" map --output=json $f.qcow2
+  same_output "$B" convert -O raw $f.qcow2 $f.raw
+  same_output "$B" compare $f.qcow2 ext.qcow2
+  same_output "$B" compare -s ext.qcow2 $f.qcow2
+  same_output "$B" check $f.qcow2
+  same_output "$B" info $f.qcow2
+done
+same_output "$B" bench -c 10 -s 4k bad-alloc.qcow2
+same_output "$B" bench -c 10 -s 4k bad-l1.qcow2
+same_output "$B" convert -O qcow2 bad-unalloc.qcow2 out.qcow2
+
 echo "== bench"
 for tool in qemu-img imgtool; do
   exe=qemu-img
