@@ -452,7 +452,17 @@ class Copier {
                                                          uint64_t offset,
                                                          uint64_t length) {
     if (settings_.target_has_backing) {
-      co_return co_await node.GetBlockStatus(offset, length);
+      // What the top node does not allocate reads as zeroes when it has no
+      // backing file, or from past the end of its backing file (QEMU's
+      // bdrv_block_status): zeroes to write, not the target's backing file.
+      CO_ASSIGN_OR_RETURN(io::BlockStatus status,
+                          co_await node.GetBlockStatus(offset, length));
+      if (!status.data && !status.zero) {
+        const io::BlockNode* backing = node.backing();
+        status.zero = backing == nullptr ||
+                      offset >= AlignUp(backing->size(), kSectorSize);
+      }
+      co_return status;
     }
     CO_ASSIGN_OR_RETURN(io::ChainStatus chain,
                         co_await io::GetChainStatus(node, offset, length));

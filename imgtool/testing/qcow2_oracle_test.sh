@@ -172,6 +172,8 @@ for args in "-O qcow2 c64k.qcow2 o.qcow2" "-O qcow2 comp64k.qcow2 o.qcow2" \
   "-O qcow2 -o cluster_size=2M mixed.qcow2 o.qcow2" \
   "-O qcow2 -B mid.qcow2 -F qcow2 top.qcow2 o.qcow2" \
   "-O qcow2 -B base.raw -F raw mid.qcow2 o.qcow2" \
+  "-O qcow2 -B base.raw -F raw c64k.qcow2 o.qcow2" \
+  "-O qcow2 -o extended_l2=on -B base.raw -F raw ext.qcow2 o.qcow2" \
   "-O qcow2 -c c64k.qcow2 o.qcow2" "-O qcow2 -c -o cluster_size=4k top.qcow2 o.qcow2" \
   "-O qcow2 -c -o cluster_size=2M base.raw o.qcow2" \
   "-O qcow2 -c -o compression_type=zstd c64k.qcow2 o.qcow2" \
