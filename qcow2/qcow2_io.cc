@@ -155,13 +155,14 @@ ClusterType RawType(const L2Entry& e, bool extended) {
 }  // namespace
 
 io::Task<absl::StatusOr<format::ClusterType>> Qcow2Node::Classify(
-    const format::L2Entry& e, uint64_t l2_offset, uint64_t index) {
+    const format::L2Entry& e, uint64_t l2_offset, uint64_t index,
+    bool for_write) {
   const ClusterType type = RawType(e, l2_format_.extended_l2);
   if (l2_format_.extended_l2 && type != ClusterType::kCompressed &&
       !format::CheckSubclusterBitmap(e, l2_format_).ok()) {
     co_return co_await SignalCorruption(absl::StrFormat(
-        "Invalid cluster entry found  (L2 offset: %#x, L2 index: %#x)",
-        l2_offset, index));
+        "Invalid cluster entry found %s(L2 offset: %#x, L2 index: %#x)",
+        for_write ? "" : " ", l2_offset, index));
   }
   if (type == ClusterType::kCompressed) {
     const format::CompressedDescriptor d =
@@ -860,8 +861,9 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   const uint64_t index = l2_index(offset);
   CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(li));
   const L2Entry old = GetEntry(l2, index);
-  CO_ASSIGN_OR_RETURN(const ClusterType type,
-                      co_await Classify(old, l2.offset(), index));
+  CO_ASSIGN_OR_RETURN(
+      const ClusterType type,
+      co_await Classify(old, l2.offset(), index, /*for_write=*/true));
   const uint64_t start = cluster << cluster_bits_;
   const uint64_t in_cluster = offset - start;
   uint64_t bytes = std::min<uint64_t>(data.size(), cluster_size_ - in_cluster);
@@ -920,8 +922,9 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
     for (; n < max_n; ++n) {
       if (FindInflight(cluster + n, 1) != nullptr) break;
       const L2Entry e = GetEntry(l2, index + n);
-      CO_ASSIGN_OR_RETURN(const ClusterType t,
-                          co_await Classify(e, l2.offset(), index + n));
+      CO_ASSIGN_OR_RETURN(
+          const ClusterType t,
+          co_await Classify(e, l2.offset(), index + n, /*for_write=*/true));
       if (t == ClusterType::kNormal && e.copied()) break;
       olds.push_back(e);
     }

@@ -274,9 +274,14 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   format::L2Entry GetEntry(const TableCache::Ref& l2, uint64_t index) const;
   void SetEntry(TableCache::Ref& l2, uint64_t index, const format::L2Entry& e);
   // Classifies an entry the way QEMU does at run time; a corruption event
-  // for misaligned offsets, past-EOF clusters and zero flags in v2 images.
+  // for misaligned offsets, past-EOF clusters, zero flags in v2 images and
+  // invalid subcluster bitmaps. `for_write`: the entry is met by a data
+  // write (QEMU's calculate_l2_meta), whose invalid-bitmap message has one
+  // space before "(L2 offset" where the read path's (qcow2_get_host_offset)
+  // has two.
   io::Task<absl::StatusOr<format::ClusterType>> Classify(
-      const format::L2Entry& entry, uint64_t l2_offset, uint64_t index);
+      const format::L2Entry& entry, uint64_t l2_offset, uint64_t index,
+      bool for_write = false);
   // The mapping of [offset, offset + max_length) up to the end of its L2
   // table (metadata lock held).
   io::Task<absl::StatusOr<Mapping>> GetMapping(uint64_t offset,

@@ -457,6 +457,13 @@ check "qcow2 invalid subcluster bitmap, read-only" setup_qcow2_ext_bad \
 check "qcow2 invalid subcluster bitmap in allocated cluster" \
   setup_qcow2_ext_bad nosort -f qcow2 -c 'read -P 2 128k 4k' -c 'read 0 4k' \
   -c 'map' -c 'read 128k 4k' alloc.qcow2
+# A data write meets them in QEMU's calculate_l2_meta, whose message has
+# one space before "(L2 offset" (the read path's has two).
+check "qcow2 invalid subcluster bitmap, writes" setup_qcow2_ext_bad nosort \
+  -f qcow2 -c 'write -P 9 250k 20k' -c 'read -P 1 0 4k' img.qcow2
+check "qcow2 invalid subcluster bitmap in allocated cluster, writes" \
+  setup_qcow2_ext_bad nosort -f qcow2 -c 'aio_write -P 9 4k 4k' \
+  -c 'aio_flush' -c 'write -P 9 100k 100k' alloc.qcow2
 check "qcow2 invalid subcluster bitmap in allocated cluster, aio" \
   setup_qcow2_ext_bad nosort -r -f qcow2 -c 'aio_read 0 4k' -c 'aio_flush' \
   -c 'read -P 2 128k 4k' -c 'alloc 0 4k' alloc.qcow2
