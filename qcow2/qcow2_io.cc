@@ -831,18 +831,29 @@ io::Task<absl::Status> Qcow2Node::DoWrite(uint64_t offset, io::ConstIoVec data) 
         "(%u bytes)",
         filename(), data.size(), offset, size()));
   }
+  // What this request frees (the old host clusters of the clusters it
+  // copies) stays allocated until it is done, as in QEMU, which links the
+  // allocated pieces of one request in parallel tasks, after the later
+  // pieces took their clusters: those never reuse them.
+  const uint64_t request_seq = BeginDataOp();
+  absl::Status st;
   uint64_t host_hint = 0;
   while (!data.empty()) {
-    uint64_t n = 0;
+    absl::StatusOr<uint64_t> n;
     if (l2_format_.extended_l2) {
-      CO_ASSIGN_OR_RETURN(n, co_await WriteStepExtended(offset, data, &host_hint));
+      n = co_await WriteStepExtended(offset, data, &host_hint);
     } else {
-      CO_ASSIGN_OR_RETURN(n, co_await WriteStep(offset, data));
+      n = co_await WriteStep(offset, data);
     }
-    offset += n;
-    data.remove_prefix(n);
+    if (!n.ok()) {
+      st = n.status();
+      break;
+    }
+    offset += *n;
+    data.remove_prefix(*n);
   }
-  co_return absl::OkStatus();
+  EndDataOp(request_seq);
+  co_return st;
 }
 
 io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(

@@ -319,6 +319,16 @@ check "qcow2 subclusters write on after a cluster written in place" \
   -c 'write -P 2 64k 64k' -c 'write -P 3 128k 64k' -c 'discard 0 64k' \
   -c 'discard 128k 64k' -c 'write -P 4 100k 64k' -c 'map' img.qcow2
 
+# The host clusters a write frees (here a compressed cluster it copies) are
+# not reused by its own later allocations, as in QEMU, which links the
+# pieces of a request only after it allocated them all.
+check "qcow2 write does not reuse what it frees" setup_qcow2 nosort -f qcow2 \
+  -c 'write -c -P 1 0 64k' -c 'write -P 2 64k 128k' -c 'write -P 3 60k 192k' \
+  -c 'map' img.qcow2
+check "qcow2 subclusters write does not reuse what it frees" setup_qcow2_ext \
+  nosort -f qcow2 -c 'write -c -P 1 0 64k' -c 'write -P 2 64k 128k' \
+  -c 'write -P 3 60k 192k' -c 'map' img.qcow2
+
 # qcow2 compressed writes (write -c): whole clusters from a cluster
 # boundary or up to the image end, refused with EIO on an allocated cluster
 # and EINVAL when misaligned; -z ignores -c.
