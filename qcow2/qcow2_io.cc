@@ -256,6 +256,14 @@ io::Task<absl::StatusOr<Qcow2Node::Mapping>> Qcow2Node::GetMapping(
                          n < max_clusters && run < available;
          ++n) {
       const L2Entry e = GetEntry(l2, first + n);
+      // Each entry the run reaches is checked before its type is compared,
+      // as QEMU's count_contiguous_subclusters does.
+      if (!e.compressed() &&
+          !format::CheckSubclusterBitmap(e, l2_format_).ok()) {
+        co_return co_await SignalCorruption(absl::StrFormat(
+            "Invalid cluster entry found  (L2 offset: %#x, L2 index: %#x)",
+            l2.offset(), first + n));
+      }
       if (e.compressed()) break;
       if (format::GetSubclusterType(e, 0, l2_format_) != st) break;
       if (has_host) {

@@ -458,6 +458,19 @@ setup_qcow2_ext_bad() {
   printf '\x01' | dd of="$1/img.qcow2" bs=1 seek=$((0x8002f)) \
     conv=notrunc status=none
 }
+# A run of unallocated subclusters that reaches the end of its cluster
+# meets the bad entry after it in the same query (QEMU's
+# count_contiguous_subclusters checks each entry it reaches): 64k clusters,
+# cluster 2 (128k) unallocated with an allocation bit.
+setup_qcow2_ext_bad_after_run() {
+  qemu-img create -q -f qcow2 -o extended_l2=on "$1/img.qcow2" 1M
+  qemu-io -f qcow2 -c 'write -P 1 0 4k' "$1/img.qcow2" >/dev/null
+  printf '\x01' | dd of="$1/img.qcow2" bs=1 seek=$((0x4002f)) \
+    conv=notrunc status=none
+}
+check "qcow2 invalid subcluster bitmap after an unallocated run" \
+  setup_qcow2_ext_bad_after_run nosort -r -f qcow2 -c 'alloc 64k 128k' \
+  -c 'read 64k 4k' -c 'map' img.qcow2
 check "qcow2 invalid subcluster bitmap, read-write" setup_qcow2_ext_bad \
   nosort -f qcow2 -c 'read -P 1 0 4k' -c 'read -P 2 128k 128k' -c 'map' \
   -c 'read 256k 4k' -c 'alloc 0 1M' -c 'read 0 4k' img.qcow2
