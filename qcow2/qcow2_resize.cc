@@ -317,11 +317,13 @@ io::Task<absl::Status> Qcow2Node::Shrink(uint64_t new_size) {
   const uint64_t start = (new_size + mask) & ~mask;
   const uint64_t end = (size() + mask) & ~mask;
   // Drop every cluster past the new end (they fall through to nothing).
+  // Like QEMU's qcow2_cluster_discard, this allocates the L2 tables of the
+  // range that have none (those wholly past the end are freed below).
   for (uint64_t pos = start; pos < end;) {
     const uint64_t li = l1_index(pos);
     const uint64_t table_end = ((li + 1) * l2_entries_) << cluster_bits_;
     const uint64_t stop = std::min(end, table_end);
-    if (li < l1_.size() && (l1_[li] & format::kL1OffsetMask) != 0) {
+    if (li < l1_.size()) {
       CO_RETURN_IF_ERROR(co_await DiscardClusters(
           pos >> cluster_bits_, (stop - pos) >> cluster_bits_, /*full_discard=*/true));
     }
@@ -349,6 +351,8 @@ io::Task<absl::Status> Qcow2Node::Shrink(uint64_t new_size) {
     }
   }
   CO_RETURN_IF_ERROR(co_await FlushAll());
+  // Refcount blocks that count nothing any more leave the table.
+  CO_RETURN_IF_ERROR(co_await refcounts_->ShrinkTable());
   // Cut the file after the last cluster in use.
   const uint64_t file_size = FileSize();
   CO_ASSIGN_OR_RETURN(const int64_t last, co_await refcounts_->LastUsedCluster(file_size));

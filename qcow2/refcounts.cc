@@ -69,6 +69,35 @@ Refcounts::Refcounts(MetadataIo& io, uint32_t cluster_bits,
   SetTable(std::move(table), table_offset);
 }
 
+io::Task<absl::Status> Refcounts::ShrinkTable() {
+  const uint64_t per_block = uint64_t{1} << block_bits_;
+  std::vector<uint64_t> kept = table_;
+  for (uint64_t i = 0; i < table_.size(); ++i) {
+    if (table_[i] == 0) continue;
+    CO_ASSIGN_OR_RETURN(TableCache::Ref block, co_await LoadBlock(i));
+    // A block that describes itself counts its own cluster: that one
+    // refcount does not keep it.
+    const uint64_t own = table_[i] >> cluster_bits_;
+    const bool self = (own >> block_bits_) == i;
+    bool unused = true;
+    for (uint64_t j = 0; j < per_block && unused; ++j) {
+      if (self && j == (own & (per_block - 1))) continue;
+      unused = format::GetRefcount(block.data(), j, refcount_order_) == 0;
+    }
+    if (unused) kept[i] = 0;
+  }
+  std::vector<uint8_t> bytes(kept.size() * 8);
+  for (uint64_t i = 0; i < kept.size(); ++i) StoreBE64(&bytes[i * 8], kept[i]);
+  CO_RETURN_IF_ERROR(
+      co_await io_.WriteMetadata(table_offset_, bytes, kOverlapRefcountTable));
+  CO_RETURN_IF_ERROR(co_await io_.SyncFile());
+  for (uint64_t i = 0; i < table_.size(); ++i) {
+    if (table_[i] != 0 && kept[i] == 0) cache_.Discard(table_[i]);
+  }
+  SetTable(std::move(kept), table_offset_);
+  co_return absl::OkStatus();
+}
+
 void Refcounts::SetTable(std::vector<uint64_t> table, uint64_t offset) {
   table_ = std::move(table);
   table_offset_ = offset;

@@ -89,6 +89,12 @@ class Refcounts {
                                                   uint64_t new_refblock_index,
                                                   uint64_t new_refblock_offset);
 
+  // Drops from the refcount table every refcount block that counts no
+  // cluster but itself, writing the whole table (synced) first; the blocks'
+  // clusters are left to the file truncation that follows a shrink
+  // (qcow2_shrink_reftable). Errors: reading the blocks, writing the table.
+  io::Task<absl::Status> ShrinkTable();
+
   // Index of the last cluster below `file_size` with a nonzero refcount, or
   // -1 if there is none (qcow2_get_last_cluster).
   io::Task<absl::StatusOr<int64_t>> LastUsedCluster(uint64_t file_size);

@@ -72,6 +72,11 @@ qio() { qemu-io "$@" >/dev/null || echo "SETUP FAILED: qemu-io $*"; }
   cp c64k.qcow2 corrupt.qcow2
   printf '\x02' | dd of=corrupt.qcow2 bs=1 seek=79 conv=notrunc status=none
   mk -o extended_l2=on,cluster_size=128k ext.qcow2 4M
+  # Shrinking: L2 tables for the dropped range are made (QEMU's discard
+  # does), refcount blocks that count nothing any more leave the table.
+  mk -o cluster_size=4k full4k.qcow2 8M
+  qio -c 'write -P 7 0 8M' full4k.qcow2
+  mk empty.qcow2 1M
   qio -c 'write -P 9 4k 4k' -c 'write -z 1M 16k' ext.qcow2
   # Internal snapshots (info lists them; the other commands keep them).
   cp c64k.qcow2 snap.qcow2
@@ -264,7 +269,8 @@ for args in "c64k.qcow2 16M" "c512.qcow2 +1M" "c64k.qcow2 +1000" "c64k.qcow2 100
   "dirty.qcow2 4M" "corrupt.qcow2 16M" "-f raw c64k.qcow2 16M" \
   "mine.qcow2 1G" "pm.qcow2 5M" "ext.qcow2 8M" "--shrink ext.qcow2 1M" \
   "orphan.qcow2 2M" "-f qcow2 plain.raw 4M" "snap.qcow2 16M" \
-  "--shrink snap.qcow2 1M"; do
+  "--shrink snap.qcow2 1M" "--shrink full4k.qcow2 3000k" \
+  "--shrink empty.qcow2 512k"; do
   eval same_contents copy resize "$args"
 done
 # Files longer than their clusters: a hole a killed writer left, data a
