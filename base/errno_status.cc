@@ -31,4 +31,12 @@ int StatusErrno(const absl::Status& status) {
   return value;
 }
 
+absl::Status WithMessage(const absl::Status& status, absl::string_view message) {
+  absl::Status out(status.code(), message);
+  status.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+    out.SetPayload(url, payload);
+  });
+  return out;
+}
+
 }  // namespace imgtool

@@ -21,6 +21,10 @@ absl::Status ErrnoStatus(absl::string_view path, absl::string_view operation,
 // The errno kept in a status made by ErrnoStatus, or 0 if it has none.
 int StatusErrno(const absl::Status& status);
 
+// `status` (not ok) with its message replaced by `message`: the code and
+// every payload (the errno of ErrnoStatus among them) stay.
+absl::Status WithMessage(const absl::Status& status, absl::string_view message);
+
 }  // namespace imgtool
 
 #endif  // IMGTOOL_BASE_ERRNO_STATUS_H_

@@ -166,11 +166,7 @@ absl::Status RewordCreateError(const std::string& filename,
 // the creation itself, unless the message already starts with the name.
 absl::Status Named(const std::string& filename, const absl::Status& st) {
   if (absl::StartsWith(st.message(), absl::StrCat(filename, ": "))) return st;
-  absl::Status named(st.code(), absl::StrCat(filename, ": ", st.message()));
-  st.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
-    named.SetPayload(url, payload);
-  });
-  return named;
+  return WithMessage(st, absl::StrCat(filename, ": ", st.message()));
 }
 
 // Opens the backing file of a new image (qemu-img create without -u):

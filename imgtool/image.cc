@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/align.h"
+#include "base/errno_status.h"
 #include "base/options.h"
 #include "base/status_macros.h"
 #include "block/registry.h"
@@ -16,12 +17,8 @@ namespace {
 
 absl::Status CouldNotOpen(const std::string& filename,
                           const absl::Status& cause) {
-  absl::Status st(cause.code(), absl::StrCat("Could not open '", filename,
-                                             "': ", cause.message()));
-  cause.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
-    st.SetPayload(url, payload);
-  });
-  return st;
+  return WithMessage(cause, absl::StrCat("Could not open '", filename, "': ",
+                                         cause.message()));
 }
 
 // The engine the image asks for: the `aio` option of the protocol node at

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "base/errno_status.h"
 #include "base/size.h"
 #include "base/status_macros.h"
 #include "imgtool/command.h"
@@ -57,11 +58,7 @@ absl::Status WithoutFileName(const std::string& filename,
                              const absl::Status& st) {
   absl::string_view message = st.message();
   if (!absl::ConsumePrefix(&message, absl::StrCat(filename, ": "))) return st;
-  absl::Status bare(st.code(), message);
-  st.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
-    bare.SetPayload(url, payload);
-  });
-  return bare;
+  return WithMessage(st, message);
 }
 
 }  // namespace

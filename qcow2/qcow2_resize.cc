@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "absl/numeric/bits.h"
-#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "base/errno_status.h"
 #include "base/status_macros.h"
 #include "io/aligned_buffer.h"
 #include "qcow2/bytes.h"
@@ -34,13 +34,8 @@ absl::Status UnderlyingFileError(const absl::Status& st,
                                  const std::string& file) {
   absl::string_view cause = st.message();
   absl::ConsumePrefix(&cause, absl::StrCat(file, ": "));
-  absl::Status out(st.code(), absl::StrCat(image, ": Failed to resize "
-                                                  "underlying file: ",
-                                           cause));
-  st.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
-    out.SetPayload(url, payload);
-  });
-  return out;
+  return WithMessage(
+      st, absl::StrCat(image, ": Failed to resize underlying file: ", cause));
 }
 
 }  // namespace
