@@ -1263,8 +1263,6 @@ io::Task<absl::Status> Qcow2Node::DiscardClusters(uint64_t first,
   if (li >= l1_.size()) co_return absl::OkStatus();
   CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(li));
   const uint64_t index = first % l2_entries_;
-  const bool has_backing =
-      backing_ != nullptr || header_.backing_file.has_value();
   for (uint64_t i = 0; i < count; ++i) {
     const L2Entry old = GetEntry(l2, index + i);
     CO_ASSIGN_OR_RETURN(ClusterType type,
@@ -1272,7 +1270,7 @@ io::Task<absl::Status> Qcow2Node::DiscardClusters(uint64_t first,
     L2Entry e = old;
     if (full_discard) {
       e = L2Entry{};
-    } else if (has_backing || IsAllocated(type)) {
+    } else if (has_backing_file() || IsAllocated(type)) {
       e = L2Entry{};
       if (l2_format_.extended_l2) {
         e.bitmap = format::kSubclusterZeroMask;
@@ -1300,12 +1298,10 @@ io::Task<absl::Status> Qcow2Node::ChangeSubclusters(uint64_t offset,
       (in_cluster + (end - offset) + (uint64_t{1} << sc_bits) - 1) >> sc_bits));
   if (a >= b) co_return absl::OkStatus();
   const uint64_t range = format::SubclusterAllocRange(a, b - a);
-  const bool has_backing =
-      backing_ != nullptr || header_.backing_file.has_value();
   co_return co_await ForEachL2Range(
       cluster, 1, [&](uint64_t, uint64_t) -> io::Task<absl::Status> {
         const uint64_t li = l1_index(offset);
-        if (discard && !has_backing &&
+        if (discard && !has_backing_file() &&
             (li >= l1_.size() || (l1_[li] & format::kL1OffsetMask) == 0)) {
           co_return absl::OkStatus();  // reads as zeroes already
         }
@@ -1319,7 +1315,7 @@ io::Task<absl::Status> Qcow2Node::ChangeSubclusters(uint64_t offset,
           if (!discard) *fallback = true;
           co_return absl::OkStatus();
         }
-        if (discard && !has_backing && old.host_offset() == 0) {
+        if (discard && !has_backing_file() && old.host_offset() == 0) {
           co_return absl::OkStatus();  // reads as zeroes already
         }
         if (if_no_data && (old.bitmap & range) != 0) {
@@ -1516,9 +1512,7 @@ io::Task<absl::Status> Qcow2Node::DoWriteZeroes(uint64_t offset,
         "image (%u bytes)",
         filename(), length, offset, size()));
   }
-  const bool has_backing =
-      backing_ != nullptr || header_.backing_file.has_value();
-  if (header_.version < 3 && has_backing) {
+  if (header_.version < 3 && has_backing_file()) {
     co_return absl::UnimplementedError("write zeroes");
   }
   if (l2_format_.extended_l2) {

@@ -273,6 +273,11 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   io::Task<absl::StatusOr<TableCache::Ref>> GetL2ForWrite(uint64_t index);
   format::L2Entry GetEntry(const TableCache::Ref& l2, uint64_t index) const;
   void SetEntry(TableCache::Ref& l2, uint64_t index, const format::L2Entry& e);
+  // Whether the image has a backing file: one is open, or the header names
+  // one.
+  bool has_backing_file() const {
+    return backing_ != nullptr || header_.backing_file.has_value();
+  }
   // Classifies an entry the way QEMU does at run time; a corruption event
   // for misaligned offsets, past-EOF clusters, zero flags in v2 images and
   // invalid subcluster bitmaps. `for_write`: the entry is met by a data
