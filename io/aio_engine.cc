@@ -91,6 +91,7 @@ AioEngine::AioEngine(io_context_t context, int event_fd,
       event_fd_(event_fd),
       max_in_kernel_(max_in_kernel),
       iocbs_(max_in_kernel),
+      runs_(max_in_kernel),
       events_(max_in_kernel) {
   free_iocbs_.reserve(max_in_kernel);
   for (struct iocb& cb : iocbs_) free_iocbs_.push_back(&cb);
@@ -127,25 +128,27 @@ void AioEngine::Submit(Op* op) {
 absl::Status AioEngine::SubmitQueued(std::vector<Op*>& done) {
   batch_.clear();
   while (!queued_.empty() && !free_iocbs_.empty()) {
-    Op* op = queued_.front();
-    queued_.pop_front();
     struct iocb* cb = free_iocbs_.back();
     free_iocbs_.pop_back();
-    auto* iov = const_cast<struct iovec*>(op->iov);
-    const auto offset = static_cast<long long>(op->offset);
-    if (op->kind == OpKind::kRead) {
-      if (op->iovcnt == 1) {
-        io_prep_pread(cb, op->fd, iov[0].iov_base, iov[0].iov_len, offset);
+    MergedRequest& run = runs_[static_cast<size_t>(cb - iocbs_.data())];
+    TakeRun(queued_, kMaxMergedBytes, run);
+    const Op& first = *run.ops.front();
+    auto* iov = const_cast<struct iovec*>(run.iovec_data());
+    const int iovcnt = run.iovec_count();
+    const auto offset = static_cast<long long>(first.offset);
+    if (first.kind == OpKind::kRead) {
+      if (iovcnt == 1) {
+        io_prep_pread(cb, first.fd, iov[0].iov_base, iov[0].iov_len, offset);
       } else {
-        io_prep_preadv(cb, op->fd, iov, op->iovcnt, offset);
+        io_prep_preadv(cb, first.fd, iov, iovcnt, offset);
       }
-    } else if (op->iovcnt == 1) {
-      io_prep_pwrite(cb, op->fd, iov[0].iov_base, iov[0].iov_len, offset);
+    } else if (iovcnt == 1) {
+      io_prep_pwrite(cb, first.fd, iov[0].iov_base, iov[0].iov_len, offset);
     } else {
-      io_prep_pwritev(cb, op->fd, iov, op->iovcnt, offset);
+      io_prep_pwritev(cb, first.fd, iov, iovcnt, offset);
     }
     io_set_eventfd(cb, event_fd_);
-    cb->data = op;
+    cb->data = &run;
     batch_.push_back(cb);
   }
   size_t next = 0;
@@ -159,7 +162,8 @@ absl::Status AioEngine::SubmitQueued(std::vector<Op*>& done) {
       // The kernel is short of request slots: the rest goes back to the
       // front of the queue, in order, until requests complete.
       for (size_t i = batch_.size(); i-- > next;) {
-        queued_.push_front(static_cast<Op*>(batch_[i]->data));
+        const auto& ops = static_cast<MergedRequest*>(batch_[i]->data)->ops;
+        queued_.insert(queued_.begin(), ops.begin(), ops.end());
         free_iocbs_.push_back(batch_[i]);
       }
       break;
@@ -167,10 +171,7 @@ absl::Status AioEngine::SubmitQueued(std::vector<Op*>& done) {
       // io_submit refused the first request of the batch on its own (a bad
       // fd, an fd not open for this direction, a file without AIO
       // support): it completes with that error.
-      Op* op = static_cast<Op*>(batch_[next]->data);
-      op->result = r;
-      free_iocbs_.push_back(batch_[next]);
-      done.push_back(op);
+      Finish(batch_[next], r, done);
       ++next;
     }
   }
@@ -182,14 +183,19 @@ absl::Status AioEngine::SubmitQueued(std::vector<Op*>& done) {
   return absl::OkStatus();
 }
 
+void AioEngine::Finish(struct iocb* cb, int64_t result,
+                       std::vector<Op*>& done) {
+  const auto& run = *static_cast<MergedRequest*>(cb->data);
+  SplitResult(run, result);
+  done.insert(done.end(), run.ops.begin(), run.ops.end());
+  free_iocbs_.push_back(cb);
+}
+
 void AioEngine::TakeEvents(const struct io_event* events, long count,
                            std::vector<Op*>& done) {
   for (long i = 0; i < count; ++i) {
-    Op* op = static_cast<Op*>(events[i].data);
     // res is bytes or -errno in an unsigned long.
-    op->result = static_cast<long>(events[i].res);
-    free_iocbs_.push_back(events[i].obj);
-    done.push_back(op);
+    Finish(events[i].obj, static_cast<long>(events[i].res), done);
   }
   in_kernel_ -= static_cast<unsigned>(count);
 }

@@ -45,6 +45,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "io/coalesce.h"
 #include "io/engine.h"
 #include "io/thread_pool_engine.h"
 
@@ -89,6 +90,9 @@ class AioEngine : public Engine {
   // io_getevents if the ring's layout is unknown) to `done`; frees their
   // iocbs.
   void Reap(std::vector<Op*>& done);
+  // Sets the results of the requests `cb` carried from `result`, moves
+  // them to `done` and frees `cb`.
+  void Finish(struct iocb* cb, int64_t result, std::vector<Op*>& done);
   // Takes the kernel's events (from either source) into `done`.
   void TakeEvents(const struct io_event* events, long count,
                   std::vector<Op*>& done);
@@ -107,6 +111,8 @@ class AioEngine : public Engine {
   std::deque<Op*> queued_;         // reads/writes not in the kernel (FIFO)
   std::vector<struct iocb> iocbs_;       // max_in_kernel_ slots
   std::vector<struct iocb*> free_iocbs_;
+  // What iocbs_[i] carries: one request or a run merged (io/coalesce.h).
+  std::vector<MergedRequest> runs_;
   std::vector<struct iocb*> batch_;      // scratch for io_submit
   std::vector<struct io_event> events_;  // scratch for io_getevents
   std::vector<Op*> completed_;           // scratch for Poll()

@@ -1,0 +1,66 @@
+#include "io/coalesce.h"
+
+#include <cerrno>
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+namespace imgtool::io {
+namespace {
+
+uint64_t Length(const Op& op) {
+  uint64_t n = 0;
+  for (int i = 0; i < op.iovcnt; ++i) n += op.iov[i].iov_len;
+  return n;
+}
+
+}  // namespace
+
+void TakeRun(std::deque<Op*>& queue, uint64_t max_bytes, MergedRequest& run) {
+  run.ops.clear();
+  run.iov.clear();
+  Op* first = queue.front();
+  queue.pop_front();
+  run.ops.push_back(first);
+  run.bytes = Length(*first);
+  max_bytes = std::min(max_bytes, kMaxMergedBytes);
+  int iovcnt = first->iovcnt;
+  while (!queue.empty()) {
+    const Op& next = *queue.front();
+    const Op& last = *run.ops.back();
+    if (next.kind != last.kind || next.fd != last.fd ||
+        next.offset != first->offset + run.bytes ||
+        iovcnt + next.iovcnt > IOV_MAX) {
+      break;
+    }
+    const uint64_t n = Length(next);
+    if (run.bytes + n > max_bytes) break;
+    if (run.iov.empty()) {
+      run.iov.assign(first->iov, first->iov + first->iovcnt);
+    }
+    run.iov.insert(run.iov.end(), next.iov, next.iov + next.iovcnt);
+    iovcnt += next.iovcnt;
+    run.bytes += n;
+    run.ops.push_back(queue.front());
+    queue.pop_front();
+  }
+}
+
+void SplitResult(const MergedRequest& run, int64_t result) {
+  if (run.ops.size() == 1 || result < 0) {
+    for (Op* op : run.ops) op->result = result;
+    return;
+  }
+  uint64_t left = static_cast<uint64_t>(result);
+  for (Op* op : run.ops) {
+    const uint64_t n = Length(*op);
+    if (left == 0) {
+      op->result = -EAGAIN;
+    } else {
+      op->result = static_cast<int64_t>(std::min(n, left));
+      left -= std::min(n, left);
+    }
+  }
+}
+
+}  // namespace imgtool::io
