@@ -157,6 +157,7 @@ absl::Status AioEngine::SubmitQueued(std::vector<Op*>& done) {
                             batch_.data() + next);
     if (r > 0) {
       in_kernel_ += static_cast<unsigned>(r);
+      requests_submitted_ += static_cast<uint64_t>(r);
       next += static_cast<size_t>(r);
     } else if (r == -EAGAIN || r == 0) {
       // The kernel is short of request slots: the rest goes back to the

@@ -51,15 +51,20 @@ void SplitResult(const MergedRequest& run, int64_t result) {
     for (Op* op : run.ops) op->result = result;
     return;
   }
+  // The first op always gets its share, even 0 bytes (end of file at the
+  // run's start): each round of retries then settles at least one op, so
+  // ops retried together (and merged again) cannot loop forever.
   uint64_t left = static_cast<uint64_t>(result);
+  bool first = true;
   for (Op* op : run.ops) {
-    const uint64_t n = Length(*op);
-    if (left == 0) {
+    if (left == 0 && !first) {
       op->result = -EAGAIN;
     } else {
-      op->result = static_cast<int64_t>(std::min(n, left));
-      left -= std::min(n, left);
+      const uint64_t n = std::min(Length(*op), left);
+      op->result = static_cast<int64_t>(n);
+      left -= n;
     }
+    first = false;
   }
 }
 

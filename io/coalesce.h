@@ -55,9 +55,10 @@ void TakeRun(std::deque<Op*>& queue, uint64_t max_bytes, MergedRequest& run);
 
 // Sets each op's `result` from the merged request's `result` (bytes or
 // -errno): an error goes to every op; a byte count is handed out in order.
-// An op that got no byte of a short count gets -EAGAIN, which its caller
-// retries as a request of its own (a short count stays a short count for
-// the op it ends in, as for a request that was not merged).
+// An op after the first that got no byte of a short count gets -EAGAIN,
+// which its caller retries (a short count stays a short count for the op
+// it ends in, as for a request that was not merged; the first op gets its
+// share even when that is 0, so each retry round settles at least one op).
 void SplitResult(const MergedRequest& run, int64_t result);
 
 }  // namespace imgtool::io

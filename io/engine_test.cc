@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/uio.h>
@@ -12,10 +14,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -583,6 +587,233 @@ TEST_P(EngineTest, QueuesDirectWritesBeyondTheQueueDepth) {
             std::string(reinterpret_cast<char*>(buffer.data()),
                         buffer.size()));
 }
+
+// Requests the engine handed on (to the kernel or, for io_uring, to its
+// side pool), a merged run counting once.
+uint64_t RequestsSubmitted(const Engine& engine) {
+  if (const auto* aio = dynamic_cast<const AioEngine*>(&engine)) {
+    return aio->requests_submitted();
+  }
+  ADD_FAILURE() << engine.name() << " does not count its requests";
+  return 0;
+}
+
+// Adjacent reads or writes queued before the next Poll go to the kernel as
+// one request per run (io/coalesce.h); each Op still gets its own result.
+class MergingEngineTest : public EngineTest {
+ protected:
+  static constexpr size_t kPiece = 16 * 1024;
+  // 100 pieces of 16 KiB: runs of 64 (kMaxMergedBytes) and 36.
+  static constexpr int kPieces = 100;
+
+  // Writes kPieces adjacent pieces of distinct patterns to `fd` at
+  // `base`, all submitted before one Drain, then reads them back the same
+  // way; checks every result, the file's content and that each direction
+  // took two requests.
+  void WriteAndReadAdjacentPieces(Engine& engine, int fd, uint64_t base) {
+    AlignedBuffer data(kPieces * kPiece);
+    for (int i = 0; i < kPieces; ++i) {
+      const std::string piece = Pattern(i * 7, kPiece);
+      std::memcpy(data.data() + i * kPiece, piece.data(), kPiece);
+    }
+    std::vector<struct iovec> iovs(kPieces);
+    std::vector<Op> ops(kPieces);
+    for (int i = 0; i < kPieces; ++i) {
+      iovs[i] = {data.data() + i * kPiece, kPiece};
+      ops[i] = Op{.kind = OpKind::kWrite, .fd = fd, .iov = &iovs[i],
+                  .iovcnt = 1, .offset = base + i * kPiece};
+      ops[i].result = 12345;
+      engine.Submit(&ops[i]);
+    }
+    uint64_t before = RequestsSubmitted(engine);
+    Drain(engine);
+    EXPECT_EQ(RequestsSubmitted(engine) - before, 2u);
+    for (int i = 0; i < kPieces; ++i) {
+      ASSERT_EQ(ops[i].result, static_cast<int64_t>(kPiece)) << "write " << i;
+    }
+    AlignedBuffer file(kPieces * kPiece);
+    ASSERT_EQ(pread(fd, file.data(), file.size(), static_cast<off_t>(base)),
+              static_cast<ssize_t>(file.size()));
+    ASSERT_EQ(std::memcmp(file.data(), data.data(), data.size()), 0);
+
+    AlignedBuffer back(kPieces * kPiece);
+    std::memset(back.data(), 0x5a, back.size());
+    for (int i = 0; i < kPieces; ++i) {
+      iovs[i] = {back.data() + i * kPiece, kPiece};
+      ops[i] = Op{.kind = OpKind::kRead, .fd = fd, .iov = &iovs[i],
+                  .iovcnt = 1, .offset = base + i * kPiece};
+      ops[i].result = 12345;
+      engine.Submit(&ops[i]);
+    }
+    before = RequestsSubmitted(engine);
+    Drain(engine);
+    EXPECT_EQ(RequestsSubmitted(engine) - before, 2u);
+    for (int i = 0; i < kPieces; ++i) {
+      ASSERT_EQ(ops[i].result, static_cast<int64_t>(kPiece)) << "read " << i;
+      ASSERT_EQ(std::memcmp(back.data() + i * kPiece,
+                            data.data() + i * kPiece, kPiece),
+                0)
+          << "read " << i;
+    }
+  }
+};
+
+TEST_P(MergingEngineTest, MergesAdjacentBufferedReadsAndWrites) {
+  std::unique_ptr<Engine> engine = MakeEngine(128);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  WriteAndReadAdjacentPieces(*engine, file.fd(), 4096);
+}
+
+TEST_P(MergingEngineTest, MergesAdjacentDirectReadsAndWrites) {
+  std::unique_ptr<Engine> engine = MakeEngine(128);
+  ASSERT_NE(engine, nullptr);
+  std::string dir = DirectIoDir();
+  if (dir.empty()) GTEST_SKIP() << "no writable disk-backed directory";
+  TempFile file(dir, O_DIRECT);
+  ASSERT_GE(file.fd(), 0) << dir << ": " << strerror(errno);
+  // Into preallocated (unwritten) extents, the case merging is for.
+  ASSERT_EQ(fallocate(file.fd(), 0, 0, kPieces * kPiece + 8192), 0);
+  WriteAndReadAdjacentPieces(*engine, file.fd(), 8192);
+}
+
+// Requests on another fd, of another kind, or not adjacent are not merged;
+// a run stops there and the rest keep their order.
+TEST_P(MergingEngineTest, OnlyAdjacentRequestsOnOneFdMerge) {
+  std::unique_ptr<Engine> engine = MakeEngine(16);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  TempFile other(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  ASSERT_GE(other.fd(), 0);
+  const std::string old_data = Pattern(200, kBlock);
+  ASSERT_EQ(pwrite(file.fd(), old_data.data(), kBlock, 8 * kBlock),
+            static_cast<ssize_t>(kBlock));
+  std::string data[6];
+  struct iovec iovs[6];
+  Op ops[6];
+  // Blocks 0, 1 (merge), block 2 of `other`, a read of block 8, blocks 3, 4
+  // of `file` (merge; 3 does not continue the read).
+  const struct {
+    OpKind kind;
+    int fd;
+    uint64_t block;
+  } layout[6] = {{OpKind::kWrite, file.fd(), 0}, {OpKind::kWrite, file.fd(), 1},
+                 {OpKind::kWrite, other.fd(), 2}, {OpKind::kRead, file.fd(), 8},
+                 {OpKind::kWrite, file.fd(), 3}, {OpKind::kWrite, file.fd(), 4}};
+  for (int i = 0; i < 6; ++i) {
+    data[i] = layout[i].kind == OpKind::kRead ? std::string(kBlock, '\0')
+                                              : Pattern(i, kBlock);
+    iovs[i] = {data[i].data(), kBlock};
+    ops[i] = Op{.kind = layout[i].kind, .fd = layout[i].fd, .iov = &iovs[i],
+                .iovcnt = 1, .offset = layout[i].block * kBlock};
+    ops[i].result = 12345;
+    engine->Submit(&ops[i]);
+  }
+  const uint64_t before = RequestsSubmitted(*engine);
+  Drain(*engine);
+  EXPECT_EQ(RequestsSubmitted(*engine) - before, 4u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(ops[i].result, static_cast<int64_t>(kBlock)) << "request " << i;
+  }
+  EXPECT_EQ(data[3], old_data);
+  EXPECT_EQ(PRead(file.fd(), 2 * kBlock, 0), data[0] + data[1]);
+  EXPECT_EQ(PRead(other.fd(), kBlock, 2 * kBlock), data[2]);
+  EXPECT_EQ(PRead(file.fd(), 2 * kBlock, 3 * kBlock), data[4] + data[5]);
+}
+
+// A merged read crossing the end of the file: the op the count ends in gets
+// its part, the one past it -EAGAIN (its caller retries it alone and then
+// sees the end of the file).
+TEST_P(MergingEngineTest, AShortMergedReadHandsEagainToTheOpsItMissed) {
+  std::unique_ptr<Engine> engine = MakeEngine(16);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  constexpr size_t kPiece = 16 * 1024;
+  const std::string content = Pattern(9, kPiece + 5000);
+  ASSERT_EQ(pwrite(file.fd(), content.data(), content.size(), 0),
+            static_cast<ssize_t>(content.size()));
+  std::string back[3];
+  struct iovec iovs[3];
+  Op ops[3];
+  for (int i = 0; i < 3; ++i) {
+    back[i].assign(kPiece, 'z');
+    iovs[i] = {back[i].data(), kPiece};
+    ops[i] = Op{.kind = OpKind::kRead, .fd = file.fd(), .iov = &iovs[i],
+                .iovcnt = 1, .offset = i * kPiece};
+    ops[i].result = 12345;
+    engine->Submit(&ops[i]);
+  }
+  const uint64_t before = RequestsSubmitted(*engine);
+  Drain(*engine);
+  EXPECT_EQ(RequestsSubmitted(*engine) - before, 1u);
+  EXPECT_EQ(ops[0].result, static_cast<int64_t>(kPiece));
+  EXPECT_EQ(ops[1].result, 5000);
+  EXPECT_EQ(ops[2].result, -EAGAIN);
+  EXPECT_EQ(back[0], content.substr(0, kPiece));
+  EXPECT_EQ(back[1].substr(0, 5000), content.substr(kPiece));
+  EXPECT_EQ(back[2], std::string(kPiece, 'z'));
+  // Retried alone, the third read is a read at the end of the file.
+  EXPECT_EQ(RunSync(*engine, RunOp(*engine, std::move(ops[2]))), 0);
+}
+
+// The same for a merged write cut short by the file size limit
+// (RLIMIT_FSIZE): the write that crosses the limit writes what fits.
+TEST_P(MergingEngineTest, AShortMergedWriteHandsEagainToTheOpsItMissed) {
+  std::unique_ptr<Engine> engine = MakeEngine(16);
+  ASSERT_NE(engine, nullptr);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  constexpr size_t kPiece = 16 * 1024;
+  constexpr rlim_t kLimit = kPiece + 5000;
+  struct rlimit old_limit;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  if (old_limit.rlim_max != RLIM_INFINITY && old_limit.rlim_max < kLimit) {
+    GTEST_SKIP() << "RLIMIT_FSIZE hard limit too low";
+  }
+  // Writing at the limit raises SIGXFSZ (fatal by default): ignore it.
+  struct sigaction ignore = {}, old_action;
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(sigaction(SIGXFSZ, &ignore, &old_action), 0);
+  struct rlimit limit = {kLimit, old_limit.rlim_max};
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limit), 0);
+  std::string data[3];
+  struct iovec iovs[3];
+  Op ops[3];
+  for (int i = 0; i < 3; ++i) {
+    data[i] = Pattern(i * 3, kPiece);
+    iovs[i] = {data[i].data(), kPiece};
+    ops[i] = Op{.kind = OpKind::kWrite, .fd = file.fd(), .iov = &iovs[i],
+                .iovcnt = 1, .offset = i * kPiece};
+    ops[i].result = 12345;
+    engine->Submit(&ops[i]);
+  }
+  const uint64_t before = RequestsSubmitted(*engine);
+  Drain(*engine);
+  const uint64_t requests = RequestsSubmitted(*engine) - before;
+  // Retried alone, the third write starts past the limit.
+  const int64_t retried = RunSync(*engine, RunOp(*engine, std::move(ops[2])));
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  ASSERT_EQ(sigaction(SIGXFSZ, &old_action, nullptr), 0);
+  EXPECT_EQ(requests, 1u);
+  EXPECT_EQ(ops[0].result, static_cast<int64_t>(kPiece));
+  EXPECT_EQ(ops[1].result, 5000);
+  EXPECT_EQ(ops[2].result, -EAGAIN);
+  EXPECT_EQ(retried, -EFBIG);
+  struct stat st;
+  ASSERT_EQ(fstat(file.fd(), &st), 0);
+  EXPECT_EQ(st.st_size, static_cast<off_t>(kLimit));
+  EXPECT_EQ(PRead(file.fd(), kLimit, 0),
+            data[0] + data[1].substr(0, 5000));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, MergingEngineTest, ::testing::Values(EngineKind::kNative),
+    [](const ::testing::TestParamInfo<EngineKind>& info) {
+      return std::string(KindName(info.param));
+    });
 
 INSTANTIATE_TEST_SUITE_P(
     Backends, EngineTest,
