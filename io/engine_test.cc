@@ -594,6 +594,9 @@ uint64_t RequestsSubmitted(const Engine& engine) {
   if (const auto* aio = dynamic_cast<const AioEngine*>(&engine)) {
     return aio->requests_submitted();
   }
+  if (const auto* uring = dynamic_cast<const UringEngine*>(&engine)) {
+    return uring->requests_submitted();
+  }
   ADD_FAILURE() << engine.name() << " does not count its requests";
   return 0;
 }
@@ -810,7 +813,8 @@ TEST_P(MergingEngineTest, AShortMergedWriteHandsEagainToTheOpsItMissed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Backends, MergingEngineTest, ::testing::Values(EngineKind::kNative),
+    Backends, MergingEngineTest,
+    ::testing::Values(EngineKind::kIoUring, EngineKind::kNative),
     [](const ::testing::TestParamInfo<EngineKind>& info) {
       return std::string(KindName(info.param));
     });
@@ -945,14 +949,15 @@ TEST(UringEngineTest, RingRequestsCompleteWhileTheSidePoolBlocks) {
   bool read_done = false;
   read.op.done = [&read_done](Op&) { read_done = true; };
   engine.Submit(&read.op);
-  constexpr int kCount = 40;  // more than the ring holds
+  // More than the ring holds, with gaps between them so that none merge.
+  constexpr int kCount = 40;
   std::string data = Pattern(3, 512);
   struct iovec iov = {data.data(), data.size()};
   std::vector<Op> ops(kCount);
   int written = 0;
   for (int i = 0; i < kCount; ++i) {
     ops[i] = Op{.kind = OpKind::kWrite, .fd = file.fd(), .iov = &iov,
-                .iovcnt = 1, .offset = i * uint64_t{512}};
+                .iovcnt = 1, .offset = i * uint64_t{1024}};
     ops[i].done = [&written](Op& op) {
       EXPECT_EQ(op.result, 512);
       ++written;
@@ -961,12 +966,53 @@ TEST(UringEngineTest, RingRequestsCompleteWhileTheSidePoolBlocks) {
   }
   EXPECT_EQ(engine.in_flight(), uint64_t{kCount + 1});
   while (written < kCount) ASSERT_TRUE(engine.Poll(/*wait=*/true).ok());
+  EXPECT_EQ(engine.requests_submitted(), uint64_t{kCount} + 1);
   EXPECT_FALSE(read_done);
   EXPECT_EQ(engine.in_flight(), 1u);
   ASSERT_EQ(write(read.fds[1], "y", 1), 1);
   while (engine.in_flight() > 0) ASSERT_TRUE(engine.Poll(/*wait=*/true).ok());
   EXPECT_TRUE(read_done);
   EXPECT_EQ(read.byte, 'y');
+}
+
+// A run of adjacent writes with one marked may_block goes to the side pool
+// as one request; the results and data are those of separate writes.
+TEST(UringEngineTest, AMergedRunWithAMayBlockOpRunsOnTheSidePool) {
+  absl::StatusOr<std::unique_ptr<Engine>> created = UringEngine::Create(16);
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto& engine = static_cast<UringEngine&>(**created);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  constexpr int kCount = 8;
+  std::string data[kCount];
+  struct iovec iovs[kCount];
+  Op ops[kCount];
+  for (int i = 0; i < kCount; ++i) {
+    data[i] = Pattern(i * 5, kBlock);
+    iovs[i] = {data[i].data(), kBlock};
+    ops[i] = Op{.kind = OpKind::kWrite, .fd = file.fd(), .iov = &iovs[i],
+                .iovcnt = 1, .offset = i * kBlock, .may_block = i == 5};
+    ops[i].result = 12345;
+    engine.Submit(&ops[i]);
+  }
+  // Not adjacent: a ring request of its own.
+  std::string last = Pattern(99, kBlock);
+  struct iovec last_iov = {last.data(), kBlock};
+  Op apart{.kind = OpKind::kWrite, .fd = file.fd(), .iov = &last_iov,
+           .iovcnt = 1, .offset = (kCount + 1) * kBlock};
+  engine.Submit(&apart);
+  EXPECT_EQ(engine.in_flight(), uint64_t{kCount + 1});
+  while (engine.in_flight() > 0) ASSERT_TRUE(engine.Poll(/*wait=*/true).ok());
+  EXPECT_EQ(engine.side_requests(), uint64_t{kCount});
+  EXPECT_EQ(engine.requests_submitted(), 2u);
+  std::string want;
+  for (int i = 0; i < kCount; ++i) {
+    EXPECT_EQ(ops[i].result, static_cast<int64_t>(kBlock)) << "request " << i;
+    want += data[i];
+  }
+  EXPECT_EQ(apart.result, static_cast<int64_t>(kBlock));
+  EXPECT_EQ(PRead(file.fd(), kCount * kBlock, 0), want);
+  EXPECT_EQ(PRead(file.fd(), kBlock, (kCount + 1) * kBlock), last);
 }
 
 // Destroying the engine with side-pool requests not yet collected: the

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "io/coalesce.h"
 
 namespace imgtool::io {
 namespace {
@@ -33,6 +34,10 @@ absl::Status EnterError(const char* operation, int error_number) {
 // One buffer whose length fits IORING_OP_READ/WRITE's 32-bit length.
 bool SingleBuffer(const Op& op) {
   return op.iovcnt == 1 && op.iov[0].iov_len <= UINT32_MAX;
+}
+
+bool IsReadOrWrite(const Op& op) {
+  return op.kind == OpKind::kRead || op.kind == OpKind::kWrite;
 }
 
 }  // namespace
@@ -74,77 +79,112 @@ UringEngine::~UringEngine() {
 }
 
 void UringEngine::Submit(Op* op) {
-  if (op->may_block) {
-    if (side_ == nullptr) {
-      // No EFD_NONBLOCK: io_uring then waits for the count by polling
-      // instead of failing the read with -EAGAIN.
-      side_event_fd_ = eventfd(0, EFD_CLOEXEC);
-      // Without an eventfd the request takes the ring path like any other.
-      if (side_event_fd_ >= 0) {
-        side_ = std::make_unique<ThreadPoolEngine>(
-            side_threads_, [fd = side_event_fd_] {
-              const uint64_t one = 1;
-              // Cannot fail short of 2^64 - 2 unread additions.
-              (void)!write(fd, &one, sizeof(one));
-            });
-      }
-    }
-    if (side_ != nullptr) {
-      ++side_requests_;
-      side_->Submit(op);
-      return;
-    }
-  }
   ++in_flight_;
-  // Keep FIFO order: once requests wait in user space, new ones queue too.
-  if (!overflow_.empty() || !Prepare(op)) overflow_.push_back(op);
+  queued_.push_back(op);
 }
 
-bool UringEngine::Prepare(Op* op) {
+bool UringEngine::StartSidePool() {
+  if (side_ != nullptr) return true;
+  if (side_event_fd_ != -1) return false;  // eventfd failed before
+  // No EFD_NONBLOCK: io_uring then waits for the count by polling instead
+  // of failing the read with -EAGAIN.
+  side_event_fd_ = eventfd(0, EFD_CLOEXEC);
+  if (side_event_fd_ < 0) {
+    side_event_fd_ = -2;  // the ring path serves from now on
+    return false;
+  }
+  side_ = std::make_unique<ThreadPoolEngine>(
+      side_threads_, [fd = side_event_fd_] {
+        const uint64_t one = 1;
+        // Cannot fail short of 2^64 - 2 unread additions.
+        (void)!write(fd, &one, sizeof(one));
+      });
+  return true;
+}
+
+UringEngine::Request* UringEngine::NewRequest() {
+  if (free_requests_.empty()) {
+    requests_.push_back(std::make_unique<Request>());
+    return requests_.back().get();
+  }
+  Request* request = free_requests_.back();
+  free_requests_.pop_back();
+  return request;
+}
+
+void UringEngine::SubmitToSidePool(Request* request) {
+  const MergedRequest& run = request->run;
+  const Op& first = *run.ops.front();
+  request->carrier = Op{.kind = first.kind,
+                        .fd = first.fd,
+                        .iov = run.iovec_data(),
+                        .iovcnt = run.iovec_count(),
+                        .offset = first.offset,
+                        .length = first.length,
+                        .mode = first.mode};
+  request->carrier.done = [this, request](Op& carrier) {
+    SplitResult(request->run, carrier.result);
+    // The request is not reused before it is freed, so its ops stay put
+    // while their callbacks submit new requests.
+    RunCallbacks(request->run.ops, in_flight_);
+    free_requests_.push_back(request);
+  };
+  side_requests_ += run.ops.size();
+  if (IsReadOrWrite(first)) ++requests_submitted_;
+  side_->Submit(&request->carrier);
+}
+
+bool UringEngine::Prepare(Request* request) {
   if (in_kernel_ >= max_in_kernel_) return false;
   io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
   if (sqe == nullptr) {
     // The SQ is full: hand the queued entries to the kernel first. On
-    // failure `op` waits in user space and Poll() retries (and reports).
+    // failure the request waits in user space and Poll() retries (and
+    // reports).
     if (io_uring_submit(ring_.get()) < 0) return false;
     sqe = io_uring_get_sqe(ring_.get());
     if (sqe == nullptr) return false;
   }
-  switch (op->kind) {
+  const MergedRequest& run = request->run;
+  const Op& op = *run.ops.front();
+  // One buffer goes as IORING_OP_READ/WRITE, which skips importing the
+  // iovec.
+  const bool single = run.ops.size() == 1 && SingleBuffer(op);
+  const auto iovcnt = static_cast<unsigned>(run.iovec_count());
+  switch (op.kind) {
     case OpKind::kRead:
-      if (SingleBuffer(*op)) {  // IORING_OP_READ skips importing the iovec
-        io_uring_prep_read(sqe, op->fd, op->iov[0].iov_base,
-                           static_cast<unsigned>(op->iov[0].iov_len),
-                           op->offset);
+      if (single) {
+        io_uring_prep_read(sqe, op.fd, op.iov[0].iov_base,
+                           static_cast<unsigned>(op.iov[0].iov_len),
+                           op.offset);
       } else {
-        io_uring_prep_readv(sqe, op->fd, op->iov,
-                            static_cast<unsigned>(op->iovcnt), op->offset);
+        io_uring_prep_readv(sqe, op.fd, run.iovec_data(), iovcnt, op.offset);
       }
       break;
     case OpKind::kWrite:
-      if (SingleBuffer(*op)) {
-        io_uring_prep_write(sqe, op->fd, op->iov[0].iov_base,
-                            static_cast<unsigned>(op->iov[0].iov_len),
-                            op->offset);
+      if (single) {
+        io_uring_prep_write(sqe, op.fd, op.iov[0].iov_base,
+                            static_cast<unsigned>(op.iov[0].iov_len),
+                            op.offset);
       } else {
-        io_uring_prep_writev(sqe, op->fd, op->iov,
-                             static_cast<unsigned>(op->iovcnt), op->offset);
+        io_uring_prep_writev(sqe, op.fd, run.iovec_data(), iovcnt, op.offset);
       }
       break;
     case OpKind::kFsync:
-      io_uring_prep_fsync(sqe, op->fd, 0);
+      io_uring_prep_fsync(sqe, op.fd, 0);
       break;
     case OpKind::kFdatasync:
-      io_uring_prep_fsync(sqe, op->fd, IORING_FSYNC_DATASYNC);
+      io_uring_prep_fsync(sqe, op.fd, IORING_FSYNC_DATASYNC);
       break;
     case OpKind::kFallocate:
-      io_uring_prep_fallocate(sqe, op->fd, op->mode,
-                              static_cast<off_t>(op->offset),
-                              static_cast<off_t>(op->length));
+      io_uring_prep_fallocate(sqe, op.fd, op.mode,
+                              static_cast<off_t>(op.offset),
+                              static_cast<off_t>(op.length));
       break;
   }
-  io_uring_sqe_set_data(sqe, op);
+  io_uring_sqe_set_data(sqe, request);
   ++in_kernel_;
+  if (IsReadOrWrite(op)) ++requests_submitted_;
   return true;
 }
 
@@ -163,15 +203,37 @@ bool UringEngine::ArmSideEvent() {
   return true;
 }
 
-void UringEngine::DrainOverflow() {
-  while (!overflow_.empty() && Prepare(overflow_.front())) {
-    overflow_.pop_front();
+void UringEngine::DrainQueue() {
+  while (!queued_.empty()) {
+    // The ring is full: only a request marked may_block could leave now.
+    if (in_kernel_ >= max_in_kernel_ && !queued_.front()->may_block) return;
+    Request* request = NewRequest();
+    MergedRequest& run = request->run;
+    if (IsReadOrWrite(*queued_.front())) {
+      TakeRun(queued_, kMaxMergedBytes, run);
+    } else {
+      run.ops.assign(1, queued_.front());
+      run.iov.clear();
+      run.bytes = 0;
+      queued_.pop_front();
+    }
+    const bool may_block =
+        std::any_of(run.ops.begin(), run.ops.end(),
+                    [](const Op* op) { return op->may_block; });
+    if (may_block && StartSidePool()) {
+      SubmitToSidePool(request);
+    } else if (!Prepare(request)) {
+      // No room: the run goes back to the front of the queue, in order.
+      queued_.insert(queued_.begin(), run.ops.begin(), run.ops.end());
+      free_requests_.push_back(request);
+      return;
+    }
   }
 }
 
 absl::Status UringEngine::Poll(bool wait) {
   io_uring* ring = ring_.get();
-  DrainOverflow();
+  DrainQueue();
   // While the side pool has requests, a read of its eventfd sits in the
   // ring, so that waiting for a CQE also waits for the pool.
   const bool side_busy = side_ != nullptr && side_->in_flight() > 0;
@@ -209,7 +271,8 @@ absl::Status UringEngine::Poll(bool wait) {
   }
 
   // Reap every completion available, then run the callbacks: they may submit
-  // new requests (which go into the SQ for the next Poll) or free their Op.
+  // new requests (queued for the next Poll, where adjacent ones merge) or
+  // free their Op.
   std::vector<Op*> batch;
   batch.swap(completed_);  // nested Poll() from a callback gets a fresh one
   int side_event_error = 0;
@@ -223,14 +286,16 @@ absl::Status UringEngine::Poll(bool wait) {
         --ops;
         continue;
       }
-      Op* op = static_cast<Op*>(io_uring_cqe_get_data(cqes[i]));
-      op->result = cqes[i]->res;
-      batch.push_back(op);
+      auto* request = static_cast<Request*>(io_uring_cqe_get_data(cqes[i]));
+      SplitResult(request->run, cqes[i]->res);
+      batch.insert(batch.end(), request->run.ops.begin(),
+                   request->run.ops.end());
+      free_requests_.push_back(request);
     }
     io_uring_cq_advance(ring, n);
     in_kernel_ -= ops;
   }
-  DrainOverflow();
+  DrainQueue();
   RunCallbacks(batch, in_flight_);
   batch.clear();
   if (completed_.capacity() < batch.capacity()) completed_.swap(batch);

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "io/aio_engine.h"
 #include "io/engine.h"
+#include "io/uring_engine.h"
 #include "posix_file/testing/op_recorder.h"
 
 namespace imgtool::posix_file::internal {
@@ -158,11 +159,12 @@ TEST_F(FileIoTest, RequestsTheDeviceSplitsAreMarkedMayBlock) {
   close(fd);
 }
 
-// Adjacent reads in flight together reach the native engine's kernel as one
-// merged read (io/coalesce.h). Crossing the end of the file it comes back
-// short: the read the count ends in gets its part, the one past it -EAGAIN,
-// and FileIo retries both remainders (merged again, then the last alone).
-// Every read gets the file's bytes and zeroes past its end.
+// Adjacent reads in flight together reach the kernel as one merged read
+// (io/coalesce.h; native and io_uring engines). Crossing the end of the
+// file it comes back short: the read the count ends in gets its part, the
+// one past it -EAGAIN, and FileIo retries both remainders (merged again,
+// then the last alone). Every read gets the file's bytes and zeroes past
+// its end.
 TEST_F(FileIoTest, MergedReadsAcrossTheEndOfTheFileAreRetried) {
   constexpr uint64_t kPiece = 16 * 1024;
   constexpr uint64_t kLength = kPiece + 5000;
@@ -172,33 +174,39 @@ TEST_F(FileIoTest, MergedReadsAcrossTheEndOfTheFileAreRetried) {
   ASSERT_GE(fd, 0);
   ASSERT_EQ(pwrite(fd, content.data(), kLength, 0),
             static_cast<ssize_t>(kLength));
-  absl::StatusOr<std::unique_ptr<io::Engine>> created = io::AioEngine::Create(16);
-  ASSERT_TRUE(created.ok()) << created.status();
-  auto& engine = static_cast<io::AioEngine&>(**created);
-  FileIo file(engine, FileIo::Config{.fd = fd, .path = path_, .size = kLength});
-  std::vector<uint8_t> bufs[3];
-  absl::Status results[3];
-  int finished = 0;
-  for (int i = 0; i < 3; ++i) {
-    bufs[i].assign(kPiece, 0xee);
-    io::Spawn(file.Read(i * kPiece, io::IoVec(bufs[i].data(), kPiece)),
-              [&results, &finished, i](absl::Status st) {
-                results[i] = std::move(st);
-                ++finished;
-              });
-  }
-  while (finished < 3) ASSERT_TRUE(engine.Poll(/*wait=*/true).ok());
-  close(fd);
-  // [0, 48K) merged; [kLength, 32K) and [32K, 48K) merged; [32K, 48K).
-  EXPECT_EQ(engine.requests_submitted(), 3u);
   std::vector<uint8_t> want(content);
   want.resize(3 * kPiece, 0);
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_TRUE(results[i].ok()) << results[i];
-    EXPECT_TRUE(std::equal(bufs[i].begin(), bufs[i].end(),
-                           want.begin() + i * kPiece))
-        << "read " << i;
+  for (const bool uring : {false, true}) {
+    SCOPED_TRACE(uring ? "io_uring" : "native");
+    absl::StatusOr<std::unique_ptr<io::Engine>> engine =
+        uring ? io::UringEngine::Create(16) : io::AioEngine::Create(16);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    FileIo file(**engine,
+                FileIo::Config{.fd = fd, .path = path_, .size = kLength});
+    std::vector<uint8_t> bufs[3];
+    absl::Status results[3];
+    int finished = 0;
+    for (int i = 0; i < 3; ++i) {
+      bufs[i].assign(kPiece, 0xee);
+      io::Spawn(file.Read(i * kPiece, io::IoVec(bufs[i].data(), kPiece)),
+                [&results, &finished, i](absl::Status st) {
+                  results[i] = std::move(st);
+                  ++finished;
+                });
+    }
+    while (finished < 3) ASSERT_TRUE((*engine)->Poll(/*wait=*/true).ok());
+    // [0, 48K) merged; [kLength, 32K) and [32K, 48K) merged; [32K, 48K).
+    EXPECT_EQ(uring ? static_cast<io::UringEngine&>(**engine).requests_submitted()
+                    : static_cast<io::AioEngine&>(**engine).requests_submitted(),
+              3u);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(results[i].ok()) << results[i];
+      EXPECT_TRUE(std::equal(bufs[i].begin(), bufs[i].end(),
+                             want.begin() + i * kPiece))
+          << "read " << i;
+    }
   }
+  close(fd);
 }
 
 }  // namespace
