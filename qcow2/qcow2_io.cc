@@ -49,8 +49,9 @@ bool IsAllocated(ClusterType t) {
 // O_DIRECT writes (a 1 KiB offset) to io_uring's workers, which run them in
 // that order, as unwritten-extent conversions and holes out of sequence
 // (QEMU's Linux AIO submits them in the order they were allocated).
-io::Task<absl::Status> StartThenUnlock(io::ScopedLock& lock,
-                                       io::Task<absl::Status> task) {
+// StartThen(task, started) runs `started()` at that point instead.
+template <typename F>
+io::Task<absl::Status> StartThen(io::Task<absl::Status> task, F started) {
   struct Result {
     absl::Status status;
     io::Event done;
@@ -60,9 +61,14 @@ io::Task<absl::Status> StartThenUnlock(io::ScopedLock& lock,
     result->status = std::move(st);
     result->done.Set();
   });
-  lock.Release();
+  started();
   co_await result->done.Wait();
   co_return std::move(result->status);
+}
+
+io::Task<absl::Status> StartThenUnlock(io::ScopedLock& lock,
+                                       io::Task<absl::Status> task) {
+  co_return co_await StartThen(std::move(task), [&lock] { lock.Release(); });
 }
 
 }  // namespace
@@ -570,24 +576,66 @@ Qcow2Node::CowBuffer::~CowBuffer() {
 io::Task<absl::StatusOr<bool>> Qcow2Node::ZeroThenWrite(uint64_t zero_at,
                                                         uint64_t zero_bytes,
                                                         uint64_t data_at,
-                                                        io::ConstIoVec data) {
+                                                        io::ConstIoVec data,
+                                                        Inflight* inflight) {
   io::WriteZeroesFlags flags;
   flags.no_fallback = true;
   absl::Status st = co_await file_->WriteZeroes(zero_at, zero_bytes, flags);
   if (absl::IsUnimplemented(st)) co_return false;
   CO_RETURN_IF_ERROR(st);
-  CO_RETURN_IF_ERROR(co_await file_->Write(data_at, data));
+  if (inflight == nullptr) {
+    CO_RETURN_IF_ERROR(co_await file_->Write(data_at, data));
+    co_return true;
+  }
+  // Writers waiting to go beside this one queue their requests after its
+  // own: a sequential stream reaches the file in order.
+  inflight->ready = true;
+  CO_RETURN_IF_ERROR(co_await StartThen(file_->Write(data_at, data),
+                                        [inflight] { inflight->settled.Set(); }));
   co_return true;
+}
+
+bool Qcow2Node::DataApart(const Inflight& other, uint64_t offset,
+                          uint64_t end) {
+  return other.host != 0 &&
+         (end <= other.data_begin || offset >= other.data_end);
+}
+
+bool Qcow2Node::CanWriteBeside(const Inflight& other, uint64_t offset,
+                               uint64_t end) {
+  return other.ready && DataApart(other, offset, end);
+}
+
+io::Task<void> Qcow2Node::WaitForInflight(std::shared_ptr<Inflight> other,
+                                          uint64_t offset, uint64_t end) {
+  if (DataApart(*other, offset, end)) {
+    co_await other->settled.Wait();
+  } else {
+    co_await other->done.Wait();
+  }
+}
+
+io::Task<bool> Qcow2Node::WaitBeside(
+    const std::vector<std::shared_ptr<Inflight>>& beside) {
+  bool linked = true;
+  for (const std::shared_ptr<Inflight>& other : beside) {
+    co_await other->done.Wait();
+    linked = linked && other->linked;
+  }
+  co_return linked;
 }
 
 io::Task<absl::Status> Qcow2Node::WriteAllocated(
     uint64_t offset, io::ConstIoVec data, uint64_t first_cluster,
-    uint64_t count, uint64_t host, const std::vector<format::L2Entry>& olds) {
+    uint64_t count, uint64_t host, const std::vector<format::L2Entry>& olds,
+    Inflight& inflight) {
   const uint64_t start = first_cluster << cluster_bits_;
   const uint64_t bytes = count << cluster_bits_;
   const uint64_t head = offset - start;
   const uint64_t data_end = offset + data.size();
   const uint64_t tail = start + bytes - data_end;
+  inflight.data_begin = offset;
+  inflight.data_end = data_end;
   if (head == 0 && tail == 0) {
     co_return co_await file_->Write(host, data);
   }
@@ -595,7 +643,8 @@ io::Task<absl::Status> Qcow2Node::WriteAllocated(
       OldContentsAreZero(olds.back(), data_end, tail)) {
     // Nothing to copy: zero the new clusters, then write the data.
     CO_ASSIGN_OR_RETURN(const bool written,
-                        co_await ZeroThenWrite(host, bytes, host + head, data));
+                        co_await ZeroThenWrite(host, bytes, host + head, data,
+                                               &inflight));
     if (written) co_return absl::OkStatus();
   }
   // Copy-on-write: the untouched parts from what the clusters showed before,
@@ -647,33 +696,58 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
   CO_RETURN_IF_ERROR(CheckUsable());
   CO_RETURN_IF_ERROR(co_await PrepareFirstWrite());
   const uint64_t cluster = offset >> cluster_bits_;
+  const uint64_t end = offset + data.size();
+  // Allocations in flight this write writes beside (CanWriteBeside), in
+  // guest order.
+  std::vector<std::shared_ptr<Inflight>> beside;
   if (std::shared_ptr<Inflight> other = FindInflight(cluster, 1)) {
-    lock.Release();
-    co_await other->done.Wait();
-    co_return uint64_t{0};
+    if (!CanWriteBeside(*other, offset, end)) {
+      lock.Release();
+      co_await WaitForInflight(std::move(other), offset, end);
+      co_return uint64_t{0};
+    }
+    beside.push_back(std::move(other));
   }
   const uint64_t li = l1_index(offset);
   const uint64_t first = l2_index(offset);
   CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await GetL2ForWrite(li));
-  const uint64_t end = offset + data.size();
   const uint64_t end_cluster =
       (end + cluster_size_ - 1) >> cluster_bits_;
   const uint64_t max_n =
       std::min(end_cluster - cluster, l2_entries_ - first);
+  // Host offset of guest cluster `cluster + i` for a write in place or
+  // beside an allocation in flight.
+  auto host_of = [&](uint64_t i, const L2Entry& e) {
+    const std::shared_ptr<Inflight> other = FindInflight(cluster + i, 1);
+    if (other == nullptr) return e.host_offset();
+    return other->host + ((cluster + i - other->first) << cluster_bits_);
+  };
   std::vector<L2Entry> olds;
   olds.push_back(GetEntry(l2, first));
   CO_ASSIGN_OR_RETURN(ClusterType type,
                       co_await Classify(olds[0], l2.offset(), first));
-  const WriteKind kind = KindOf(type, olds[0]);
+  const WriteKind kind =
+      beside.empty() ? KindOf(type, olds[0]) : WriteKind::kInPlace;
+  const uint64_t base_host = host_of(0, olds[0]);
   uint64_t n = 1;
   for (; n < max_n; ++n) {
-    if (FindInflight(cluster + n, 1) != nullptr) break;
     const L2Entry e = GetEntry(l2, first + n);
+    if (std::shared_ptr<Inflight> other = FindInflight(cluster + n, 1)) {
+      if (kind != WriteKind::kInPlace || !CanWriteBeside(*other, offset, end) ||
+          host_of(n, e) != base_host + (n << cluster_bits_)) {
+        break;
+      }
+      if (beside.empty() || beside.back() != other) {
+        beside.push_back(std::move(other));
+      }
+      olds.push_back(e);
+      continue;
+    }
     CO_ASSIGN_OR_RETURN(ClusterType t,
                         co_await Classify(e, l2.offset(), first + n));
     if (KindOf(t, e) != kind) break;
     if (kind != WriteKind::kAllocate &&
-        e.host_offset() != olds[0].host_offset() + (n << cluster_bits_)) {
+        e.host_offset() != base_host + (n << cluster_bits_)) {
       break;
     }
     olds.push_back(e);
@@ -683,23 +757,24 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
   io::ConstIoVec part = data.first(bytes);
 
   if (kind == WriteKind::kInPlace) {
-    const uint64_t host =
-        olds[0].host_offset() + (offset & (cluster_size_ - 1));
+    const uint64_t host = base_host + (offset & (cluster_size_ - 1));
     // The write goes on into clusters another write is allocating right
-    // after the last one in place: wait for that allocation and write once
-    // over both. Writing the part in place now would only split the
-    // request, as the rest has to wait for that allocation anyway. With 64
-    // writes of 64 KiB at 1 KiB offsets started together, the odd ones find
-    // their first cluster allocated by the even one before and their second
-    // being allocated by the even one after: one host write each instead
-    // of 63 KiB + 1 KiB (two sub-block direct writes, which XFS and ext4
-    // serialise against all direct I/O in flight), as qemu-img.
+    // after the last one in place, and cannot write beside it (it is still
+    // writing their other contents, or its data meets ours): wait for that
+    // allocation and write once over both. Writing the part in place now
+    // would only split the request, as the rest has to wait for that
+    // allocation anyway. With 64 writes of 64 KiB at 1 KiB offsets started
+    // together over a file that must copy or write zeroes, the odd ones
+    // find their first cluster allocated by the even one before and their
+    // second being allocated by the even one after: one host write each
+    // instead of 63 KiB + 1 KiB (two sub-block direct writes, which XFS and
+    // ext4 serialise against all direct I/O in flight), as qemu-img.
     if (n < max_n) {
       std::shared_ptr<Inflight> next = FindInflight(cluster + n, 1);
       if (next != nullptr && next->first == cluster + n &&
-          next->host == olds[0].host_offset() + (n << cluster_bits_)) {
+          next->host == base_host + (n << cluster_bits_)) {
         lock.Release();
-        co_await next->done.Wait();
+        co_await WaitForInflight(std::move(next), offset, end);
         co_return uint64_t{0};
       }
     }
@@ -723,25 +798,28 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
       news.push_back(e);
     }
     if (!news.empty()) {
-      const uint64_t new_host =
-          olds[0].host_offset() + (n << cluster_bits_);
+      const uint64_t new_host = base_host + (n << cluster_bits_);
       CO_ASSIGN_OR_RETURN(const uint64_t got,
                           co_await refcounts_->AllocateAt(new_host,
                                                           news.size()));
       if (got > 0) {
         news.resize(got);
-        co_return co_await WriteInPlaceThenNew(std::move(lock), std::move(l2),
-                                               offset, data, cluster, n,
-                                               host, new_host, news);
+        co_return co_await WriteInPlaceThenNew(
+            std::move(lock), std::move(l2), offset, data, cluster, n, host,
+            new_host, news, std::move(beside));
       }
     }
     CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, bytes, 0));
+    for (const std::shared_ptr<Inflight>& other : beside) {
+      ++other->writers_beside;
+    }
     const uint64_t seq = BeginDataOp();
     l2.reset();
     absl::Status st =
         co_await StartThenUnlock(lock, file_->Write(host, part));
     EndDataOp(seq);
     CO_RETURN_IF_ERROR(st);
+    if (!co_await WaitBeside(beside)) co_return uint64_t{0};
     ++write_gen_;
     co_return bytes;
   }
@@ -757,7 +835,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
   const uint64_t seq = BeginDataOp();
   l2.reset();
   absl::Status st = co_await StartThenUnlock(
-      lock, WriteAllocated(offset, part, cluster, n, host, olds));
+      lock, WriteAllocated(offset, part, cluster, n, host, olds, *inflight));
   EndDataOp(seq);
   CO_RETURN_IF_ERROR(co_await FinishAllocatingWrite(
       std::move(st), inflight, host, olds,
@@ -777,14 +855,24 @@ io::Task<absl::Status> Qcow2Node::FinishAllocatingWrite(
     st = co_await LinkL2(inflight->first, inflight->count, host, olds,
                          /*free_old=*/allocated);
   }
+  inflight->linked = st.ok();
   if (!st.ok() && allocated && broken_.ok()) {
-    // Never referenced: give the clusters back now.
-    absl::Status undo =
-        co_await refcounts_->Free(host, inflight->count << cluster_bits_);
-    (void)undo;
+    // Never referenced: give the clusters back, now or, if other writes
+    // wrote beside this one and may still be writing, once they are done.
+    if (inflight->writers_beside > 0) {
+      pending_frees_.push_back(PendingFree{
+          .offset = host,
+          .length = inflight->count << cluster_bits_,
+          .seq = next_seq_});
+    } else {
+      absl::Status undo =
+          co_await refcounts_->Free(host, inflight->count << cluster_bits_);
+      (void)undo;
+    }
   }
   inflight_.erase(inflight->first);
   relock.Release();
+  inflight->settled.Set();
   inflight->done.Set();
   co_return st;
 }
@@ -792,7 +880,8 @@ io::Task<absl::Status> Qcow2Node::FinishAllocatingWrite(
 io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteInPlaceThenNew(
     io::ScopedLock lock, TableCache::Ref l2, uint64_t offset,
     io::ConstIoVec data, uint64_t cluster, uint64_t n, uint64_t host,
-    uint64_t new_host, std::vector<format::L2Entry> news) {
+    uint64_t new_host, std::vector<format::L2Entry> news,
+    std::vector<std::shared_ptr<Inflight>> beside) {
   const uint64_t count = news.size();
   const uint64_t new_cluster = cluster + n;
   const uint64_t new_bytes = count << cluster_bits_;
@@ -807,6 +896,9 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteInPlaceThenNew(
     co_return st;
   }
   auto inflight = AddInflight(new_cluster, count, new_host);
+  inflight->data_begin = new_cluster << cluster_bits_;
+  inflight->data_end = offset + bytes;
+  for (const std::shared_ptr<Inflight>& other : beside) ++other->writers_beside;
   const uint64_t seq = BeginDataOp();
   l2.reset();
   // The new clusters read as zeroes where the data leaves them: zero them
@@ -817,7 +909,8 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteInPlaceThenNew(
   auto write = [&]() -> io::Task<absl::Status> {
     CO_ASSIGN_OR_RETURN(const bool written,
                         co_await ZeroThenWrite(new_host, new_bytes, host,
-                                               data.first(bytes)));
+                                               data.first(bytes),
+                                               inflight.get()));
     if (written) co_return absl::OkStatus();
     if (tail != 0) {
       CO_RETURN_IF_ERROR(
@@ -827,8 +920,10 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteInPlaceThenNew(
   };
   st = co_await StartThenUnlock(lock, write());
   EndDataOp(seq);
+  const bool beside_linked = co_await WaitBeside(beside);
   CO_RETURN_IF_ERROR(co_await FinishAllocatingWrite(
       std::move(st), inflight, new_host, news, /*allocated=*/true));
+  if (!beside_linked) co_return uint64_t{0};
   co_return bytes;
 }
 

@@ -205,6 +205,23 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
     uint64_t first = 0;
     uint64_t count = 0;
     uint64_t host = 0;  // host offset of cluster `first`; 0 if not known
+    // The guest bytes [data_begin, data_end) the allocating write puts in
+    // these clusters.
+    uint64_t data_begin = 0;
+    uint64_t data_end = 0;
+    // Set once the allocating write has written everything but its data
+    // there (the zeroes of the rest of the clusters): other writes may then
+    // write their data into the rest while it is in flight (see
+    // CanWriteBeside). Never set when it copies old contents.
+    bool ready = false;
+    // Set after `ready` once the allocating write's data request is queued
+    // (so that the writes that waited for it queue theirs after it), or when
+    // it is done.
+    io::Event settled;
+    // Writes that did so (their data may be in the clusters, so the
+    // clusters are freed only after them should this write fail).
+    uint32_t writers_beside = 0;
+    bool linked = false;  // the L2 entries point at `host` now
     io::Event done;
   };
   struct PendingFree {
@@ -366,26 +383,59 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // has no efficient write zeroes (kUnimplemented): the caller then writes
   // the zeroes its own way (copy-on-write buffer, explicit zero writes).
   // Errors of either request otherwise.
+  // With `inflight` (the allocation it is for), sets its `ready` and
+  // `settled` once the zeroes are written.
   io::Task<absl::StatusOr<bool>> ZeroThenWrite(uint64_t zero_at,
                                                uint64_t zero_bytes,
                                                uint64_t data_at,
-                                               io::ConstIoVec data);
+                                               io::ConstIoVec data,
+                                               Inflight* inflight = nullptr);
+  // Whether a write of guest bytes [offset, end) may write its share of the
+  // clusters `other` is allocating while that write is in flight, instead
+  // of waiting for it to finish: `other` has written all but its data and
+  // the two data ranges do not meet. The later write still completes only
+  // after `other` linked the clusters (WaitBeside). Sequential writes
+  // smaller than a cluster (or not aligned to clusters) so reach the file
+  // together, as one stream of adjacent requests, instead of one per
+  // cluster at a time; QEMU 7.2 waits for the allocation
+  // (handle_dependencies).
+  static bool CanWriteBeside(const Inflight& other, uint64_t offset,
+                             uint64_t end);
+  // Whether guest bytes [offset, end) and the data of `other` do not meet.
+  static bool DataApart(const Inflight& other, uint64_t offset, uint64_t end);
+  // Waits until a write of [offset, end) that found `other` in its way may
+  // look again: until `other` is settled if their data are apart (it may
+  // then write beside it), else until `other` is done.
+  static io::Task<void> WaitForInflight(std::shared_ptr<Inflight> other,
+                                        uint64_t offset, uint64_t end);
+  // After a write's data request beside the allocations `beside`: waits
+  // until they are finished. false if one of them failed (the clusters were
+  // not linked; the write must be done again).
+  static io::Task<bool> WaitBeside(
+      const std::vector<std::shared_ptr<Inflight>>& beside);
   io::Task<absl::StatusOr<uint64_t>> WriteStep(uint64_t offset,
                                                io::ConstIoVec data);
+  // Writes an allocating write's data into its new clusters (`inflight`,
+  // at `host`) with what the rest of them must show: zeroes or the old
+  // contents. Sets inflight->ready when only the data is left to write.
   io::Task<absl::Status> WriteAllocated(uint64_t offset, io::ConstIoVec data,
                                         uint64_t first_cluster, uint64_t count,
                                         uint64_t host,
-                                        const std::vector<format::L2Entry>& olds);
-  // A write over `n` clusters written in place from guest cluster `cluster`
+                                        const std::vector<format::L2Entry>& olds,
+                                        Inflight& inflight);
+  // A write over `n` clusters written in place (or beside the allocations
+  // `beside` in flight) from guest cluster `cluster`
   // (host offset `host` for `offset`) and the `news.size()` clusters after
   // them, just allocated at `new_host` right after the in-place ones (their
   // old L2 entries `news`, reading as zeroes): one data request over both,
   // then the new clusters linked. Takes the metadata lock held and the L2
-  // table reference; returns the bytes of `data` written.
+  // table reference; returns the bytes of `data` written, or 0 when an
+  // allocation in `beside` failed (the step is to be done again).
   io::Task<absl::StatusOr<uint64_t>> WriteInPlaceThenNew(
       io::ScopedLock lock, TableCache::Ref l2, uint64_t offset,
       io::ConstIoVec data, uint64_t cluster, uint64_t n, uint64_t host,
-      uint64_t new_host, std::vector<format::L2Entry> news);
+      uint64_t new_host, std::vector<format::L2Entry> news,
+      std::vector<std::shared_ptr<Inflight>> beside);
   // After an allocating write's data request ended with `st`: links the
   // clusters of `inflight` (at `host`, old entries `olds`; the old ones
   // freed when `allocated`, else reused) under the metadata lock, gives

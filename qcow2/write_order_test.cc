@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "io/block_node.h"
 #include "io/task.h"
+#include "prealloc_filter/prealloc_filter.h"
 #include "qcow2/qcow2_node.h"
 #include "qcow2/test_util.h"
 
@@ -32,6 +33,7 @@ struct Request {
   uint64_t offset;
   uint64_t length;
   bool flush = false;
+  int writes_done_before = 0;  // writes finished when this one started
 };
 
 // Records every write, write zeroes and flush when it starts. With
@@ -45,11 +47,21 @@ class RecordingNode final : public testing::ForwardingNode {
         log_(log),
         zeroes_unsupported_(zeroes_unsupported) {}
 
+  // The next write at file offset `offset` fails (kDataLoss) once it has
+  // been written.
+  void FailWriteAt(uint64_t offset) { fail_write_at_ = offset; }
+
  protected:
   io::Task<absl::Status> DoWrite(uint64_t offset,
                                  io::ConstIoVec data) override {
-    log_->push_back({false, offset, data.size()});
-    return ForwardingNode::DoWrite(offset, data);
+    log_->push_back({false, offset, data.size(), false, writes_done_});
+    absl::Status st = co_await ForwardingNode::DoWrite(offset, data);
+    ++writes_done_;
+    if (st.ok() && offset == fail_write_at_) {
+      fail_write_at_ = ~uint64_t{0};
+      st = absl::DataLossError("injected write error");
+    }
+    co_return st;
   }
   io::Task<absl::Status> DoWriteZeroes(uint64_t offset, uint64_t length,
                                        io::WriteZeroesFlags flags) override {
@@ -69,6 +81,8 @@ class RecordingNode final : public testing::ForwardingNode {
 
   std::vector<Request>* log_;
   const bool zeroes_unsupported_;
+  int writes_done_ = 0;
+  uint64_t fail_write_at_ = ~uint64_t{0};
 };
 
 // Data clusters start after the header, the refcount table and block, the
@@ -338,6 +352,147 @@ TEST(WriteOrderTest, WithoutWriteZeroesSubclustersGetZeroesAsData) {
   EXPECT_FALSE(data[1].zeroes);
   EXPECT_EQ(data[1].offset, kDataStart + 4096);
   EXPECT_EQ(data[1].length, 2048u);
+}
+
+// `count` writes of `length` bytes each (pattern 20 + i) at offset
+// `start` + i * `length`, all started at once on a new 64 MiB image, opened
+// as qcow2 over the preallocate filter (the filter's preallocated tail
+// reads as zeroes: zeroing new clusters there costs no request); returns
+// the requests to its data clusters.
+std::vector<Request> RunBatch(const std::string& name, int count,
+                              uint64_t start, uint64_t length,
+                              uint64_t fail_write_at = ~uint64_t{0},
+                              int failing = -1) {
+  Env env;
+  const std::string path = TempPath(name);
+  EXPECT_EQ(Shell("qemu-img create -q -f qcow2 " + path + " 64M").exit_code,
+            0);
+  std::vector<Request> log;
+  absl::StatusOr<std::unique_ptr<io::BlockNode>> file =
+      env.OpenFile(path, /*read_only=*/false);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return log;
+  auto filter = env.Run(prealloc_filter::OpenPreallocFilter(
+      *std::move(file), prealloc_filter::PreallocFilterOptions()));
+  EXPECT_TRUE(filter.ok()) << filter.status();
+  if (!filter.ok()) return log;
+  auto recorder = std::make_unique<RecordingNode>(*std::move(filter), &log);
+  recorder->FailWriteAt(fail_write_at);
+  auto node = env.Run(
+      Qcow2Node::Open(std::move(recorder), Qcow2OpenOptions(), nullptr));
+  EXPECT_TRUE(node.ok()) << node.status();
+  if (!node.ok()) return log;
+  std::vector<std::vector<uint8_t>> buffers;
+  std::vector<uint8_t> ref(64 << 20, 0);
+  for (int i = 0; i < count; ++i) {
+    buffers.push_back(Pattern(length, 20 + i));
+    if (i == failing) continue;
+    std::copy(buffers[i].begin(), buffers[i].end(),
+              ref.begin() + start + i * length);
+  }
+  int done = 0;
+  for (int i = 0; i < count; ++i) {
+    io::Spawn((*node)->Write(start + i * length, io::ConstIoVec(buffers[i])),
+              [&, i](absl::Status st) {
+                if (i == failing) {
+                  EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+                } else {
+                  EXPECT_TRUE(st.ok()) << i << ": " << st;
+                }
+                ++done;
+              });
+  }
+  while (done < count) {
+    absl::Status st = env.engine().Poll(true);
+    EXPECT_TRUE(st.ok()) << st;
+    if (!st.ok()) return log;
+  }
+  EXPECT_TRUE(env.Run((*node)->Close()).ok());
+  ExpectImage(path, ref);
+  return From(log, kDataStart);
+}
+
+// Concurrent writes into a cluster another write is allocating write their
+// data beside it while it is in flight (its zeroes written, their ranges
+// apart) and complete after it linked the cluster: 64 sequential 16 KiB
+// writes started together reach the file as 64 adjacent writes in flight
+// at once, in guest order, one zeroing per new cluster. Before (and in QEMU
+// 7.2), the three later writes into each cluster waited for the first:
+// 16 writes in flight, then the rest.
+TEST(WriteOrderTest, WritesIntoAClusterBeingAllocatedGoBesideIt) {
+  const std::vector<Request> data =
+      RunBatch("beside.qcow2", 64, 0, 16384);
+  std::vector<Request> writes;
+  uint64_t zeroed_end = kDataStart;
+  for (const Request& r : data) {
+    if (r.zeroes) {
+      EXPECT_EQ(r.offset, zeroed_end);
+      EXPECT_EQ(r.length, kCluster);
+      zeroed_end = r.offset + r.length;
+    } else {
+      writes.push_back(r);
+    }
+  }
+  EXPECT_EQ(zeroed_end, kDataStart + 16 * kCluster);
+  ASSERT_EQ(writes.size(), 64u);
+  for (size_t i = 0; i < writes.size(); ++i) {
+    EXPECT_EQ(writes[i].offset, kDataStart + i * 16384) << i;
+    EXPECT_EQ(writes[i].length, 16384u) << i;
+    // None of them had finished when the last one started (the writes
+    // done before are the metadata the first allocation needed).
+    EXPECT_EQ(writes[i].writes_done_before, writes[0].writes_done_before)
+        << i;
+  }
+}
+
+// The same for 64 KiB writes at 1 KiB past each cluster start: each write
+// after the first writes 63 KiB beside the allocation of the write before
+// and allocates the next cluster for its last 1 KiB, one host write each,
+// all 64 in flight together and adjacent (one run of 4 MiB from 1 KiB into
+// the first data cluster).
+TEST(WriteOrderTest, UnalignedWritesGoBesideTheAllocationBefore) {
+  const std::vector<Request> data =
+      RunBatch("beside_unaligned.qcow2", 64, 1024, kCluster);
+  std::vector<Request> writes;
+  for (const Request& r : data) {
+    if (!r.zeroes) writes.push_back(r);
+  }
+  ASSERT_EQ(writes.size(), 64u);
+  for (size_t i = 0; i < writes.size(); ++i) {
+    EXPECT_EQ(writes[i].offset, kDataStart + 1024 + i * kCluster) << i;
+    EXPECT_EQ(writes[i].length, kCluster) << i;
+    // None of them had finished when the last one started (the writes
+    // done before are the metadata the first allocation needed).
+    EXPECT_EQ(writes[i].writes_done_before, writes[0].writes_done_before)
+        << i;
+  }
+}
+
+// When the write that allocates a cluster fails after others wrote beside
+// it, those write their data again into a cluster allocated anew, and the
+// failed allocation's cluster is freed only after them: the failing write
+// reports its error, the others succeed, and the image passes qemu-img check
+// (no leak) and reads as the three later writes (RunBatch checks both).
+TEST(WriteOrderTest, WritesBesideAFailedAllocationAreDoneAgain) {
+  const std::vector<Request> data = RunBatch(
+      "beside_failed.qcow2", 4, 0, 16384, /*fail_write_at=*/kDataStart,
+      /*failing=*/0);
+  std::vector<Request> writes;
+  for (const Request& r : data) {
+    if (!r.zeroes) writes.push_back(r);
+  }
+  // Four writes into the first data cluster, then the three later ones
+  // again into the next.
+  ASSERT_EQ(writes.size(), 7u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(writes[i].offset, kDataStart + i * 16384) << i;
+  }
+  std::vector<uint64_t> again;
+  for (size_t i = 4; i < 7; ++i) again.push_back(writes[i].offset);
+  std::sort(again.begin(), again.end());
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(again[i], kDataStart + kCluster + (i + 1) * 16384) << i;
+  }
 }
 
 // A discarded cluster is allocated again by the next write (QEMU: the free
