@@ -58,7 +58,11 @@ struct Op {
   // behave the same either way.
   bool may_block = false;
   // Set before `done` runs: bytes transferred (>= 0; a short count is
-  // possible and not retried by the engine) or -errno.
+  // possible and not retried by the engine) or -errno. The io_uring and
+  // native engines merge adjacent reads or writes in flight together into
+  // one request (io/coalesce.h); when that request transfers fewer bytes
+  // than the whole run, the ops after the one the count ends in get
+  // -EAGAIN: retry them (posix_file's FileIo does).
   int64_t result = 0;
   // Runs on the engine's thread, inside Poll(). May submit new requests.
   absl::AnyInvocable<void(Op&)> done;
