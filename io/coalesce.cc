@@ -24,6 +24,7 @@ void TakeRun(std::deque<Op*>& queue, uint64_t max_bytes, MergedRequest& run) {
   run.ops.push_back(first);
   run.bytes = Length(*first);
   max_bytes = std::min(max_bytes, kMaxMergedBytes);
+  if (first->merge_limit != 0) max_bytes = std::min(max_bytes, first->merge_limit);
   int iovcnt = first->iovcnt;
   while (!queue.empty()) {
     const Op& next = *queue.front();
@@ -34,6 +35,7 @@ void TakeRun(std::deque<Op*>& queue, uint64_t max_bytes, MergedRequest& run) {
       break;
     }
     const uint64_t n = Length(next);
+    if (next.merge_limit != 0) max_bytes = std::min(max_bytes, next.merge_limit);
     if (run.bytes + n > max_bytes) break;
     if (run.iov.empty()) {
       run.iov.assign(first->iov, first->iov + first->iovcnt);

@@ -49,7 +49,8 @@ inline constexpr uint64_t kMaxMergedBytes = 1 << 20;
 // Moves into `run` (cleared first) the read or write at the front of
 // `queue` and every following one that continues it: the same kind and fd,
 // starting at the byte where the previous one ends, with at most IOV_MAX
-// buffers and kMaxMergedBytes bytes in total (`max_bytes` when smaller).
+// buffers and kMaxMergedBytes bytes in total (`max_bytes` or an op's
+// Op::merge_limit when smaller).
 // `queue` must start with a kRead or kWrite Op.
 void TakeRun(std::deque<Op*>& queue, uint64_t max_bytes, MergedRequest& run);
 

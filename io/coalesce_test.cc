@@ -169,6 +169,25 @@ TEST(TakeRunTest, StopsAtTheByteCap) {
   EXPECT_EQ(queue.size(), 2u);
 }
 
+// An op's merge_limit (the device's largest request) caps the run it is in.
+TEST(TakeRunTest, StopsAtAnOpsMergeLimit) {
+  Ops ops;
+  std::deque<Op*> queue;
+  for (int i = 0; i < 5; ++i) {
+    queue.push_back(ops.Write(i * 64 * kKiB, 64 * kKiB));
+    queue.back()->merge_limit = 128 * kKiB;
+  }
+  MergedRequest run;
+  TakeRun(queue, kMaxMergedBytes, run);
+  EXPECT_EQ(run.ops.size(), 2u);
+  EXPECT_EQ(run.bytes, 128 * kKiB);
+  // A later op's limit counts too.
+  queue.front()->merge_limit = 0;
+  TakeRun(queue, kMaxMergedBytes, run);
+  EXPECT_EQ(run.ops.size(), 2u);
+  EXPECT_EQ(queue.size(), 1u);
+}
+
 TEST(TakeRunTest, ARequestOverTheCapIsTakenAlone) {
   Ops ops;
   Op* big = ops.Write(0, 2 * kMaxMergedBytes);

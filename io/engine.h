@@ -57,6 +57,12 @@ struct Op {
   // costs speed only, never correctness. Results, in_flight() and Poll()
   // behave the same either way.
   bool may_block = false;
+  // kRead/kWrite: the most bytes a request this one is merged into may
+  // carry (0: the engine's limit, kMaxMergedBytes in io/coalesce.h).
+  // posix_file sets the largest request its device takes without splitting
+  // (sysfs max_sectors_kb) for O_DIRECT files: merging never makes a request
+  // the device must split, which io_uring would run inline.
+  uint64_t merge_limit = 0;
   // Set before `done` runs: bytes transferred (>= 0; a short count is
   // possible and not retried by the engine) or -errno. The io_uring and
   // native engines merge adjacent reads or writes in flight together into

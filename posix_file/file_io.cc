@@ -235,7 +235,8 @@ io::Task<absl::Status> FileIo::ReadPlain(uint64_t offset, uint8_t* buf,
               .iov = &iov,
               .iovcnt = 1,
               .offset = offset + done,
-              .may_block = SplitByDevice(iov.iov_len)};
+              .may_block = SplitByDevice(iov.iov_len),
+              .merge_limit = MergeLimit()};
     int64_t r = co_await engine_.Run(op);
     if (r == -EINTR || r == -EAGAIN) continue;
     if (r < 0) co_return ErrnoStatus(config_.path, "preadv", static_cast<int>(-r));
@@ -266,7 +267,8 @@ io::Task<absl::Status> FileIo::WritePlain(uint64_t offset, const uint8_t* data,
               .iovcnt = 1,
               .offset = offset + done,
               .may_block = MayAllocate(offset + done, offset + done + iov.iov_len) ||
-                           SplitByDevice(iov.iov_len)};
+                           SplitByDevice(iov.iov_len),
+              .merge_limit = MergeLimit()};
     int64_t r = co_await engine_.Run(op);
     if (r == -EINTR || r == -EAGAIN) continue;
     if (r < 0) co_return ErrnoStatus(config_.path, "pwritev", static_cast<int>(-r));

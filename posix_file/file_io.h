@@ -118,6 +118,11 @@ class FileIo {
     return config_.direct && config_.max_request != 0 &&
            length > config_.max_request;
   }
+  // Op::merge_limit of its reads and writes: the device's largest request
+  // for O_DIRECT, else none.
+  uint64_t MergeLimit() const {
+    return config_.direct ? config_.max_request : 0;
+  }
 
   // Lets writes that end past the file's length grow it first with a plain
   // ftruncate to `step` bytes past their end (rounded up to 1 MiB, at most
