@@ -132,6 +132,32 @@ void CreateOverGarbage(const std::string& path, const std::string& options) {
             0);
 }
 
+// Writes buffers[i] at `start` + i * `stride` on `node`, all started at
+// once, and runs `env` until they finished: write `failing` must fail
+// (kDataLoss), the others succeed. false if the engine failed.
+bool WriteAllAtOnce(Env& env, io::BlockNode& node,
+                    const std::vector<std::vector<uint8_t>>& buffers,
+                    uint64_t start, uint64_t stride, int failing = -1) {
+  size_t done = 0;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    io::Spawn(node.Write(start + i * stride, io::ConstIoVec(buffers[i])),
+              [&, i](absl::Status st) {
+                if (static_cast<int>(i) == failing) {
+                  EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+                } else {
+                  EXPECT_TRUE(st.ok()) << i << ": " << st;
+                }
+                ++done;
+              });
+  }
+  while (done < buffers.size()) {
+    absl::Status st = env.engine().Poll(true);
+    EXPECT_TRUE(st.ok()) << st;
+    if (!st.ok()) return false;
+  }
+  return true;
+}
+
 // 64 concurrent 64 KiB writes at 1 KiB past each cluster start (the
 // preallocate benchmark's unaligned case), started at once. On one I/O
 // thread, so that requests complete in the order they were submitted and
@@ -152,19 +178,7 @@ std::vector<Request> RunUnalignedBatch(const std::string& name) {
   for (int i = 0; i < kWrites; ++i) {
     buffers.push_back(Pattern(kCluster, 7 + i));
   }
-  int done = 0;
-  for (int i = 0; i < kWrites; ++i) {
-    io::Spawn((*node)->Write(i * kCluster + 1024, io::ConstIoVec(buffers[i])),
-              [&](absl::Status st) {
-                EXPECT_TRUE(st.ok()) << st;
-                ++done;
-              });
-  }
-  while (done < kWrites) {
-    absl::Status st = env.engine().Poll(true);
-    EXPECT_TRUE(st.ok()) << st;
-    if (!st.ok()) return log;
-  }
+  if (!WriteAllAtOnce(env, **node, buffers, 1024, kCluster)) return log;
   EXPECT_TRUE(env.Run((*node)->Close()).ok());
   std::vector<uint8_t> ref(64 << 20, 0);
   for (int i = 0; i < kWrites; ++i) {
@@ -390,22 +404,8 @@ std::vector<Request> RunBatch(const std::string& name, int count,
     std::copy(buffers[i].begin(), buffers[i].end(),
               ref.begin() + start + i * length);
   }
-  int done = 0;
-  for (int i = 0; i < count; ++i) {
-    io::Spawn((*node)->Write(start + i * length, io::ConstIoVec(buffers[i])),
-              [&, i](absl::Status st) {
-                if (i == failing) {
-                  EXPECT_TRUE(absl::IsDataLoss(st)) << st;
-                } else {
-                  EXPECT_TRUE(st.ok()) << i << ": " << st;
-                }
-                ++done;
-              });
-  }
-  while (done < count) {
-    absl::Status st = env.engine().Poll(true);
-    EXPECT_TRUE(st.ok()) << st;
-    if (!st.ok()) return log;
+  if (!WriteAllAtOnce(env, **node, buffers, start, length, failing)) {
+    return log;
   }
   EXPECT_TRUE(env.Run((*node)->Close()).ok());
   ExpectImage(path, ref);
