@@ -1630,6 +1630,10 @@ io::Task<absl::Status> Qcow2Node::DoDiscard(uint64_t offset, uint64_t length) {
         "(%u bytes)",
         filename(), length, offset, size()));
   }
+  // Version 2 has no zero flag: discarded clusters would show the backing
+  // file's data again. QEMU 7.2's qcow2_co_pdiscard refuses (-ENOTSUP, which
+  // bdrv_co_pdiscard reports as success): the data stays.
+  if (header_.version < 3 && has_backing_file()) co_return absl::OkStatus();
   co_return co_await ForEachClusterPiece(
       offset, length,
       [this](uint64_t f, uint64_t n) {

@@ -42,6 +42,9 @@
 // Compressed clusters are never subdivided: a discard that does not cover a
 // whole compressed cluster leaves it unchanged (as QEMU does), and a zero
 // write that does not cover it is written as data.
+// A discard on a version 2 image with a backing file does nothing and
+// succeeds (no zero flag: the clusters would show the backing file again;
+// QEMU 7.2's qcow2_co_pdiscard returns -ENOTSUP, ignored by its block layer).
 //
 // Allocating writes copy on write the way QEMU 7.2 does: the head and the
 // tail of the new cluster (subcluster) are read with one request when at

@@ -386,6 +386,38 @@ TEST_F(Qcow2NodeTest, ConcurrentMixedWorkloadWithSmallCaches) {
   }
 }
 
+// A discard on a version 2 image with a backing file does nothing: without
+// the zero flag the discarded clusters would show the backing file's data
+// again (QEMU 7.2's qcow2_co_pdiscard returns -ENOTSUP, which the block
+// layer reports as success). Before, the cluster read 0x77 from the backing
+// file where qemu-io keeps the data written.
+TEST_F(Qcow2NodeTest, DiscardOnVersion2ImageWithBackingFileIsIgnored) {
+  const std::string base = TempPath("v2_discard_base.qcow2");
+  const std::string path = TempPath("v2_discard.qcow2");
+  const std::string oracle = TempPath("v2_discard_qemu.qcow2");
+  const std::string create =
+      "qemu-img create -q -f qcow2 -o compat=0.10,cluster_size=65536 "
+      "-F qcow2 -b " + base + " ";
+  ASSERT_EQ(Shell("qemu-img create -q -f qcow2 " + base +
+                  " 1M && qemu-io -f qcow2 -c 'write -P 0x77 0 1M' " + base +
+                  " >/dev/null && " + create + path + " && " + create +
+                  oracle + " && qemu-io -d unmap -f qcow2 -c "
+                  "'write -P 1 0 128k' -c 'discard 0 64k' " + oracle +
+                  " >/dev/null")
+                .exit_code,
+            0);
+  std::unique_ptr<Qcow2Node> node = Open(path);
+  ASSERT_NE(node, nullptr);
+  Write(*node, 0, std::vector<uint8_t>(128 * 1024, 1));
+  absl::Status st = env_.Run(node->Discard(0, 64 * 1024));
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(Read(*node, 0, 64 * 1024), std::vector<uint8_t>(64 * 1024, 1));
+  Close(node);
+  EXPECT_EQ(Shell("qemu-img check -q " + path).exit_code, 0);
+  const ShellResult cmp = Shell("qemu-img compare " + path + " " + oracle);
+  EXPECT_EQ(cmp.exit_code, 0) << cmp.output;
+}
+
 TEST_F(Qcow2NodeTest, ZeroesDiscardAndResize) {
   const uint64_t size = 8 * kMiB;
   const std::string path = Create("zeroes.qcow2", size);
