@@ -22,7 +22,10 @@
 // Concurrency: requests run concurrently on the engine's thread. One
 // metadata mutex guards the tables; it is not held during data I/O, so
 // requests to different clusters overlap. Requests that would allocate a
-// cluster another request is allocating wait for it to finish.
+// cluster another request is allocating wait for it to finish; with
+// standard L2 entries, a request writing other bytes of that cluster
+// writes them as soon as the allocating request has zeroed the cluster and
+// completes after it (CanWriteBeside).
 //
 // Corruption found while running (a table or data cluster at a misaligned
 // offset or past the end of the file, an allocation or write landing on
@@ -221,8 +224,8 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
     // (so that the writes that waited for it queue theirs after it), or when
     // it is done.
     io::Event settled;
-    // Writes that did so (their data may be in the clusters, so the
-    // clusters are freed only after them should this write fail).
+    // Writes that wrote beside this one (their data may be in the clusters,
+    // so the clusters are freed only after them should this write fail).
     uint32_t writers_beside = 0;
     bool linked = false;  // the L2 entries point at `host` now
     io::Event done;
