@@ -86,16 +86,23 @@ io::Task<absl::Status> Refcounts::ShrinkTable() {
     }
     if (unused) kept[i] = 0;
   }
-  std::vector<uint8_t> bytes(kept.size() * 8);
-  for (uint64_t i = 0; i < kept.size(); ++i) StoreBE64(&bytes[i * 8], kept[i]);
-  CO_RETURN_IF_ERROR(
-      co_await io_.WriteMetadata(table_offset_, bytes, kOverlapRefcountTable));
-  CO_RETURN_IF_ERROR(co_await io_.SyncFile());
+  CO_RETURN_IF_ERROR(co_await WriteTable(kept, table_offset_));
   for (uint64_t i = 0; i < table_.size(); ++i) {
     if (table_[i] != 0 && kept[i] == 0) cache_.Discard(table_[i]);
   }
   SetTable(std::move(kept), table_offset_);
   co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Refcounts::WriteTable(const std::vector<uint64_t>& table,
+                                             uint64_t offset) {
+  io::AlignedBuffer bytes(table.size() * 8);
+  for (uint64_t i = 0; i < table.size(); ++i) {
+    StoreBE64(bytes.data() + i * 8, table[i]);
+  }
+  CO_RETURN_IF_ERROR(
+      co_await io_.WriteMetadata(offset, bytes.span(), kOverlapRefcountTable));
+  co_return co_await io_.SyncFile();
 }
 
 void Refcounts::SetTable(std::vector<uint64_t> table, uint64_t offset) {
@@ -425,13 +432,7 @@ io::Task<absl::StatusOr<uint64_t>> Refcounts::RefcountArea(
   }
   CO_RETURN_IF_ERROR(co_await FlushBlocks());
 
-  io::AlignedBuffer bytes(table_size * 8);
-  for (uint64_t i = 0; i < table_size; ++i) {
-    StoreBE64(bytes.data() + i * 8, new_table[i]);
-  }
-  CO_RETURN_IF_ERROR(co_await io_.WriteMetadata(new_table_offset, bytes.span(),
-                                                kOverlapRefcountTable));
-  CO_RETURN_IF_ERROR(co_await io_.SyncFile());
+  CO_RETURN_IF_ERROR(co_await WriteTable(new_table, new_table_offset));
   CO_RETURN_IF_ERROR(co_await io_.SetRefcountTable(
       new_table_offset, static_cast<uint32_t>(table_clusters)));
 

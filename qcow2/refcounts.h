@@ -150,6 +150,10 @@ class Refcounts {
   io::Task<absl::StatusOr<TableCache::Ref>> EnsureBlock(uint64_t cluster_index);
   io::Task<absl::Status> FlushBlocks();
   void SetTable(std::vector<uint64_t> table, uint64_t offset);
+  // Writes refcount table `table` (big-endian entries) at file offset
+  // `offset` and syncs the file. Errors: the write or the sync.
+  io::Task<absl::Status> WriteTable(const std::vector<uint64_t>& table,
+                                    uint64_t offset);
 
   MetadataIo& io_;
   const uint32_t cluster_bits_;
