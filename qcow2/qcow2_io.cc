@@ -160,15 +160,21 @@ ClusterType RawType(const L2Entry& e, bool extended) {
 
 }  // namespace
 
+io::Task<absl::Status> Qcow2Node::SignalInvalidBitmap(uint64_t l2_offset,
+                                                      uint64_t index,
+                                                      bool for_write) {
+  co_return co_await SignalCorruption(absl::StrFormat(
+      "Invalid cluster entry found %s(L2 offset: %#x, L2 index: %#x)",
+      for_write ? "" : " ", l2_offset, index));
+}
+
 io::Task<absl::StatusOr<format::ClusterType>> Qcow2Node::Classify(
     const format::L2Entry& e, uint64_t l2_offset, uint64_t index,
     bool for_write) {
   const ClusterType type = RawType(e, l2_format_.extended_l2);
   if (l2_format_.extended_l2 && type != ClusterType::kCompressed &&
       !format::CheckSubclusterBitmap(e, l2_format_).ok()) {
-    co_return co_await SignalCorruption(absl::StrFormat(
-        "Invalid cluster entry found %s(L2 offset: %#x, L2 index: %#x)",
-        for_write ? "" : " ", l2_offset, index));
+    co_return co_await SignalInvalidBitmap(l2_offset, index, for_write);
   }
   if (type == ClusterType::kCompressed) {
     const format::CompressedDescriptor d =
@@ -266,9 +272,8 @@ io::Task<absl::StatusOr<Qcow2Node::Mapping>> Qcow2Node::GetMapping(
       // as QEMU's count_contiguous_subclusters does.
       if (!e.compressed() &&
           !format::CheckSubclusterBitmap(e, l2_format_).ok()) {
-        co_return co_await SignalCorruption(absl::StrFormat(
-            "Invalid cluster entry found  (L2 offset: %#x, L2 index: %#x)",
-            l2.offset(), first + n));
+        co_return co_await SignalInvalidBitmap(l2.offset(), first + n,
+                                               /*for_write=*/false);
       }
       if (e.compressed()) break;
       if (format::GetSubclusterType(e, 0, l2_format_) != st) break;

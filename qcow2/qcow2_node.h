@@ -310,6 +310,11 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   io::Task<absl::StatusOr<format::ClusterType>> Classify(
       const format::L2Entry& entry, uint64_t l2_offset, uint64_t index,
       bool for_write = false);
+  // The corruption event for the invalid subcluster bitmap of entry `index`
+  // of the L2 table at `l2_offset`, in the words of QEMU's read path or
+  // (`for_write`) write path; see Classify.
+  io::Task<absl::Status> SignalInvalidBitmap(uint64_t l2_offset,
+                                             uint64_t index, bool for_write);
   // The mapping of [offset, offset + max_length) up to the end of its L2
   // table (metadata lock held).
   io::Task<absl::StatusOr<Mapping>> GetMapping(uint64_t offset,
