@@ -720,12 +720,9 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
       (end + cluster_size_ - 1) >> cluster_bits_;
   const uint64_t max_n =
       std::min(end_cluster - cluster, l2_entries_ - first);
-  // Host offset of guest cluster `cluster + i` for a write in place or
-  // beside an allocation in flight.
-  auto host_of = [&](uint64_t i, const L2Entry& e) {
-    const std::shared_ptr<Inflight> other = FindInflight(cluster + i, 1);
-    if (other == nullptr) return e.host_offset();
-    return other->host + ((cluster + i - other->first) << cluster_bits_);
+  // Host offset of guest cluster `c` in the allocation in flight `other`.
+  auto host_in = [&](const Inflight& other, uint64_t c) {
+    return other.host + ((c - other.first) << cluster_bits_);
   };
   std::vector<L2Entry> olds;
   olds.push_back(GetEntry(l2, first));
@@ -733,13 +730,14 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
                       co_await Classify(olds[0], l2.offset(), first));
   const WriteKind kind =
       beside.empty() ? KindOf(type, olds[0]) : WriteKind::kInPlace;
-  const uint64_t base_host = host_of(0, olds[0]);
+  const uint64_t base_host = beside.empty() ? olds[0].host_offset()
+                                            : host_in(*beside[0], cluster);
   uint64_t n = 1;
   for (; n < max_n; ++n) {
     const L2Entry e = GetEntry(l2, first + n);
     if (std::shared_ptr<Inflight> other = FindInflight(cluster + n, 1)) {
       if (kind != WriteKind::kInPlace || !CanWriteBeside(*other, offset, end) ||
-          host_of(n, e) != base_host + (n << cluster_bits_)) {
+          host_in(*other, cluster + n) != base_host + (n << cluster_bits_)) {
         break;
       }
       if (beside.empty() || beside.back() != other) {
