@@ -372,10 +372,15 @@ same_output "$B" convert -O qcow2 bad-unalloc.qcow2 out.qcow2
 echo "== map after mixed writes (extended L2)"
 # The same mix of writes, zero writes (with and without unmap) and
 # discards at byte, subcluster and cluster granularity through imgtool io
-# and qemu-io, with and without a backing file: imgtool map --output=json
-# of one prints what qemu-img map --output=json of the other does, and the
-# files are the same. Discards of whole subclusters inside a cluster are
-# left out: there imgtool differs on purpose (README).
+# and qemu-io, with and without a backing file: the two files are the same
+# byte for byte, and imgtool map --output=json of each prints what qemu-img
+# map --output=json of that same file does. Discards of whole subclusters
+# inside a cluster are left out: there imgtool differs on purpose (README).
+# Each map is compared on one file, not across the two: "zero" for a data
+# range comes from the filesystem's unwritten extents, and whether ext4
+# still has a zeroed tail unwritten after the write beside it depends on
+# writeback timing, so the two files could differ there under load while
+# their bytes are equal.
 M="$WORK/mix"
 mkdir -p "$M"
 qemu-img create -q -f raw "$M/back.raw" 8M
@@ -392,12 +397,14 @@ for cs in 16k 32k 64k 2M; do
         $backing a.qcow2 8M && cp a.qcow2 b.qcow2)
     (cd "$M" && "$IMGTOOL" io -f qcow2 "${mix[@]}" a.qcow2 >/dev/null 2>&1)
     (cd "$M" && qemu-io -f qcow2 "${mix[@]}" b.qcow2 >/dev/null 2>&1)
-    checks=$((checks + 1))
-    run "$IMGTOOL" "$M" map --output=json a.qcow2
-    ours=$OUT
-    run qemu-img "$M" map --output=json b.qcow2
-    diff_text "map after mix, $cs ${backing:-no backing}" "map --output=json" \
-      "$ours" "$OUT"
+    for f in a b; do
+      checks=$((checks + 1))
+      run "$IMGTOOL" "$M" map --output=json $f.qcow2
+      ours=$OUT
+      run qemu-img "$M" map --output=json $f.qcow2
+      diff_text "map after mix ($f), $cs ${backing:-no backing}" \
+        "map --output=json" "$ours" "$OUT"
+    done
     checks=$((checks + 1))
     cmp -s "$M/a.qcow2" "$M/b.qcow2" ||
       fail "map after mix, $cs ${backing:-no backing}: files differ"
