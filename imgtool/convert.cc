@@ -29,6 +29,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "absl/types/span.h"
 #include "base/align.h"
 #include "base/errno_status.h"
@@ -205,21 +206,10 @@ absl::Status CreateTarget(const std::string& filename,
                           posix_file::FileCreateOptions options, uint64_t size,
                           std::ostream& err) {
   options.set_size(size);
-  std::ostringstream warnings;
-  absl::Status st = posix_file::CreateFile(filename, options, &warnings);
-  PrintWarnings(warnings.str(), err);
+  absl::Status st = CreateImageFile(filename, options, err);
   if (st.ok()) return st;
-  std::string cause(st.message());
-  const std::string prefix = absl::StrCat(filename, ": ");
-  if (absl::StartsWith(cause, prefix)) cause = cause.substr(prefix.size());
-  // posix_file: "<file>: Could not create: <strerror>"; qemu-img names the
-  // file once more.
-  const int error_number = StatusErrno(st);
-  if (error_number != 0 && cause == absl::StrCat("Could not create: ",
-                                                 std::strerror(error_number))) {
-    cause = absl::StrCat("Could not create '", filename,
-                         "': ", std::strerror(error_number));
-  }
+  absl::string_view cause = st.message();
+  absl::ConsumePrefix(&cause, absl::StrCat(filename, ": "));
   return absl::Status(
       st.code(),
       absl::StrCat(filename, ": error while converting ", format, ": ", cause));

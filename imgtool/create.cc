@@ -147,21 +147,6 @@ bool HasHelpOption(const std::vector<std::string>& option_texts) {
   return false;
 }
 
-// posix_file says "<file>: Could not create: <strerror>" when open(2)
-// fails; qemu-img names the file once more.
-absl::Status RewordCreateError(const std::string& filename,
-                               const absl::Status& st) {
-  const int error_number = StatusErrno(st);
-  if (error_number == 0 ||
-      st.message() != absl::StrCat(filename, ": Could not create: ",
-                                   std::strerror(error_number))) {
-    return st;
-  }
-  return absl::Status(st.code(),
-                      absl::StrCat("Could not create '", filename,
-                                   "': ", std::strerror(error_number)));
-}
-
 // Puts "<filename>: " before a message, as qemu-img does for every error of
 // the creation itself, unless the message already starts with the name.
 absl::Status Named(const std::string& filename, const absl::Status& st) {
@@ -237,6 +222,13 @@ absl::Status CreateQcow2Image(const std::string& filename,
     }
   }
   if (backing.has_value() && open_backing) {
+    // QEMU resolves a relative backing name against the image's directory,
+    // which an empty image name does not have.
+    if (filename.empty() && IsRelativeFilename(*backing)) {
+      return Named(filename, absl::InvalidArgumentError(
+                                 "Cannot use relative backing file names "
+                                 "for ''"));
+    }
     absl::StatusOr<BackingInfo> info =
         ProbeBacking(ResolveBackingFilename(filename, *backing),
                      backing_fmt.value_or(""), streams.err);
@@ -427,10 +419,8 @@ absl::Status RunCreate(const std::vector<std::string>& args, Streams streams) {
     options.set_extent_size_hint(*values.extent_size_hint);
   }
   options.set_nocow(values.nocow_value.value_or(false));
-  std::ostringstream warnings;
-  absl::Status st = posix_file::CreateFile(filename, options, &warnings);
-  PrintWarnings(warnings.str(), streams.err);
-  if (!st.ok()) return Named(filename, RewordCreateError(filename, st));
+  absl::Status st = CreateImageFile(filename, options, streams.err);
+  if (!st.ok()) return Named(filename, st);
   return absl::OkStatus();
 }
 

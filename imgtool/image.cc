@@ -39,15 +39,17 @@ io::EngineKind EngineFor(const NodeOptions& options, io::EngineKind command) {
 
 }  // namespace
 
+bool IsRelativeFilename(const std::string& name) {
+  if (name.empty() || name[0] == '/') return false;
+  const size_t colon = name.find(':');
+  const size_t slash = name.find('/');
+  return colon == std::string::npos ||
+         (slash != std::string::npos && slash < colon);
+}
+
 std::string ResolveBackingFilename(const std::string& image,
                                    const std::string& backing) {
-  if (backing.empty() || backing[0] == '/') return backing;
-  const size_t colon = backing.find(':');
-  const size_t slash = backing.find('/');
-  if (colon != std::string::npos &&
-      (slash == std::string::npos || colon < slash)) {
-    return backing;
-  }
+  if (!IsRelativeFilename(backing)) return backing;
   const size_t dir_end = image.rfind('/');
   if (dir_end == std::string::npos) return backing;
   return image.substr(0, dir_end + 1) + backing;

@@ -127,6 +127,10 @@ uint64_t VirtualSize(const OpenedImage& image);
 // or "Unknown driver '<fmt>'" (open), as qemu-img words them.
 absl::Status CheckFormat(const std::string& format, bool for_create);
 
+// Whether a file name is relative as QEMU sees backing file names: not
+// empty, not absolute, and without a protocol prefix ("json:...", "file:x").
+bool IsRelativeFilename(const std::string& name);
+
 // QEMU's path_combine() for backing file names: `backing` resolved against
 // the directory of `image` ("sub/ov.qcow2" + "base.raw" -> "sub/base.raw");
 // absolute names and names with a protocol prefix ("json:...") unchanged.

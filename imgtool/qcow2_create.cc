@@ -272,6 +272,25 @@ std::string Qcow2OptionHelp(bool with_protocol) {
   return text;
 }
 
+absl::Status CreateImageFile(const std::string& filename,
+                             const posix_file::FileCreateOptions& options,
+                             std::ostream& err) {
+  std::ostringstream warnings;
+  absl::Status st = posix_file::CreateFile(filename, options, &warnings);
+  PrintWarnings(warnings.str(), err);
+  // posix_file: "<file>: Could not create: <strerror>" ("Could not create:
+  // <strerror>" for an empty name); qemu-img quotes the name once more.
+  const int error_number = StatusErrno(st);
+  if (error_number == 0 ||
+      st.message() !=
+          ErrnoStatus(filename, "Could not create", error_number).message()) {
+    return st;
+  }
+  return absl::Status(st.code(),
+                      absl::StrCat("Could not create '", filename,
+                                   "': ", std::strerror(error_number)));
+}
+
 absl::Status CreateQcow2File(const std::string& filename,
                              const Qcow2CreateValues& values,
                              std::ostream& err) {
@@ -336,22 +355,7 @@ absl::Status CreateQcow2File(const std::string& filename,
     }
   }
 
-  std::ostringstream warnings;
-  absl::Status st = posix_file::CreateFile(filename, file_options, &warnings);
-  PrintWarnings(warnings.str(), err);
-  if (!st.ok()) {
-    // posix_file: "<file>: Could not create: <strerror>"; qemu-img names
-    // the file once more.
-    const int error_number = StatusErrno(st);
-    if (error_number != 0 &&
-        st.message() == absl::StrCat(filename, ": Could not create: ",
-                                     std::strerror(error_number))) {
-      return absl::Status(st.code(),
-                          absl::StrCat("Could not create '", filename,
-                                       "': ", std::strerror(error_number)));
-    }
-    return st;
-  }
+  RETURN_IF_ERROR(CreateImageFile(filename, file_options, err));
   if (!late_error.has_value()) {
     absl::StatusOr<qcow2::CheckedCreateOptions> checked =
         qcow2::CheckCreateOptions(options);

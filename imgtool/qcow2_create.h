@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "posix_file/file_options.pb.h"
 
 namespace imgtool::cli {
 
@@ -56,6 +57,15 @@ class Qcow2CreateValues {
 // `with_protocol` also the file protocol's options (qemu-img lists both
 // when a file name is given).
 std::string Qcow2OptionHelp(bool with_protocol);
+
+// Creates the image file (emptying an existing one, as qemu-img does) with
+// posix_file::CreateFile, printing its warnings to `err`. When the file
+// cannot be opened the error is qemu-img's "Could not create '<file>':
+// <strerror>" (the name quoted even when it is empty); other errors are
+// posix_file's. Used for raw and qcow2 images by create and convert.
+absl::Status CreateImageFile(const std::string& filename,
+                             const posix_file::FileCreateOptions& options,
+                             std::ostream& err);
 
 // Creates the image file (emptying an existing one, as qemu-img does), then
 // writes a qcow2 image with `values` (size, which must be set, and the

@@ -161,7 +161,7 @@ for args in "" "tiny.raw" "-S 1000 tiny.raw out.raw" \
   "-o size=3x tiny.raw out.raw" "-B base.raw tiny.raw out.raw" \
   "-c tiny.raw out.raw" "--target-image-opts tiny.raw out.raw" \
   "-l snap tiny.raw out.raw" "-l snap tiny.raw full.raw out.raw" \
-  "tiny.raw nodir/out.raw" "-o help tiny.raw out.raw" "-o help" \
+  "tiny.raw nodir/out.raw" "tiny.raw ''" "-o help tiny.raw out.raw" "-o help" \
   "-p missing.raw out.raw" "-p -t foo tiny.raw out.raw" \
   "--bitmaps tiny.raw out.raw" "--skip-broken-bitmaps tiny.raw out.raw"; do
   # shellcheck disable=SC2086

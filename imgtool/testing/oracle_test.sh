@@ -97,7 +97,7 @@ for args in "-o size=1M x.raw 1M" "x.raw" "x.raw 1kb" "x.raw 1.5" \
   "-o preallocation=falloc,,x x.raw 1M" "-o , x.raw 1M" "-o '' x.raw 1M" \
   "-o a=1,, x.raw 1M" "-b base.raw x.raw 1M" "-F raw x.raw 1M" \
   "nodir/x.raw 1M" "-o help" "-o help x.raw" "-f file -o help" \
-  "-o size=1M,? x.raw" "-f foo -o help"; do
+  "-o size=1M,? x.raw" "-f foo -o help" "'' 1M"; do
   eval same_effect nothing create "$args"
   eval same_effect old_file create "$args"
 done

@@ -197,7 +197,8 @@ for args in "-O qcow2 c64k.qcow2 o.qcow2" "-O qcow2 comp64k.qcow2 o.qcow2" \
   "-O qcow2 -c -o preallocation=full c4k.qcow2 o.qcow2" "-O raw -c c4k.qcow2 o.raw" \
   "-O qcow2 -o help" "-O qcow2 -o help c4k.qcow2 o.qcow2" \
   "-n -O qcow2 c4k.qcow2 c64k.qcow2" "-O qcow2 orphan.qcow2 o.qcow2" \
-  "-O qcow2 snap.qcow2 o.qcow2"; do
+  "-O qcow2 snap.qcow2 o.qcow2" "-O qcow2 c4k.qcow2 ''" \
+  "-O qcow2 -B mid.qcow2 -F qcow2 top.qcow2 ''"; do
   eval same_effect copy convert "$args"
 done
 # Out of order writes: same contents, layout may differ.
@@ -241,7 +242,7 @@ for args in "x.qcow2 64M" "-q x.qcow2 1M" "x.qcow2 1000b" "x.qcow2 0" \
   "-o cluster_size=abc x.qcow2 1M" "-o size=1M x.qcow2 1M" "-o foo=1 x.qcow2 1M" \
   "-o extent_size_hint=5G x.qcow2 1M" "-o data_file_raw=on x.qcow2 1M" \
   "-o backing_fmt=raw x.qcow2 1M" "-F raw x.qcow2 1M" "x.qcow2" \
-  "-o help" "-o help x.qcow2" "-o ? x.qcow2 1M" "nodir/x.qcow2 1M"; do
+  "-o help" "-o help x.qcow2" "-o ? x.qcow2 1M" "nodir/x.qcow2 1M" "'' 1M"; do
   eval same_effect nothing create -f qcow2 "$args"
   eval same_effect old_file create -f qcow2 "$args"
 done
@@ -255,7 +256,9 @@ for args in "-b base.raw -F raw x.qcow2" "-b base.raw -F raw x.qcow2 1M" \
   "-b '' -F raw x.qcow2 1M" "-b base.raw -F raw -o preallocation=metadata x.qcow2" \
   "-b base.raw -F raw -o size=2M x.qcow2" \
   "-o backing_file=mid.qcow2,backing_fmt=qcow2 x.qcow2" \
-  "-b base.raw -F qcow2 x.qcow2"; do
+  "-b base.raw -F qcow2 x.qcow2" "-b base.raw -F raw ''" \
+  "-b base.raw -F raw '' 1M" "-u -b base.raw -F raw '' 1M" \
+  "-b $D/base.raw -F raw ''"; do
   eval same_effect chain create -f qcow2 "$args"
 done
 
