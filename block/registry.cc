@@ -298,21 +298,6 @@ absl::StatusOr<GenericOptions> ParseGenericOptions(const NodeOptions& node) {
   return g;
 }
 
-// The format of an image from its first `got` bytes (at most 512): "qcow2",
-// "qcow" or "raw". Big-endian version: QEMU's qcow probe takes version 1 in
-// a file of at least a qcow header (48 bytes), its qcow2 probe any version
-// >= 2 in a file of at least a qcow2 header (112 bytes).
-std::string FormatOfHead(const uint8_t* head, size_t got) {
-  if (got >= 8 && std::memcmp(head, kQcowMagic, sizeof(kQcowMagic)) == 0) {
-    const uint32_t version = (uint32_t{head[4]} << 24) |
-                             (uint32_t{head[5]} << 16) |
-                             (uint32_t{head[6]} << 8) | head[7];
-    if (version == 1 && got >= 48) return "qcow";
-    if (version >= 2 && got >= 112) return "qcow2";
-  }
-  return "raw";
-}
-
 // True if a format driver (qcow2) sits in the `file` chain of `node`:
 // probing must then read what that format shows, not the file.
 bool ChainHasFormatOtherThanRaw(const NodeOptions& node) {
@@ -705,6 +690,17 @@ std::vector<std::string> DriverNames() {
 bool IsUnsupportedQemuDriver(absl::string_view name) {
   return std::find(kUnsupportedDrivers.begin(), kUnsupportedDrivers.end(),
                    name) != kUnsupportedDrivers.end();
+}
+
+std::string FormatOfHead(const uint8_t* head, size_t got) {
+  if (got > 0 && std::memcmp(head, kQcowMagic, sizeof(kQcowMagic)) == 0) {
+    const uint32_t version = (uint32_t{head[4]} << 24) |
+                             (uint32_t{head[5]} << 16) |
+                             (uint32_t{head[6]} << 8) | head[7];
+    if (version == 1) return "qcow";
+    if (version >= 2) return "qcow2";
+  }
+  return "raw";
 }
 
 absl::StatusOr<std::string> ProbeFormat(const std::string& filename) {

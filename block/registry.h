@@ -94,6 +94,14 @@ std::vector<std::string> DriverNames();
 // "vmdk", "vdi", "vpc", "vhdx", "luks", ...).
 bool IsUnsupportedQemuDriver(absl::string_view name);
 
+// The format of an image from its first `got` bytes (`head` holds at least
+// 8 bytes, zeroes after the first `got`): "qcow2", "qcow" or "raw". QEMU
+// probes a 2 KiB buffer whose bytes past the end of the file read as
+// zeroes, so any non-empty file that starts with the qcow2 magic is qcow
+// (big-endian version 1) or qcow2 (version >= 2) however short it is; its
+// open then says why it is damaged instead of the file being used as raw.
+std::string FormatOfHead(const uint8_t* head, size_t got);
+
 // The format of the file `filename` from its first bytes, as qemu-img
 // probes it: "qcow2" (qcow2 magic, version >= 2), "qcow" (version 1) or
 // "raw". Errors of open(2)/pread(2) name the file.

@@ -144,16 +144,15 @@ ImageCheck JsonReport(const qcow2::CheckResult& r,
   return check;
 }
 
-// The format of the file from its first bytes: "qcow2", "qcow" or "raw".
+// The format of the image from its first bytes, as qemu-img probes it
+// (block::FormatOfHead): "qcow2", "qcow" or "raw".
 absl::StatusOr<std::string> ProbeFormat(io::Engine& engine,
                                         io::BlockNode& node) {
   std::array<uint8_t, 8> head{};
+  const size_t got = std::min<uint64_t>(head.size(), node.size());
   RETURN_IF_ERROR(
       io::RunSync(engine, node.Read(0, io::IoVec(head.data(), head.size()))));
-  if (head[0] == 'Q' && head[1] == 'F' && head[2] == 'I' && head[3] == 0xfb) {
-    return std::string(head[7] == 1 ? "qcow" : "qcow2");
-  }
-  return std::string("raw");
+  return block::FormatOfHead(head.data(), got);
 }
 
 }  // namespace
