@@ -1,6 +1,7 @@
 // Qcow2Node: resizing (qcow2_co_truncate): L1 growth, metadata and data
 // preallocation the way QEMU 7.2 lays them out, and shrinking.
 #include <algorithm>
+#include <cerrno>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,9 +49,9 @@ io::Task<absl::Status> Qcow2Node::GrowL1(uint64_t min_size, bool exact) {
     while (min_size > new_size) new_size = (new_size * 3 + 1) / 2;
   }
   if (new_size * 8 > format::kMaxL1TableBytes) {
-    co_return absl::InvalidArgumentError(
-        "The image size is too large for file format 'qcow2' (try using a "
-        "larger cluster size)");
+    // QEMU's qcow2_grow_l1_table() fails with EFBIG, which its truncate
+    // reports as "Failed to grow the L1 table".
+    co_return ErrnoStatus("", "Failed to grow the L1 table", EFBIG);
   }
   const uint64_t bytes = new_size * 8;
   CO_ASSIGN_OR_RETURN(const uint64_t table, co_await refcounts_->Allocate(bytes));

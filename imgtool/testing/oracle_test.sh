@@ -177,6 +177,18 @@ for n in 6 8 50 72; do
     fail "io write into cut$n.qcow2: exit status $rc, file changed or kept"
 done
 
+echo "== qcow2 resize past the largest L1 table"
+# 64 KiB clusters: an L1 table of 32 MiB covers 2 PiB; beyond, both fail
+# with EFBIG from growing the L1 table and leave the image as it was.
+G="$WORK/grow"
+mkdir -p "$G"
+qemu-img create -q -f qcow2 "$G/g.qcow2" 64M
+before=$(md5sum <"$G/g.qcow2")
+for size in 2049T 4P +3P; do
+  same_output "$G" resize g.qcow2 $size
+done
+[[ "$(md5sum <"$G/g.qcow2")" == "$before" ]] || fail "a failed resize changed g.qcow2"
+
 echo "== locked image"
 L="$WORK/locked"
 mkdir -p "$L"
