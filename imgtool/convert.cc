@@ -315,6 +315,17 @@ struct CopySettings {
 // (skipped on a zeroed target, else written as zeroes that may unmap);
 // workers take chunks in order and, unless out-of-order writes are allowed,
 // write them in order too.
+// What qemu-img prints after "error while reading/writing at byte N: ":
+// strerror of the request's errno, not the file layer's message naming the
+// file and the syscall ("dst.qcow2: pwritev: No space left on device");
+// messages without an errno stay as they are.
+std::string RequestError(const absl::Status& status) {
+  if (const int error_number = StatusErrno(status); error_number != 0) {
+    return std::strerror(error_number);
+  }
+  return std::string(status.message());
+}
+
 class Copier {
  public:
   Copier(std::vector<CopySource> sources, io::BlockNode& target,
@@ -560,7 +571,7 @@ class Copier {
         if (!st.ok()) {
           SetError(absl::Status(
               st.code(), absl::StrCat("error while reading at byte ", offset,
-                                      ": ", st.message())));
+                                      ": ", RequestError(st))));
         }
       } else if (settings_.min_sparse_sectors == 0) {
         std::memset(buffer.data(), 0, length);
@@ -577,7 +588,7 @@ class Copier {
         if (!st.ok()) {
           SetError(absl::Status(
               st.code(), absl::StrCat("error while writing at byte ", offset,
-                                      ": ", st.message())));
+                                      ": ", RequestError(st))));
         }
       }
       if (settings_.in_order) FinishWrite(offset + length);

@@ -60,6 +60,25 @@ if mount_fs mkfs.ext4 40M "$BASE/ext4"; then
   eval same_output "$D" "resize -f raw --preallocation=full g.raw 200M"
   eval same_output "$D" "resize -f raw --preallocation=falloc g.raw 200M"
   [[ $(stat -c %s "$D/g.raw") -eq 104857600 ]] || fail "g.raw changed length"
+  rm -f "$D/g.raw"
+  # convert into the full filesystem: qemu-img reports the write's errno
+  # alone ("error while writing at byte N: No space left on device").
+  head -c 48M /dev/urandom >"$BASE/src.raw"
+  # (With -W each of qemu-img's coroutines prints the error once.)
+  for args in "-O raw" "-O qcow2" "-c -O qcow2" "-O qcow2 -t none"; do
+    checks=$((checks + 1))
+    eval run "$IMGTOOL" "$D" "convert $args $BASE/src.raw o.img"
+    a_out=$OUT a_err=$ERR a_rc=$RC
+    rm -f "$D/o.img"
+    eval run qemu-img "$D" "convert $args $BASE/src.raw o.img"
+    rm -f "$D/o.img"
+    # The byte where the filesystem ran out may differ; the rest may not.
+    a_err=$(printf '%s' "$a_err" | sed 's/at byte [0-9]*/at byte N/')
+    ERR=$(printf '%s' "$ERR" | sed 's/at byte [0-9]*/at byte N/')
+    diff_text "convert $args, full fs" stdout "$a_out" "$OUT" &&
+      diff_text "convert $args, full fs" stderr "$a_err" "$ERR" &&
+      diff_text "convert $args, full fs" "exit status" "$a_rc" "$RC"
+  done
 else
   fail "cannot mount ext4"
 fi
