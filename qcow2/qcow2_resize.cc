@@ -148,6 +148,16 @@ io::Task<absl::Status> Qcow2Node::PreallocateMetadata(uint64_t from,
           host = next_host;
         }
         CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, n << cluster_bits_, 0));
+        const uint64_t file_end = FileSize();
+        if (!l2_format_.extended_l2 && host < file_end) {
+          // Host clusters inside the file may hold stale bytes (data after
+          // the last cluster in use, freed clusters); the new standard
+          // entries would show them, so they are zeroed first (QEMU 7.2
+          // shows them). Extended entries keep their bitmap: no data.
+          CO_RETURN_IF_ERROR(co_await file_->WriteZeroes(
+              host, std::min(file_end, host + (n << cluster_bits_)) - host,
+              {}));
+        }
         for (uint64_t i = 0; i < n; ++i) {
           L2Entry e;
           e.word = format::MakeStandardL2Word(host + (i << cluster_bits_),
@@ -259,9 +269,10 @@ io::Task<absl::Status> Qcow2Node::PreallocateData(uint64_t from, uint64_t to,
     (void)undo;
     co_return UnderlyingFileError(truncated, filename(), file_->filename());
   }
-  if (start < old_end) {
+  if (start < old_end && (!l2_format_.extended_l2 || mark_allocated)) {
     // Unused space before the old end of the file may hold stale bytes; the
-    // new clusters must read as zeroes (QEMU leaves the stale bytes).
+    // new clusters must read as zeroes (QEMU 7.2 shows the stale bytes).
+    // Extended entries that keep their bitmap show no host data.
     CO_RETURN_IF_ERROR(co_await file_->WriteZeroes(
         start, std::min(new_file_size, old_end) - start, {}));
   }
