@@ -100,15 +100,15 @@ class Engine {
   // "io_uring", "native" or "threads" (the `-i` name).
   virtual const char* name() const = 0;
 
-  // co_await engine.Run(op) submits `op` and resumes the coroutine with
-  // op.result when it completes. op.done is overwritten.
+  // co_await engine.Run(op) submits `op` and resumes the coroutine (through
+  // io::Resume()) with op.result when it completes. op.done is overwritten.
   auto Run(Op& op) {
     struct Awaiter {
       Engine& engine;
       Op& op;
       bool await_ready() const noexcept { return false; }
       void await_suspend(std::coroutine_handle<> h) {
-        op.done = [h](Op&) { h.resume(); };
+        op.done = [h](Op&) { Resume(h); };
         engine.Submit(&op);
       }
       int64_t await_resume() const noexcept { return op.result; }

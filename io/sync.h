@@ -2,12 +2,25 @@
 // a Mutex whose Lock() is awaited (waiters are resumed in FIFO order) and an
 // Event that coroutines can await until it is set. Neither is thread-safe:
 // like every node, they are used from the engine's thread only.
+//
+// Waking: Unlock() and Set() wake waiters through io::Resume() (io/task.h).
+// From a shallow stack a woken waiter runs (until it next suspends) before
+// Unlock()/Set() returns. When kMaxResumeDepth wakeups are already nested on
+// the stack (a woken coroutine unlocks or sets something, whose waiter does
+// the same, ... along a chain of thousands of queued requests), the waiter
+// is queued instead and runs, in FIFO order with other queued ones, before
+// the outermost Resume() on the stack returns. Either way a waiter that is
+// woken is already chosen when Unlock()/Set() returns (the lock is its), and
+// neither the Mutex nor the Event is touched when it runs: both may be
+// destroyed right after Unlock()/Set().
 #ifndef IMGTOOL_IO_SYNC_H_
 #define IMGTOOL_IO_SYNC_H_
 
 #include <coroutine>
 #include <deque>
 #include <utility>
+
+#include "io/task.h"
 
 namespace imgtool::io {
 
@@ -34,7 +47,8 @@ class Mutex {
   }
 
   // Releases the mutex; the longest waiter (if any) now holds it and is
-  // resumed before Unlock returns.
+  // woken through io::Resume(): it runs before Unlock returns unless the
+  // stack is already kMaxResumeDepth wakeups deep (see the file comment).
   void Unlock() {
     if (waiters_.empty()) {
       locked_ = false;
@@ -42,7 +56,7 @@ class Mutex {
     }
     std::coroutine_handle<> next = waiters_.front();
     waiters_.pop_front();
-    next.resume();
+    Resume(next);
   }
 
   bool locked() const { return locked_; }
@@ -81,7 +95,9 @@ class ScopedLock {
 };
 
 // A one-shot event: Wait() suspends until Set(); after Set() it never
-// suspends. Set() resumes every waiter, in the order they waited.
+// suspends. Set() wakes every waiter, in the order they waited, through
+// io::Resume(): they run before Set returns unless the stack is already
+// kMaxResumeDepth wakeups deep (see the file comment).
 class Event {
  public:
   auto Wait() {
@@ -98,7 +114,7 @@ class Event {
     set_ = true;
     std::deque<std::coroutine_handle<>> waiters;
     waiters.swap(waiters_);
-    for (std::coroutine_handle<> h : waiters) h.resume();
+    for (std::coroutine_handle<> h : waiters) Resume(h);
   }
 
   bool is_set() const { return set_; }

@@ -9,6 +9,14 @@
 // Thread model: a task runs on the thread that resumes it, which is always
 // the engine's polling thread (see io/engine.h). Tasks are move-only and own
 // their coroutine frame; destroying an unfinished, suspended task is a bug.
+//
+// Stack depth: nothing here nests stack frames without bound. A task that
+// finishes without suspending (e.g. a cache hit) hands control back to its
+// awaiter without a nested call, so a loop awaiting a million such tasks
+// runs in constant stack in every build mode (-O0 and ASan builds do not
+// turn the compiler's symmetric transfer into a tail call). Code that wakes
+// suspended coroutines (io/sync.h, engine callbacks) resumes them through
+// Resume(), which bounds how deep wakeups that cause more wakeups nest.
 #ifndef IMGTOOL_IO_TASK_H_
 #define IMGTOOL_IO_TASK_H_
 
@@ -16,6 +24,7 @@
 #include <cstdlib>
 #include <exception>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 namespace imgtool::io {
@@ -23,17 +32,75 @@ namespace imgtool::io {
 template <typename T>
 class Task;
 
+// The most Resume() calls that run nested in each other on one thread; a
+// Resume() at this depth defers its coroutine instead (see Resume()).
+inline constexpr int kMaxResumeDepth = 32;
+
+namespace internal {
+
+// Resume() calls running on this thread's stack.
+inline constinit thread_local int resume_depth = 0;
+// Whether DeferResume() queued a coroutine that has not run yet.
+inline constinit thread_local bool resume_deferred = false;
+
+// Queues `h` to run once the outermost Resume() on this thread is done with
+// its own coroutine (sets resume_deferred).
+void DeferResume(std::coroutine_handle<> h);
+// Runs the queued coroutines in the order they were queued, including the
+// ones they queue in turn, until none is left. Called by the outermost
+// Resume() only.
+void RunDeferred();
+
+}  // namespace internal
+
+// Resumes the suspended coroutine `h` on this (the engine's) thread, like
+// h.resume(), but bounds the stack: when kMaxResumeDepth Resume() calls are
+// already running nested on this thread (a woken coroutine wakes another,
+// which wakes another, ... as a chain of thousands of queued requests
+// does), `h` is queued instead and Resume() returns before it has run. The
+// outermost Resume() runs the queued coroutines, in the order they were
+// queued, before it returns. So every coroutine woken through Resume() has
+// run (until its next suspension) by the time the outermost Resume() on the
+// stack returns, and coroutines woken from a shallow stack run before
+// Resume() returns, as with h.resume(). Cost when not deferring: one
+// thread-local increment and decrement. Not thread-safe across threads
+// sharing one coroutine: each thread has its own depth and queue.
+inline void Resume(std::coroutine_handle<> h) {
+  int& depth = internal::resume_depth;
+  if (depth >= kMaxResumeDepth) {
+    internal::DeferResume(h);
+    return;
+  }
+  ++depth;
+  h.resume();
+  if (depth == 1 && internal::resume_deferred) internal::RunDeferred();
+  --depth;
+}
+
 namespace internal {
 
 struct PromiseBase {
+  // The coroutine awaiting this task (none for a task that was never
+  // awaited).
   std::coroutine_handle<> continuation;
+  // kStartedInline while Task::await_suspend runs the task on its stack;
+  // kFinishedInline if the task finished before that returned; kSuspended
+  // once the task suspended and its awaiter too.
+  enum class State { kNotStarted, kStartedInline, kFinishedInline, kSuspended };
+  State state = State::kNotStarted;
 
   std::suspend_always initial_suspend() noexcept { return {}; }
   struct FinalAwaiter {
     bool await_ready() noexcept { return false; }
     template <typename P>
     std::coroutine_handle<> await_suspend(std::coroutine_handle<P> h) noexcept {
-      std::coroutine_handle<> next = h.promise().continuation;
+      PromiseBase& p = h.promise();
+      if (p.state == State::kStartedInline) {
+        // Back to Task::await_suspend, which continues the awaiter in place.
+        p.state = State::kFinishedInline;
+        return std::noop_coroutine();
+      }
+      std::coroutine_handle<> next = p.continuation;
       return next ? next : std::noop_coroutine();
     }
     void await_resume() noexcept {}
@@ -41,6 +108,19 @@ struct PromiseBase {
   FinalAwaiter final_suspend() noexcept { return {}; }
   void unhandled_exception() noexcept { std::abort(); }
 };
+
+// Task::await_suspend for promise `p` of `task`: runs the task until it
+// suspends or finishes; false (do not suspend the awaiter) if it finished.
+template <typename Handle>
+bool StartAwaited(Handle task, std::coroutine_handle<> awaiting) noexcept {
+  PromiseBase& p = task.promise();
+  p.continuation = awaiting;
+  p.state = PromiseBase::State::kStartedInline;
+  task.resume();
+  if (p.state == PromiseBase::State::kFinishedInline) return false;
+  p.state = PromiseBase::State::kSuspended;
+  return true;
+}
 
 }  // namespace internal
 
@@ -73,9 +153,8 @@ class [[nodiscard]] Task {
   }
 
   bool await_ready() const noexcept { return false; }
-  std::coroutine_handle<> await_suspend(std::coroutine_handle<> awaiting) noexcept {
-    handle_.promise().continuation = awaiting;
-    return handle_;
+  bool await_suspend(std::coroutine_handle<> awaiting) noexcept {
+    return internal::StartAwaited(handle_, awaiting);
   }
   T await_resume() { return std::move(*handle_.promise().value); }
 
@@ -109,9 +188,8 @@ class [[nodiscard]] Task<void> {
   }
 
   bool await_ready() const noexcept { return false; }
-  std::coroutine_handle<> await_suspend(std::coroutine_handle<> awaiting) noexcept {
-    handle_.promise().continuation = awaiting;
-    return handle_;
+  bool await_suspend(std::coroutine_handle<> awaiting) noexcept {
+    return internal::StartAwaited(handle_, awaiting);
   }
   void await_resume() {}
 
