@@ -138,7 +138,7 @@ struct BenchState {
   void WakeAll() {
     std::vector<std::coroutine_handle<>> waiting;
     waiting.swap(parked);
-    for (std::coroutine_handle<> h : waiting) h.resume();
+    for (std::coroutine_handle<> h : waiting) io::Resume(h);
   }
 
   void Fail(absl::string_view what, const absl::Status& st) {

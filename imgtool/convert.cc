@@ -497,7 +497,7 @@ class Copier {
     for (Waiter& w : waiting_) {
       if (w.waiting && w.offset == end) {
         w.waiting = false;
-        w.handle.resume();
+        io::Resume(w.handle);
         break;
       }
     }

@@ -418,7 +418,7 @@ void FileIo::EndWrite(std::list<InflightWrite>::iterator it) {
   inflight_.erase(it);
   std::vector<std::coroutine_handle<>> waiters;
   waiters.swap(waiters_);
-  for (std::coroutine_handle<> h : waiters) h.resume();
+  for (std::coroutine_handle<> h : waiters) io::Resume(h);
 }
 
 absl::Status FileIo::TrimPadding(uint64_t written_end) {
