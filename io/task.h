@@ -63,8 +63,8 @@ void RunDeferred();
 // run (until its next suspension) by the time the outermost Resume() on the
 // stack returns, and coroutines woken from a shallow stack run before
 // Resume() returns, as with h.resume(). Cost when not deferring: one
-// thread-local increment and decrement. Not thread-safe across threads
-// sharing one coroutine: each thread has its own depth and queue.
+// thread-local increment and decrement. Each thread has its own depth and
+// queue; `h` must be resumed on the thread it runs on (the engine's).
 inline void Resume(std::coroutine_handle<> h) {
   int& depth = internal::resume_depth;
   if (depth >= kMaxResumeDepth) {
@@ -109,8 +109,9 @@ struct PromiseBase {
   void unhandled_exception() noexcept { std::abort(); }
 };
 
-// Task::await_suspend for promise `p` of `task`: runs the task until it
-// suspends or finishes; false (do not suspend the awaiter) if it finished.
+// Task::await_suspend: runs `task` until it suspends or finishes, with
+// `awaiting` as its continuation; false (the awaiter goes on at once,
+// without a nested call) if it finished.
 template <typename Handle>
 bool StartAwaited(Handle task, std::coroutine_handle<> awaiting) noexcept {
   PromiseBase& p = task.promise();
