@@ -265,8 +265,9 @@ absl::StatusOr<std::unique_ptr<FileNode>> FileNode::Open(
   ASSIGN_OR_RETURN(internal::LockingMode locking,
                    internal::ParseLockingMode(options.locking()));
   if (options.force_share() && !options.read_only()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": force-share=on can only be used with read-only images"));
+    // QEMU's words, without the file name (the caller names the image).
+    return absl::InvalidArgumentError(
+        "force-share=on can only be used with read-only images");
   }
   const bool read_only = options.read_only();
   int fd = open(path.c_str(),

@@ -189,6 +189,12 @@ for size in 2049T 4P +3P; do
 done
 [[ "$(md5sum <"$G/g.qcow2")" == "$before" ]] || fail "a failed resize changed g.qcow2"
 
+echo "== bench -w -U"
+# force-share needs a read-only image; the message does not name the file
+# twice.
+same_output "$G" bench -c 1 -w -U g.qcow2
+same_output "$D" bench -c 1 -w -U -f raw full.raw
+
 echo "== locked image"
 L="$WORK/locked"
 mkdir -p "$L"
