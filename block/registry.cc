@@ -488,8 +488,9 @@ io::Task<absl::StatusOr<Opened>> OpenQcow2(const Driver& driver,
                                       std::move(opener), std::move(repair)));
   if (grows != nullptr) {
     // A writer killed while the file was grown ahead left a hole after the
-    // data; past the last refcounted cluster it is cut at close (best
-    // effort: refcounts that cannot be read leave the file as it is).
+    // data (and the file marked); past the last refcounted cluster it is
+    // cut at close (best effort: refcounts that cannot be read leave the
+    // file as it is). Unmarked hole tails stay, as in QEMU.
     absl::StatusOr<uint64_t> used_end = co_await q->RefcountedEnd();
     if (used_end.ok()) grows->AdoptHoleTail(*used_end);
   }

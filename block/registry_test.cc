@@ -1,6 +1,7 @@
 #include "block/registry.h"
 
 #include <sys/stat.h>
+#include <sys/xattr.h>
 
 #include <cstdlib>
 #include <memory>
@@ -11,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/options.h"
+#include "posix_file/file_node.h"
 #include "gtest/gtest.h"
 #include "io/engine.h"
 #include "posix_file/file_options.pb.h"
@@ -273,9 +275,11 @@ TEST_F(OpenGraphTest, Qcow2GrowsItsFileAheadAndCutsItAtClose) {
 }
 
 // A writer killed while its qcow2 file was grown ahead leaves a hole after
-// the data; the next read-write open and close cut it, never below the last
-// refcounted cluster nor below data. The crash itself is simulated with
-// truncate; qcow2/testing/crash_test.cc covers real kills.
+// the data, and the file marked; the next read-write open and close cut it,
+// never below the last refcounted cluster nor below data. The crash itself
+// is simulated with truncate and setxattr; qcow2/testing/crash_test.cc
+// covers real kills. An unmarked hole tail (QEMU's discarded last clusters)
+// stays, as in QEMU.
 TEST_F(OpenGraphTest, Qcow2CutsAHoleTailLeftAfterItsClustersAtClose) {
   auto length = [](const std::string& path) -> int64_t {
     struct stat st;
@@ -299,9 +303,17 @@ TEST_F(OpenGraphTest, Qcow2CutsAHoleTailLeftAfterItsClustersAtClose) {
   ASSERT_EQ(data_end, 1376256);  // header, L1, refcounts, L2, 16 clusters
 
   const std::string img = dir_ + "/tail.qcow2";
+  auto mark = [&] {
+    ASSERT_EQ(setxattr(img.c_str(), posix_file::kGrownAheadMarker, "1", 1, 0),
+              0);
+  };
   ASSERT_EQ(sh(absl::StrCat("cp ", twin, " ", img, " && truncate -s +65M ",
                             img)),
             0);
+  // Not marked: kept, as QEMU keeps it.
+  open_close(img, /*read_only=*/false);
+  EXPECT_EQ(length(img), data_end + (int64_t{65} << 20));
+  mark();
   // QEMU keeps such a tail for good and cannot preallocate over it.
   EXPECT_NE(sh(absl::StrCat("cp ", img, " ", img, ".q && qemu-img resize "
                             "--preallocation=falloc ", img, ".q +1M")),
@@ -328,6 +340,7 @@ TEST_F(OpenGraphTest, Qcow2CutsAHoleTailLeftAfterItsClustersAtClose) {
                             "/dev/urandom >>", img, " && truncate -s +65M ",
                             img)),
             0);
+  mark();
   open_close(img, /*read_only=*/false);
   EXPECT_EQ(length(img), data_end + 65536);
   EXPECT_EQ(sh(absl::StrCat("cmp -n ", data_end, " ", img, " ", twin)), 0);
@@ -345,8 +358,19 @@ TEST_F(OpenGraphTest, Qcow2CutsAHoleTailLeftAfterItsClustersAtClose) {
   open_close(img, /*read_only=*/false);
   EXPECT_EQ(sh(absl::StrCat("cmp ", img, " ", meta)), 0);
   ASSERT_EQ(sh("truncate -s +65M " + img), 0);
+  mark();
   open_close(img, /*read_only=*/false);
   EXPECT_EQ(sh(absl::StrCat("cmp ", img, " ", meta)), 0);
+
+  // QEMU discards the last clusters: freed and punched, the file keeps its
+  // length. A read-write open and close keep it too.
+  ASSERT_EQ(sh(absl::StrCat("cp ", twin, " ", img, " && qemu-io -c 'discard "
+                            "512k 512k' ", img, " && cp ", img, " ", img,
+                            ".discarded")),
+            0);
+  open_close(img, /*read_only=*/false);
+  EXPECT_EQ(length(img), data_end);
+  EXPECT_EQ(sh(absl::StrCat("cmp ", img, " ", img, ".discarded")), 0);
 }
 
 TEST_F(OpenGraphTest, ErrorsAreQemus) {

@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -365,25 +366,51 @@ void FileIo::GrowAhead(uint64_t end) {
     target = std::min<uint64_t>(target, limit.rlim_cur);
   }
   if (target <= end) return;
+  // Marked first, so that a crash never leaves an unmarked hole tail; a
+  // file that cannot be marked is not grown ahead.
+  if (!marked_) {
+    if (config_.grown_ahead_marker == nullptr ||
+        fsetxattr(config_.fd, config_.grown_ahead_marker, "1", 1, 0) != 0) {
+      return;
+    }
+    marked_ = true;
+  }
   if (ftruncate(config_.fd, static_cast<off_t>(target)) == 0) length_ = target;
 }
 
 void FileIo::AdoptHoleTail(uint64_t used_end) {
   if (!grows_ahead_ || !config_.regular_file) return;
+  // Only a tail this code grew ahead and did not cut back (the marker is
+  // left): a hole tail another program left, such as the discarded last
+  // clusters QEMU keeps, stays as QEMU keeps it.
+  char value[8];
+  if (!marked_ && (config_.grown_ahead_marker == nullptr ||
+                   fgetxattr(config_.fd, config_.grown_ahead_marker, value,
+                             sizeof(value)) < 0)) {
+    return;
+  }
   const uint64_t keep = std::max(used_end, WrittenOrIssuedEnd());
-  if (keep >= size_) return;
+  if (keep >= size_) {
+    marked_ = true;  // nothing to take: the marker goes at the next cut
+    return;
+  }
   // The end of the last data in [keep, size_).
   uint64_t data_end = keep;
   for (uint64_t pos = keep;;) {
     const off_t d = lseek(config_.fd, static_cast<off_t>(pos), SEEK_DATA);
     if (d < 0 && errno == ENXIO) break;  // no data from pos on
-    if (d < 0) return;
+    if (d < 0) return;  // unknown: the marker stays for a later open
     if (static_cast<uint64_t>(d) >= size_) break;
     const off_t h = lseek(config_.fd, d, SEEK_HOLE);
-    if (h < 0 || static_cast<uint64_t>(h) >= size_) return;
+    if (h < 0) return;
+    if (static_cast<uint64_t>(h) >= size_) {
+      marked_ = true;  // data to the end: no tail; the marker goes
+      return;
+    }
     data_end = std::max(data_end, static_cast<uint64_t>(h));
     pos = static_cast<uint64_t>(h);
   }
+  marked_ = true;
   if (data_end >= size_) return;
   adopted_length_ = std::max(adopted_length_, size_);
   RemoveHoles(data_end, UINT64_MAX);
@@ -399,11 +426,17 @@ absl::Status FileIo::CutToSize() {
   // Never below a write still in flight (a Truncate racing with writes),
   // nor below what a failed write reached.
   const uint64_t end = std::max(size_, WrittenOrIssuedEnd());
-  if (length_ <= end) return absl::OkStatus();
-  if (ftruncate(config_.fd, static_cast<off_t>(end)) != 0) {
-    return ErrnoStatus(config_.path, "ftruncate", errno);
+  if (length_ > end) {
+    if (ftruncate(config_.fd, static_cast<off_t>(end)) != 0) {
+      return ErrnoStatus(config_.path, "ftruncate", errno);
+    }
+    length_ = end;
   }
-  length_ = end;
+  // The file ends at its data again: no tail left to take.
+  if (marked_ && (fremovexattr(config_.fd, config_.grown_ahead_marker) == 0 ||
+                  errno == ENODATA)) {
+    marked_ = false;
+  }
   return absl::OkStatus();
 }
 

@@ -89,6 +89,11 @@ class FileIo {
     // O_DIRECT only: ProbeMaxRequestBytes; 0 = unknown. Longer reads and
     // writes are marked io::Op::may_block (see SplitByDevice).
     uint64_t max_request = 0;
+    // Name of the extended attribute the file carries while it is longer
+    // than its data because this FileIo grew it ahead (set before the
+    // first growth, removed by CutToSize; a crash leaves it). Null: the
+    // file is never grown ahead.
+    const char* grown_ahead_marker = nullptr;
   };
 
   FileIo(io::Engine& engine, Config config);
@@ -136,7 +141,8 @@ class FileIo {
   // run one at a time. Only for files whose length this node owns (regular
   // file, no other writer or resizer) and whose users ignore a hole after
   // their data, such as qcow2: a crash leaves the file up to `step` + 1 MiB
-  // longer than its data.
+  // longer than its data, and marked (Config::grown_ahead_marker; a file
+  // that cannot be marked is not grown ahead).
   void set_growth_step(uint64_t step) {
     growth_step_ = step;
     grows_ahead_ = step != 0;
@@ -150,13 +156,14 @@ class FileIo {
   // data; the caller vouches that nothing past `used_end` is in use (qcow2:
   // the end of its last cluster with a nonzero refcount). Never below a
   // write made or in flight. Only while growing ahead (set_growth_step) on
-  // a regular file; nothing if lseek fails or data reaches the end. The
+  // a regular file that carries the grown-ahead marker (a tail another
+  // program left stays); nothing if lseek fails or data reaches the end. The
   // length before counts on for Truncate's preallocation check until a
   // Truncate succeeds (QEMU sees the file that long; see Truncate).
   void AdoptHoleTail(uint64_t used_end);
 
-  // Cuts the file back to size() if growing ahead left it longer.
-  // Errors name the path ("ftruncate").
+  // Cuts the file back to size() if growing ahead left it longer, and
+  // removes the grown-ahead marker. Errors name the path ("ftruncate").
   absl::Status CutToSize();
   const std::string& path() const { return config_.path; }
   uint64_t request_alignment() const {
@@ -265,6 +272,9 @@ class FileIo {
   uint64_t adopted_length_ = 0;
   // set_growth_step was given a step (Truncate's pause does not change it).
   bool grows_ahead_ = false;
+  // The file carries the grown-ahead marker (set before growing ahead,
+  // found by AdoptHoleTail; CutToSize removes it).
+  bool marked_ = false;
   // Ends of the data of the Writes in flight (size_ grows only when one
   // completes), kept only when grows_ahead_ (a map node per write
   // otherwise, on every write of every file); CutToSize never cuts below

@@ -5,6 +5,7 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -198,6 +199,8 @@ absl::Status CreateFile(const std::string& path,
     AbandonCreate(fd, path, created);
     return st;
   }
+  // A new image has no tail grown ahead (a killed writer's marker goes).
+  if (!created) fremovexattr(fd, kGrownAheadMarker);
   if (options.nocow()) SetNoCow(fd);
   // extent_size_hint=0 still clears any hint; only an explicit non-zero
   // hint warns on failure.
@@ -275,6 +278,7 @@ absl::StatusOr<std::unique_ptr<FileNode>> FileNode::Open(
   if (fd < 0) return ErrnoStatus(path, "Could not open", errno);
 
   internal::FileIo::Config config{.fd = fd, .path = path};
+  config.grown_ahead_marker = kGrownAheadMarker;
   auto fail = [fd](absl::Status st) {
     close(fd);
     return st;

@@ -23,6 +23,12 @@
 
 namespace imgtool::posix_file {
 
+// Extended attribute (value "1") a file carries while it may be longer than
+// its data because a FileNode grew its length ahead
+// (FileNode::GrowLengthAhead): a killed writer leaves it, and only then does
+// FileNode::AdoptHoleTail take the hole after the data.
+inline constexpr char kGrownAheadMarker[] = "user.imgtool.grown-ahead";
+
 // Creates (or replaces, as qemu-img does) the file `path` with
 // `options` (file-posix.md §1-3: lock, truncate to 0, nocow, extent size
 // hint, then grow with the preallocation mode, never truncating to the final
@@ -100,7 +106,9 @@ class FileNode : public io::BlockNode {
   // zeroes the gap). size() and block status still end at the data;
   // Truncate and Close cut the file back to size(), so a closed file is as
   // long as without this. A crash leaves up to `step` + 1 MiB of hole after
-  // the data. For format nodes that ignore bytes past their data (qcow2
+  // the data, and the file marked (kGrownAheadMarker, set before the file
+  // first grows ahead and removed when it is cut back; a file that cannot
+  // be marked is not grown ahead). For format nodes that ignore bytes past their data (qcow2
   // allocates from its refcounts, not from the file's length), never for
   // raw images, whose length is their disk size. A no-op unless the node is
   // a regular file opened read-write that denies other writers and
@@ -108,7 +116,9 @@ class FileNode : public io::BlockNode {
   void GrowLengthAhead(uint64_t step);
 
   // After GrowLengthAhead, for the hole a killed writer that grew ahead
-  // left after the data: takes the end of the file past `used_end` (bytes)
+  // left after the data, if the file carries kGrownAheadMarker (any other
+  // hole tail, such as the discarded last clusters of a qcow2 image that
+  // QEMU keeps, stays as QEMU keeps it): takes the end of the file past `used_end` (bytes)
   // that holds no data (SEEK_DATA/SEEK_HOLE; never written preallocation
   // counts as a hole) as length grown ahead, so size() ends at the last
   // data past `used_end` (at `used_end` if none) and Truncate and Close

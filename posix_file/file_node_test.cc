@@ -6,6 +6,7 @@
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -614,11 +615,18 @@ TEST_F(FileNodeTest, GrowingAheadKeepsTheLengthPastTheDataUntilClose) {
 
   // A write past the end grows the file to 8 MiB past its end, rounded up
   // to 1 MiB; size() stays the end of the data.
+  auto marked = [&] {
+    char value[8];
+    return getxattr(path.c_str(), kGrownAheadMarker, value, sizeof(value)) >= 0;
+  };
+  EXPECT_FALSE(marked());
   const auto a = Pattern(5000, 1);
   ASSERT_TRUE(NodeWrite(n, 3000, a).ok());
   EXPECT_EQ(n.size(), 8000u);
   EXPECT_EQ(FileLength(path), 9 * kMiB);
   EXPECT_EQ(FileAllocated(path), 8192u);  // the rest is a hole
+  // Marked, so that a crash's hole tail is known to be ours.
+  EXPECT_TRUE(marked());
   // Inside the grown length: no ftruncate, size() follows the data.
   const auto b = Pattern(4096, 2);
   ASSERT_TRUE(NodeWrite(n, 5 * kMiB, b).ok());
@@ -640,17 +648,24 @@ TEST_F(FileNodeTest, GrowingAheadKeepsTheLengthPastTheDataUntilClose) {
   ASSERT_TRUE(Run(n.Close()).ok());
   EXPECT_EQ(FileLength(path), 9 * kMiB + 10 + 4096);
   EXPECT_EQ(ReadWithPread(path, 5 * kMiB, b.size()), b);
+  EXPECT_FALSE(marked());
 }
 
 TEST_F(FileNodeTest, AdoptedHoleTailIsCutAtCloseNeverBelowData) {
   constexpr uint64_t kMiB = uint64_t{1} << 20;
   const std::string path = Path("killed.qcow2");
   ASSERT_TRUE(Create(path, 0).ok());
-  // What a writer killed while growing ahead leaves: data, then a hole.
+  // What a writer killed while growing ahead leaves: data, then a hole,
+  // and the marker.
   auto killed = [&] {
     WriteWithPwrite(path, 0, Pattern(8192, 1));
     WriteWithPwrite(path, kMiB, Pattern(4096, 2));
     ASSERT_EQ(truncate(path.c_str(), 9 * kMiB), 0);
+    ASSERT_EQ(setxattr(path.c_str(), kGrownAheadMarker, "1", 1, 0), 0);
+  };
+  auto marked = [&] {
+    char value[8];
+    return getxattr(path.c_str(), kGrownAheadMarker, value, sizeof(value)) >= 0;
   };
   killed();
 
@@ -661,6 +676,20 @@ TEST_F(FileNodeTest, AdoptedHoleTailIsCutAtCloseNeverBelowData) {
   EXPECT_EQ((*node)->size(), 9 * kMiB);
   ASSERT_TRUE(Run((*node)->Close()).ok());
   EXPECT_EQ(FileLength(path), 9 * kMiB);
+  EXPECT_TRUE(marked());
+
+  // Without the marker the tail is another program's (QEMU keeps the
+  // discarded last clusters of a qcow2 image as holes): it stays.
+  ASSERT_EQ(removexattr(path.c_str(), kGrownAheadMarker), 0);
+  node = Open(path);
+  ASSERT_TRUE(node.ok()) << node.status();
+  (*node)->GrowLengthAhead(64 * kMiB);
+  (*node)->AdoptHoleTail(8192);
+  EXPECT_EQ((*node)->size(), 9 * kMiB);
+  ASSERT_TRUE(Run((*node)->Close()).ok());
+  EXPECT_EQ(FileLength(path), 9 * kMiB);
+  EXPECT_FALSE(marked());
+  killed();
 
   // Data past `used_end` stays: cut after it. A preallocating truncate to
   // less than the 9 MiB QEMU sees fails as QEMU's does.
@@ -678,6 +707,7 @@ TEST_F(FileNodeTest, AdoptedHoleTailIsCutAtCloseNeverBelowData) {
   ASSERT_TRUE(Run((*node)->Close()).ok());
   EXPECT_EQ(FileLength(path), kMiB + 4096);
   EXPECT_EQ(ReadWithPread(path, kMiB, 4096), Pattern(4096, 2));
+  EXPECT_FALSE(marked());  // cut back: the next open takes nothing
 
   // `used_end` past the data: cut there. Preallocating past the old length
   // works and is exact.

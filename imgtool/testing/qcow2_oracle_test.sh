@@ -86,6 +86,9 @@ qio() { qemu-io "$@" >/dev/null || echo "SETUP FAILED: qemu-io $*"; }
   mk -o preallocation=metadata,cluster_size=4k pm.qcow2 3M
   qio -c 'write -P 8 8k 8k' pm.qcow2
   mk -o preallocation=falloc pf.qcow2 1M
+  # The last clusters discarded: freed and punched, the file keeps its length.
+  mk dtail.qcow2 8M
+  qio -c 'write -P 21 0 4M' -c 'discard 2M 2M' dtail.qcow2
   # raw <- qcow2 <- qcow2, the top larger than its backing file, and an
   # overlay in a subdirectory naming its backing file relatively.
   truncate -s 6M base.raw
@@ -276,24 +279,29 @@ for args in "c64k.qcow2 16M" "c512.qcow2 +1M" "c64k.qcow2 +1000" "c64k.qcow2 100
   "--shrink empty.qcow2 512k"; do
   eval same_contents copy resize "$args"
 done
-# Files longer than their clusters: a hole a killed writer left, data a
-# failed write left. Preallocating to less than the file's length fails as
-# QEMU's does. A read-write open and close of imgtool cut the hole, and new
+# Files longer than their clusters: a hole tail (the last clusters QEMU
+# discarded, or a killed writer's, made here with truncate), data a failed
+# write left. Preallocating to less than the file's length fails as QEMU's
+# does. A read-write open and close keep a hole tail as QEMU does (imgtool
+# only cuts one it marked when growing the file ahead: posix_file), and new
 # clusters over stale data read as zeroes (QEMU's show the stale bytes):
 # there only the messages compare.
 tails() {
   cp "$D/c64k.qcow2" hole.qcow2 && truncate -s +65M hole.qcow2
   cp "$D/c64k.qcow2" data.qcow2 && head -c 1M "$WORK/seed" >>data.qcow2
+  cp "$D/dtail.qcow2" .
 }
-for args in "--preallocation=falloc hole.qcow2 +1M" \
-  "--preallocation=full hole.qcow2 +1M" "hole.qcow2 +1M" \
-  "--preallocation=full data.qcow2 +2M"; do
-  eval same_messages tails resize "$args"
-done
+same_messages tails resize --preallocation=full data.qcow2 +2M
 for args in "--preallocation=falloc hole.qcow2 +100M" \
-  "--preallocation=falloc data.qcow2 +64k" "data.qcow2 +1M"; do
+  "--preallocation=falloc hole.qcow2 +1M" \
+  "--preallocation=full hole.qcow2 +1M" "hole.qcow2 +1M" \
+  "--preallocation=falloc data.qcow2 +64k" "data.qcow2 +1M" \
+  "dtail.qcow2 +1M" "--preallocation=falloc dtail.qcow2 +1M" \
+  "--preallocation=falloc dtail.qcow2 +8M"; do
   eval same_contents tails resize "$args"
 done
+same_contents tails check -r all dtail.qcow2
+same_contents tails convert -n -O qcow2 hole.qcow2 dtail.qcow2
 # Growing with preallocation over stale bytes after the last cluster in
 # use: in imgtool's image the new guest bytes read as zeroes and check is
 # clean. QEMU 7.2's new standard L2 entries (and extended ones marked
@@ -363,6 +371,8 @@ io_check -c 'write -P 7 1M 128k' -c 'write -z -u 2M 1M' -c 'truncate 9M' \
   -c map -c flush c64k.qcow2
 io_check -c 'write -P 3 3000 5000' -c 'read -P 3 3000 5000' -c map top.qcow2
 io_check -c 'write -P 3 1k 1k' mixed.qcow2
+io_check -c 'write -P 3 0 4k' -c 'read -P 21 4k 4k' dtail.qcow2
+io_check -c 'write -P 3 5M 64k' dtail.qcow2
 io_check -c 'write 0 4k' corrupt.qcow2
 io_check -c 'read 0 4k' orphan.qcow2
 
