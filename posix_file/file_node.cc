@@ -285,8 +285,9 @@ absl::StatusOr<std::unique_ptr<FileNode>> FileNode::Open(
   };
   struct stat st;
   if (fstat(fd, &st) != 0) return fail(ErrnoStatus(path, "fstat", errno));
-  // A read-write open(2) of a directory fails with EISDIR already.
-  if (S_ISDIR(st.st_mode)) {
+  // A read-write open(2) of a directory fails with EISDIR already. Pipes
+  // and sockets are neither regular files nor QEMU's host devices.
+  if (S_ISDIR(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "'file' driver requires '", path, "' to be a regular file")));
   }

@@ -195,6 +195,22 @@ echo "== bench -w -U"
 same_output "$G" bench -c 1 -w -U g.qcow2
 same_output "$D" bench -c 1 -w -U -f raw full.raw
 
+echo "== a pipe as the image"
+# QEMU's file driver takes regular files, block and character devices; a
+# pipe (/dev/stdin fed by a pipeline) fails with its "regular file" error.
+for args in "info -f raw /dev/stdin" "convert -f raw -O qcow2 /dev/stdin p.qcow2" \
+  "map -f raw /dev/stdin" "compare -f raw /dev/stdin full.raw"; do
+  checks=$((checks + 1))
+  a_err=$(cd "$D" && head -c 64k "$WORK/seed" | "$IMGTOOL" $args 2>&1 >/dev/null)
+  a_rc=$?
+  q_err=$(cd "$D" && head -c 64k "$WORK/seed" | qemu-img $args 2>&1 >/dev/null |
+    sed 's/qemu-img/imgtool/g')
+  q_rc=$(cd "$D" && head -c 64k "$WORK/seed" | qemu-img $args >/dev/null 2>&1; echo $?)
+  diff_text "$args from a pipe" stderr "$a_err" "$q_err" &&
+    diff_text "$args from a pipe" "exit status" "$a_rc" "$q_rc"
+  [[ ! -e "$D/p.qcow2" ]] || fail "$args from a pipe left p.qcow2"
+done
+
 echo "== locked image"
 L="$WORK/locked"
 mkdir -p "$L"
