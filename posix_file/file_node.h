@@ -108,30 +108,31 @@ class FileNode : public io::BlockNode {
   // long as without this. A crash leaves up to `step` + 1 MiB of hole after
   // the data, and the file marked (kGrownAheadMarker, set before the file
   // first grows ahead and removed when it is cut back; a file that cannot
-  // be marked is not grown ahead). For format nodes that ignore bytes past their data (qcow2
-  // allocates from its refcounts, not from the file's length), never for
-  // raw images, whose length is their disk size. A no-op unless the node is
-  // a regular file opened read-write that denies other writers and
-  // resizers (!shares_write_or_resize()). 0 turns it off.
+  // be marked is not grown ahead). For format nodes that ignore bytes past
+  // their data (qcow2 allocates from its refcounts, not from the file's
+  // length), never for raw images, whose length is their disk size. A
+  // no-op unless the node is a regular file opened read-write that denies
+  // other writers and resizers (!shares_write_or_resize()). 0 turns it
+  // off.
   void GrowLengthAhead(uint64_t step);
 
   // After GrowLengthAhead, for the hole a killed writer that grew ahead
   // left after the data, if the file carries kGrownAheadMarker (any other
   // hole tail, such as the discarded last clusters of a qcow2 image that
-  // QEMU keeps, stays as QEMU keeps it): takes the end of the file past `used_end` (bytes)
-  // that holds no data (SEEK_DATA/SEEK_HOLE; never written preallocation
-  // counts as a hole) as length grown ahead, so size() ends at the last
-  // data past `used_end` (at `used_end` if none) and Truncate and Close
-  // cut the rest. The caller vouches that the format uses nothing past
-  // `used_end`: qcow2 passes the end of its last cluster with a nonzero
-  // refcount (Qcow2Node::RefcountedEnd), so images whose clusters are all
-  // refcounted but holes (preallocation=metadata) keep their length, and
-  // so does data after the last cluster (a failed write's). Never below a
-  // write made or in flight. QEMU leaves such a tail for good (qemu-img
-  // resize with preallocation then fails "Cannot use preallocation for
-  // shrinking files"); a preallocating Truncate of this node still fails
-  // so while it would end below the length the file had (as QEMU's). A
-  // no-op without growing ahead or where lseek fails.
+  // QEMU keeps, stays as QEMU keeps it): takes the end of the file past
+  // `used_end` (bytes) that holds no data (SEEK_DATA/SEEK_HOLE; never
+  // written preallocation counts as a hole) as length grown ahead, so
+  // size() ends at the last data past `used_end` (at `used_end` if none)
+  // and Truncate and Close cut the rest. The caller vouches that the
+  // format uses nothing past `used_end`: qcow2 passes the end of its last
+  // cluster with a nonzero refcount (Qcow2Node::RefcountedEnd), so images
+  // whose clusters are all refcounted but holes (preallocation=metadata)
+  // keep their length, and so does data after the last cluster (a failed
+  // write's). Never below a write made or in flight. QEMU leaves such a
+  // tail for good (qemu-img resize with preallocation then fails "Cannot
+  // use preallocation for shrinking files"); a preallocating Truncate of
+  // this node still fails so while it would end below the length the file
+  // had (as QEMU's). A no-op without growing ahead or where lseek fails.
   void AdoptHoleTail(uint64_t used_end);
 
   // Write zeroes that must leave the range allocated, by fallocate only
