@@ -310,11 +310,6 @@ struct CopySettings {
   std::optional<uint64_t> target_backing_end;
 };
 
-// The copy itself (qemu-img's convert_do_copy). The target is split into
-// chunks that are either data (read, scanned for zeroes, written) or zero
-// (skipped on a zeroed target, else written as zeroes that may unmap);
-// workers take chunks in order and, unless out-of-order writes are allowed,
-// write them in order too.
 // What qemu-img prints after "error while reading/writing at byte N: ":
 // strerror of the request's errno, not the file layer's message naming the
 // file and the syscall ("dst.qcow2: pwritev: No space left on device");
@@ -326,6 +321,11 @@ std::string RequestError(const absl::Status& status) {
   return std::string(status.message());
 }
 
+// The copy itself (qemu-img's convert_do_copy). The target is split into
+// chunks that are either data (read, scanned for zeroes, written) or zero
+// (skipped on a zeroed target, else written as zeroes that may unmap);
+// workers take chunks in order and, unless out-of-order writes are allowed,
+// write them in order too.
 class Copier {
  public:
   Copier(std::vector<CopySource> sources, io::BlockNode& target,
