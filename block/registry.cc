@@ -272,6 +272,10 @@ std::optional<std::string> LeafFilename(const NodeOptions& node) {
 // cache.no-flush.
 struct GenericOptions {
   bool read_only = false;
+  // read-only=off given: in QEMU it makes the node writable even where the
+  // command opens read-only (qemu-img info), so force-share=on beside it
+  // fails there; imgtool keeps such a node read-only but fails the same.
+  bool read_only_off = false;
   bool force_share = false;
   std::optional<bool> direct;
   std::optional<bool> no_flush;
@@ -283,7 +287,10 @@ absl::StatusOr<GenericOptions> ParseGenericOptions(const NodeOptions& node) {
     auto it = node.values.find(key);
     if (it == node.values.end()) continue;
     ASSIGN_OR_RETURN(bool on, ParseBoolOption(key, it->second));
-    if (std::string(key) == "read-only") g.read_only = on;
+    if (std::string(key) == "read-only") {
+      g.read_only = on;
+      g.read_only_off = !on;
+    }
     if (std::string(key) == "force-share") g.force_share = on;
   }
   if (auto it = node.children.find("cache"); it != node.children.end()) {
@@ -598,7 +605,7 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
     co_return absl::FailedPreconditionError("Block node is read-only");
   }
   if (generic.force_share) {
-    if (!ctx.read_only) {
+    if (!ctx.read_only || generic.read_only_off) {
       co_return absl::InvalidArgumentError(
           "force-share=on can only be used with read-only images");
     }
@@ -784,7 +791,7 @@ absl::Status CheckNodeOptions(const NodeOptions& node, bool read_only,
   if (generic.read_only && !read_only) {
     return absl::FailedPreconditionError("Block node is read-only");
   }
-  if (generic.force_share && !read_only) {
+  if (generic.force_share && (!read_only || generic.read_only_off)) {
     return absl::InvalidArgumentError(
         "force-share=on can only be used with read-only images");
   }

@@ -194,6 +194,12 @@ echo "== bench -w -U"
 # twice.
 same_output "$G" bench -c 1 -w -U g.qcow2
 same_output "$D" bench -c 1 -w -U -f raw full.raw
+# read-only=off beside force-share=on fails even where the command opens
+# read-only (in QEMU read-only=off makes the node writable).
+same_output "$G" info --image-opts \
+  driver=qcow2,file.filename=g.qcow2,force-share=on,read-only=off
+same_output "$G" info --image-opts \
+  driver=qcow2,file.filename=g.qcow2,force-share=on,read-only=on
 
 echo "== a pipe as the image"
 # QEMU's file driver takes regular files, block and character devices; a
