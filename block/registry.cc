@@ -271,11 +271,11 @@ std::optional<std::string> LeafFilename(const NodeOptions& node) {
 // (accepted, without effect: imgtool never reopens), cache.direct and
 // cache.no-flush.
 struct GenericOptions {
-  bool read_only = false;
-  // read-only=off given: in QEMU it makes the node writable even where the
-  // command opens read-only (qemu-img info), so force-share=on beside it
-  // fails there; imgtool keeps such a node read-only but fails the same.
-  bool read_only_off = false;
+  // read-only, if given. read-only=off makes a QEMU node writable even
+  // where the command opens read-only (qemu-img info), so force-share=on
+  // beside it fails there; imgtool keeps such a node read-only but fails
+  // the same (CheckAccess).
+  std::optional<bool> read_only;
   bool force_share = false;
   std::optional<bool> direct;
   std::optional<bool> no_flush;
@@ -287,10 +287,7 @@ absl::StatusOr<GenericOptions> ParseGenericOptions(const NodeOptions& node) {
     auto it = node.values.find(key);
     if (it == node.values.end()) continue;
     ASSIGN_OR_RETURN(bool on, ParseBoolOption(key, it->second));
-    if (std::string(key) == "read-only") {
-      g.read_only = on;
-      g.read_only_off = !on;
-    }
+    if (std::string(key) == "read-only") g.read_only = on;
     if (std::string(key) == "force-share") g.force_share = on;
   }
   if (auto it = node.children.find("cache"); it != node.children.end()) {
@@ -303,6 +300,19 @@ absl::StatusOr<GenericOptions> ParseGenericOptions(const NodeOptions& node) {
     }
   }
   return g;
+}
+
+// The read-only and force-share options of a node opened read-only or not
+// (`read_only`), as QEMU checks them.
+absl::Status CheckAccess(const GenericOptions& g, bool read_only) {
+  if (g.read_only.value_or(false) && !read_only) {
+    return absl::FailedPreconditionError("Block node is read-only");
+  }
+  if (g.force_share && (!read_only || !g.read_only.value_or(true))) {
+    return absl::InvalidArgumentError(
+        "force-share=on can only be used with read-only images");
+  }
+  return absl::OkStatus();
 }
 
 // True if a format driver (qcow2) sits in the `file` chain of `node`:
@@ -601,16 +611,8 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
 
   // 2. The options every node takes.
   CO_ASSIGN_OR_RETURN(GenericOptions generic, ParseGenericOptions(node));
-  if (generic.read_only && !ctx.read_only) {
-    co_return absl::FailedPreconditionError("Block node is read-only");
-  }
-  if (generic.force_share) {
-    if (!ctx.read_only || generic.read_only_off) {
-      co_return absl::InvalidArgumentError(
-          "force-share=on can only be used with read-only images");
-    }
-    ctx.force_share = true;
-  }
+  CO_RETURN_IF_ERROR(CheckAccess(generic, ctx.read_only));
+  if (generic.force_share) ctx.force_share = true;
   if (generic.direct.has_value()) ctx.cache.direct = *generic.direct;
   if (generic.no_flush.has_value()) ctx.cache.no_flush = *generic.no_flush;
 
@@ -788,13 +790,7 @@ absl::Status CheckNodeOptions(const NodeOptions& node, bool read_only,
     return absl::InvalidArgumentError("CheckNodeOptions: no known driver");
   }
   ASSIGN_OR_RETURN(GenericOptions generic, ParseGenericOptions(node));
-  if (generic.read_only && !read_only) {
-    return absl::FailedPreconditionError("Block node is read-only");
-  }
-  if (generic.force_share && (!read_only || generic.read_only_off)) {
-    return absl::InvalidArgumentError(
-        "force-share=on can only be used with read-only images");
-  }
+  RETURN_IF_ERROR(CheckAccess(generic, read_only));
   std::vector<std::string> consumed;
   if (driver->has_file_child) consumed.push_back("file");
   RETURN_IF_ERROR(CheckUnsupportedKeys(*driver, node, no_backing, &consumed));
