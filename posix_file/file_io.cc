@@ -378,17 +378,20 @@ void FileIo::GrowAhead(uint64_t end) {
   if (ftruncate(config_.fd, static_cast<off_t>(target)) == 0) length_ = target;
 }
 
+bool FileIo::MayHaveTailGrownAhead() const {
+  if (!grows_ahead_ || !config_.regular_file) return false;
+  if (marked_) return true;
+  char value[8];
+  return config_.grown_ahead_marker != nullptr &&
+         fgetxattr(config_.fd, config_.grown_ahead_marker, value,
+                   sizeof(value)) >= 0;
+}
+
 void FileIo::AdoptHoleTail(uint64_t used_end) {
-  if (!grows_ahead_ || !config_.regular_file) return;
   // Only a tail this code grew ahead and did not cut back (the marker is
   // left): a hole tail another program left, such as the discarded last
   // clusters QEMU keeps, stays as QEMU keeps it.
-  char value[8];
-  if (!marked_ && (config_.grown_ahead_marker == nullptr ||
-                   fgetxattr(config_.fd, config_.grown_ahead_marker, value,
-                             sizeof(value)) < 0)) {
-    return;
-  }
+  if (!MayHaveTailGrownAhead()) return;
   const uint64_t keep = std::max(used_end, WrittenOrIssuedEnd());
   if (keep >= size_) {
     marked_ = true;  // nothing to take: the marker goes at the next cut

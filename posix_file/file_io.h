@@ -161,6 +161,10 @@ class FileIo {
   // length before counts on for Truncate's preallocation check until a
   // Truncate succeeds (QEMU sees the file that long; see Truncate).
   void AdoptHoleTail(uint64_t used_end);
+  // Whether AdoptHoleTail may take a tail: growing ahead on a regular file
+  // that carries the grown-ahead marker. Callers test it before working
+  // out `used_end`. One fgetxattr(2) unless this FileIo marked the file.
+  bool MayHaveTailGrownAhead() const;
 
   // Cuts the file back to size() if growing ahead left it longer, and
   // removes the grown-ahead marker. Errors name the path ("ftruncate").

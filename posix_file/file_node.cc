@@ -417,6 +417,10 @@ void FileNode::AdoptHoleTail(uint64_t used_end) {
   state_->io.AdoptHoleTail(used_end);
 }
 
+bool FileNode::MayHaveTailGrownAhead() const {
+  return state_->fd >= 0 && state_->io.MayHaveTailGrownAhead();
+}
+
 io::Task<absl::Status> FileNode::DoRead(uint64_t offset, io::IoVec buf) {
   co_return co_await state_->io.Read(offset, buf);
 }

@@ -134,6 +134,11 @@ class FileNode : public io::BlockNode {
   // this node still fails so while it would end below the length the file
   // had (as QEMU's). A no-op without growing ahead or where lseek fails.
   void AdoptHoleTail(uint64_t used_end);
+  // Whether AdoptHoleTail may take anything: after GrowLengthAhead, on a
+  // file that carries kGrownAheadMarker. Test it before working out
+  // `used_end` (qcow2 reads refcount blocks for it), so that opening an
+  // unmarked file costs one fgetxattr(2) and no reads.
+  bool MayHaveTailGrownAhead() const;
 
   // Write zeroes that must leave the range allocated, by fallocate only
   // (ZERO_RANGE, else punch hole + allocate, else allocate past the end of

@@ -251,7 +251,8 @@ absl::StatusOr<std::unique_ptr<Qcow2Node>> Env::OpenQcow2(
   file_node.GrowLengthAhead(grow_length_ahead);
   ASSIGN_OR_RETURN(std::unique_ptr<Qcow2Node> node,
                    Run(Qcow2Node::Open(std::move(file), options, Opener())));
-  if (grow_length_ahead != 0 && !read_only) {
+  if (grow_length_ahead != 0 && !read_only &&
+      file_node.MayHaveTailGrownAhead()) {
     // As block/registry.cc: a hole tail past the last refcounted cluster is
     // cut at close.
     absl::StatusOr<uint64_t> used_end = Run(node->RefcountedEnd());
