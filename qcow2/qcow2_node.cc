@@ -490,6 +490,11 @@ io::Task<absl::Status> Qcow2Node::ApplyPendingFrees() {
   }
   pending_frees_ = std::move(keep);
   absl::Status result;
+  // Host ranges to discard, adjacent clusters merged into one request as
+  // QEMU merges its queued discards (update_refcount_discard): with
+  // clusters smaller than the file system's blocks, cluster-sized punches
+  // would zero the blocks but free none.
+  std::vector<std::pair<uint64_t, uint64_t>> discards;
   for (const PendingFree& f : apply) {
     absl::Status st = co_await refcounts_->Free(f.offset, f.length);
     if (!st.ok()) {
@@ -502,12 +507,19 @@ io::Task<absl::Status> Qcow2Node::ApplyPendingFrees() {
       for (uint64_t c = f.offset & ~mask; c < f.offset + f.length;
            c += cluster_size_) {
         absl::StatusOr<uint64_t> rc = co_await refcounts_->Get(c >> cluster_bits_);
-        if (rc.ok() && *rc == 0) {
-          absl::Status d = co_await file_->Discard(c, cluster_size_);
-          (void)d;  // advisory
-        }
+        if (rc.ok() && *rc == 0) discards.emplace_back(c, cluster_size_);
       }
     }
+  }
+  std::sort(discards.begin(), discards.end());
+  for (size_t i = 0; i < discards.size();) {
+    const uint64_t start = discards[i].first;
+    uint64_t end = start + discards[i].second;
+    for (++i; i < discards.size() && discards[i].first <= end; ++i) {
+      end = std::max(end, discards[i].first + discards[i].second);
+    }
+    absl::Status d = co_await file_->Discard(start, end - start);
+    (void)d;  // advisory
   }
   co_return result;
 }

@@ -355,11 +355,21 @@ io::Task<absl::Status> Qcow2Node::Shrink(uint64_t new_size) {
     for (uint64_t l2 : freed) {
       l2_offsets_.erase(l2);
       CO_RETURN_IF_ERROR(co_await refcounts_->Free(l2, cluster_size_));
+      // QEMU discards each one in the file (qcow2_shrink_l1_table).
+      absl::Status st = co_await file_->Discard(l2, cluster_size_);
+      (void)st;  // advisory
     }
   }
   CO_RETURN_IF_ERROR(co_await FlushAll());
-  // Refcount blocks that count nothing any more leave the table.
-  CO_RETURN_IF_ERROR(co_await refcounts_->ShrinkTable());
+  // Refcount blocks that count nothing any more leave the table and are
+  // freed; QEMU discards their clusters in the file whatever the discard
+  // setting (qcow2_discard_refcount_block).
+  CO_ASSIGN_OR_RETURN(const std::vector<uint64_t> dropped,
+                      co_await refcounts_->ShrinkTable());
+  for (const uint64_t block : dropped) {
+    absl::Status st = co_await file_->Discard(block, cluster_size_);
+    (void)st;  // advisory
+  }
   // Cut the file after the last cluster in use.
   const uint64_t file_size = FileSize();
   CO_ASSIGN_OR_RETURN(const int64_t last, co_await refcounts_->LastUsedCluster(file_size));

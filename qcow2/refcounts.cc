@@ -69,7 +69,7 @@ Refcounts::Refcounts(MetadataIo& io, uint32_t cluster_bits,
   SetTable(std::move(table), table_offset);
 }
 
-io::Task<absl::Status> Refcounts::ShrinkTable() {
+io::Task<absl::StatusOr<std::vector<uint64_t>>> Refcounts::ShrinkTable() {
   const uint64_t per_block = uint64_t{1} << block_bits_;
   std::vector<uint64_t> kept = table_;
   for (uint64_t i = 0; i < table_.size(); ++i) {
@@ -87,11 +87,47 @@ io::Task<absl::Status> Refcounts::ShrinkTable() {
     if (unused) kept[i] = 0;
   }
   CO_RETURN_IF_ERROR(co_await WriteTable(kept, table_offset_));
+  std::vector<uint64_t> dropped;
   for (uint64_t i = 0; i < table_.size(); ++i) {
-    if (table_[i] != 0 && kept[i] == 0) cache_.Discard(table_[i]);
+    if (table_[i] != 0 && kept[i] == 0) dropped.push_back(table_[i]);
   }
+  // The dropped blocks' own clusters: the block covering each one is kept
+  // (it counts that cluster) unless it is the dropped block itself.
+  absl::Status result;
+  for (const uint64_t offset : dropped) {
+    const uint64_t index = offset >> cluster_bits_;
+    const uint64_t covering = index >> block_bits_;
+    const uint64_t in_block = index & (per_block - 1);
+    absl::StatusOr<TableCache::Ref> block = co_await LoadBlock(covering);
+    if (!block.ok()) {
+      result = block.status();
+      break;
+    }
+    if (!*block) {
+      result = co_await io_.SignalCorruption(absl::StrFormat(
+          "Refblock at %#x is not covered by the refcount table", offset));
+      break;
+    }
+    const uint64_t refcount =
+        format::GetRefcount(block->data(), in_block, refcount_order_);
+    if (refcount != 1) {
+      result = co_await io_.SignalCorruption(absl::StrFormat(
+          "Invalid refcount: refblock offset %#x, reftable index %u, block "
+          "offset %#x, refcount %#x",
+          block->offset(), covering, offset, refcount));
+      break;
+    }
+    if (block->offset() != offset) {
+      format::SetRefcount(block->data(), in_block, refcount_order_, 0);
+      cache_.MarkDirty(*block);
+    }
+    block->reset();
+    if (index < free_cluster_index_) free_cluster_index_ = index;
+  }
+  for (const uint64_t offset : dropped) cache_.Discard(offset);
   SetTable(std::move(kept), table_offset_);
-  co_return absl::OkStatus();
+  if (!result.ok()) co_return result;
+  co_return dropped;
 }
 
 io::Task<absl::Status> Refcounts::WriteTable(const std::vector<uint64_t>& table,

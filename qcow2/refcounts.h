@@ -90,10 +90,14 @@ class Refcounts {
                                                   uint64_t new_refblock_offset);
 
   // Drops from the refcount table every refcount block that counts no
-  // cluster but itself, writing the whole table (synced) first; the blocks'
-  // clusters are left to the file truncation that follows a shrink
-  // (qcow2_shrink_reftable). Errors: reading the blocks, writing the table.
-  io::Task<absl::Status> ShrinkTable();
+  // cluster but itself, writing the whole table (synced) first, then frees
+  // each dropped block's own cluster: a block counted by another (kept)
+  // block gets refcount 0 there (qcow2_shrink_reftable,
+  // qcow2_discard_refcount_block). Returns the offsets of the dropped
+  // blocks, in table order, for the caller to discard in the file as QEMU
+  // does. kDataLoss (image marked corrupt) if a dropped block's refcount is
+  // not 1; errors reading the blocks or writing the table.
+  io::Task<absl::StatusOr<std::vector<uint64_t>>> ShrinkTable();
 
   // Index of the last cluster below `file_size` with a nonzero refcount, or
   // -1 if there is none (qcow2_get_last_cluster).
