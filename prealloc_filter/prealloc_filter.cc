@@ -27,17 +27,18 @@ constexpr char kMarkerName[] = "user.imgtool.preallocate";
 // Offsets and lengths stay below 2^63 (io::BlockNode's limit).
 constexpr uint64_t kMaxEnd = uint64_t{1} << 63;
 
-// The crash marker on `fd` ("<data end> <file end>"), if it has a valid one.
-std::optional<std::pair<uint64_t, uint64_t>> ReadMarker(int fd) {
-  char buf[64];
+// The crash marker's numbers on `fd` (two or four, see the header), if it
+// has a valid one.
+std::optional<std::vector<uint64_t>> ReadMarker(int fd) {
+  char buf[128];
   const ssize_t n = fgetxattr(fd, kMarkerName, buf, sizeof(buf) - 1);
   if (n <= 0) return std::nullopt;
   std::vector<absl::string_view> parts =
       absl::StrSplit(absl::string_view(buf, static_cast<size_t>(n)), ' ');
-  std::pair<uint64_t, uint64_t> v;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &v.first) ||
-      !absl::SimpleAtoi(parts[1], &v.second)) {
-    return std::nullopt;
+  if (parts.size() != 2 && parts.size() != 4) return std::nullopt;
+  std::vector<uint64_t> v(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!absl::SimpleAtoi(parts[i], &v[i])) return std::nullopt;
   }
   return v;
 }
@@ -133,23 +134,36 @@ OpenPreallocFilter(std::unique_ptr<io::BlockNode> file,
   node->fd_ = file_node->fd();
 
   // Crash recovery: the last user was killed with a preallocation out.
-  // A file whose length is not the one recorded was changed since (by an
-  // opener without the filter): the marker says nothing about it then.
-  std::optional<std::pair<uint64_t, uint64_t>> marker = ReadMarker(node->fd_);
-  if (!marker.has_value()) co_return node;
-  node->marker_ = *marker;
+  // A file whose length is not one the marker allows was changed since (by
+  // an opener without the filter): the marker says nothing about it then.
+  std::optional<std::vector<uint64_t>> numbers = ReadMarker(node->fd_);
+  if (!numbers.has_value()) co_return node;
+  const std::vector<uint64_t>& v = *numbers;
+  PreallocFilterNode::Marker& marker = node->marker_.emplace();
+  marker.data_end = v[0];
+  marker.file_end = v[1];
+  if (v.size() == 4) marker.before.emplace(v[2], v[3]);
   const uint64_t file_size = node->file_->size();
-  if (marker->second != file_size || marker->first > file_size) {
+  uint64_t floor;
+  if (file_size == marker.file_end && marker.data_end <= file_size) {
+    floor = marker.data_end;
+  } else if (marker.before.has_value() && marker.before->second <= file_size &&
+             file_size < marker.file_end) {
+    // Killed before the last preallocation grew the file (io_uring had not
+    // run its fallocate yet): nothing past its start was issued.
+    floor = std::min(marker.before->first, file_size);
+  } else {
     co_return node;
   }
-  absl::StatusOr<uint64_t> written = LastWrittenEnd(
-      node->fd_, node->file_->filename(), marker->first, file_size);
+  absl::StatusOr<uint64_t> written =
+      LastWrittenEnd(node->fd_, node->file_->filename(), floor, file_size);
   if (!written.ok()) {
     (void)co_await node->file_->Close();
     co_return written.status();
   }
-  const uint64_t data_end = std::max(marker->first, *written);
+  const uint64_t data_end = std::max(floor, *written);
   node->data_end_ = data_end;
+  node->flushed_data_end_ = data_end;
   node->SetZeroStart(data_end);
   node->file_end_ = file_size;
   co_return node;
@@ -193,17 +207,21 @@ void PreallocFilterNode::InvalidateFileEnd() {
 void PreallocFilterNode::InitState() {
   if (!data_end_.has_value()) {
     data_end_ = FileLength();
+    flushed_data_end_ = *data_end_;
     SetZeroStart(*data_end_);
     if (!file_end_.has_value()) file_end_ = *data_end_;
   }
 }
 
-void PreallocFilterNode::SetMarker(uint64_t data_end, uint64_t file_end) {
-  const std::pair<uint64_t, uint64_t> value(data_end, file_end);
-  if (fd_ < 0 || marker_ == value) return;
-  const std::string text = absl::StrCat(data_end, " ", file_end);
+void PreallocFilterNode::SetMarker(const Marker& marker) {
+  if (fd_ < 0 || marker_ == marker) return;
+  std::string text = absl::StrCat(marker.data_end, " ", marker.file_end);
+  if (marker.before.has_value()) {
+    absl::StrAppend(&text, " ", marker.before->first, " ",
+                    marker.before->second);
+  }
   if (fsetxattr(fd_, kMarkerName, text.data(), text.size(), 0) == 0) {
-    marker_ = value;
+    marker_ = marker;
   }
 }
 
@@ -313,7 +331,13 @@ io::Task<bool> PreallocFilterNode::HandleWrite(uint64_t offset, uint64_t length,
     co_return false;
   }
 
-  SetMarker(*data_end_, prealloc_end);
+  // Before the fallocate: a kill while it is outstanding leaves the file
+  // at its old length with the tail the last preallocation left, which is
+  // cut down to the data end at the last flush (nothing past `start` is
+  // issued until this one is done).
+  SetMarker({.data_end = *data_end_,
+             .file_end = prealloc_end,
+             .before = std::make_pair(flushed_data_end_, file_->size())});
   prealloc_ = std::make_unique<Prealloc>();
   prealloc_->start = start;
   prealloc_->end = prealloc_end;
@@ -332,6 +356,13 @@ io::Task<bool> PreallocFilterNode::HandleWrite(uint64_t offset, uint64_t length,
   if (st.ok() && epoch == file_end_epoch_) {
     file_end_ = prealloc_end;
   } else {
+    if (!st.ok() && marker_.has_value() && marker_->before.has_value()) {
+      // The file may stay short of prealloc_end while the write that
+      // needed the preallocation goes ahead: its data end counts then.
+      Marker m = *marker_;
+      m.before->first = std::max(m.before->first, *data_end_);
+      SetMarker(m);
+    }
     // Failed (unsupported, no space, ...): retried on the next extending
     // write; or others went past it meanwhile: re-read the length.
     InvalidateFileEnd();
@@ -373,9 +404,20 @@ io::Task<absl::Status> PreallocFilterNode::DoFlush() {
   // dropped inside the preallocated tail (a new cluster's padding) leave no
   // written extent, so without this a recovery after SIGKILL would cut the
   // file inside the last cluster a flushed L2 table points to.
-  if (active_ && marker_.has_value() && data_end_.has_value() &&
-      *data_end_ > marker_->first) {
-    SetMarker(*data_end_, marker_->second);
+  // A running preallocation is waited for first: while it runs, the data
+  // end counts the writes waiting for it, which the marker's data end
+  // before it must not.
+  if (active_) {
+    if (marker_.has_value()) co_await WaitForPrealloc();
+    if (data_end_.has_value()) flushed_data_end_ = *data_end_;
+    if (marker_.has_value() && data_end_.has_value()) {
+      Marker m = *marker_;
+      m.data_end = std::max(m.data_end, *data_end_);
+      if (m.before.has_value()) {
+        m.before->first = std::max(m.before->first, *data_end_);
+      }
+      SetMarker(m);
+    }
   }
   co_return co_await file_->Flush();
 }
@@ -391,7 +433,10 @@ io::Task<absl::Status> PreallocFilterNode::DoTruncate(
       // Already allocated by the filter: it becomes the user's.
       if (size <= file_end) {
         data_end_ = size;
-        if (marker_.has_value()) SetMarker(size, file_end);
+        flushed_data_end_ = size;
+        if (marker_.has_value()) {
+          SetMarker({.data_end = size, .file_end = file_end});
+        }
         co_return absl::OkStatus();
       }
     } else if (file_end > *data_end_) {
@@ -416,9 +461,10 @@ io::Task<absl::Status> PreallocFilterNode::DoTruncate(
     co_return st;
   }
   data_end_ = size;
+  flushed_data_end_ = size;
   SetZeroStart(size);
   file_end_ = size;
-  if (marker_.has_value()) SetMarker(size, size);
+  if (marker_.has_value()) SetMarker({.data_end = size, .file_end = size});
   co_return absl::OkStatus();
 }
 

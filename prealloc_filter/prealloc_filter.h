@@ -41,15 +41,26 @@
 //    writes queued behind a preallocation are dropped.
 //  * Crash recovery: while a preallocation may be outstanding, the file
 //    carries the extended attribute `user.imgtool.preallocate`, "<data end>
-//    <file end>" in decimal as they were when the last preallocation
-//    started; Close() removes it after truncating. Opening a file that still
-//    has it (the last user was killed) and is still exactly <file end> long
-//    takes as data end the largest of <data end> and the end of the last
-//    written extent (FIEMAP after a sync: fallocate'd, never written space
-//    is an unwritten extent), so the next Close() trims the stale tail.
-//    QEMU leaves
-//    such a tail for good. Only for posix_file::FileNode children; if the
-//    filesystem refuses user xattrs nothing is recorded.
+//    <file end> <data end before> <file end before>" in decimal, set when
+//    the last preallocation started: the data end then and the
+//    preallocation's end, the data end at the last flush (or open, or
+//    truncate) and the file's length before the preallocation. Each flush
+//    (after waiting for a running preallocation) raises both data ends to
+//    the data end: a zero write the filter dropped may lie in a cluster
+//    that metadata flushed since points to. Close() removes the marker
+//    after truncating. Opening a file that still has it (the last user was
+//    killed) takes as data end the largest of a floor and the end of the
+//    last written extent (FIEMAP after a sync: fallocate'd, never written
+//    space is an unwritten extent), so the next Close() trims the stale
+//    tail. The floor is <data end> if the file is exactly <file end> long,
+//    and <data end before> (at most the length) if it is at least <file end
+//    before> but shorter than <file end>: killed before the preallocation's
+//    fallocate grew the file (io_uring runs it later), with the tail of the
+//    one before still there. Any other length means the file was changed
+//    since, and the marker is ignored. A marker of the first two fields
+//    only (older builds, and after a truncate) needs the exact length.
+//    QEMU leaves such a tail for good. Only for posix_file::FileNode
+//    children; if the filesystem refuses user xattrs nothing is recorded.
 //
 // Units: bytes. Thread model: like every node, used from its engine's
 // thread only.
@@ -124,7 +135,8 @@ class PreallocFilterNode : public io::BlockNode {
                                        io::WriteZeroesFlags flags) override;
   // Pass-through, state untouched.
   io::Task<absl::Status> DoDiscard(uint64_t offset, uint64_t length) override;
-  // Pass-through.
+  // With the crash marker set, waits for a running preallocation and
+  // raises the marker's data ends to the data end; then forwards.
   io::Task<absl::Status> DoFlush() override;
   // §5: growing past the data end with kFalloc inside the preallocated
   // tail only moves the data end; other growing modes first drop the
@@ -185,8 +197,16 @@ class PreallocFilterNode : public io::BlockNode {
                                     io::Task<absl::Status> request);
   // Waits until no preallocation runs.
   io::Task<void> WaitForPrealloc();
+  // The crash marker's fields (see the file comment); `before` is (data
+  // end, file length) before the last preallocation, if known.
+  struct Marker {
+    uint64_t data_end = 0;
+    uint64_t file_end = 0;
+    std::optional<std::pair<uint64_t, uint64_t>> before;
+    bool operator==(const Marker&) const = default;
+  };
   // Crash marker (see the file comment); no-ops without a FileNode fd.
-  void SetMarker(uint64_t data_end, uint64_t file_end);
+  void SetMarker(const Marker& marker);
   void RemoveMarker();
 
   std::unique_ptr<io::BlockNode> file_;
@@ -209,8 +229,10 @@ class PreallocFilterNode : public io::BlockNode {
   // Bumped whenever file_end_ is made unknown; a preallocation sets
   // file_end_ on success only if nothing did so while it ran.
   uint64_t file_end_epoch_ = 0;
-  // The crash marker's value (data end, file end), if set.
-  std::optional<std::pair<uint64_t, uint64_t>> marker_;
+  // The crash marker's value, if set.
+  std::optional<Marker> marker_;
+  // The data end at the last flush (or open, or truncate).
+  uint64_t flushed_data_end_ = 0;
   std::list<Inflight> inflight_;
   std::unique_ptr<Prealloc> prealloc_;  // the running preallocation
 };

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -367,14 +368,21 @@ TEST_P(PreallocFsTest, KilledWriterLeavesAValidImageTrimmedOnNextOpen) {
     EXPECT_EQ(q.check_errors, 0u) << q.err;
     const uint64_t killed_length = FileLength(image);
     const uint64_t data_end = LastDataEnd(image);
+    // "<data end> <file end> <data end before> <file end before>": a file
+    // end above the length means the kill came before the last
+    // preallocation's fallocate grew the file.
+    char marker[128] = {};
+    const ssize_t marker_length = getxattr(
+        image.c_str(), "user.imgtool.preallocate", marker, sizeof(marker) - 1);
     std::printf(
         "%s kill after %d ms: file %llu bytes, data ends at %llu, "
-        "image end offset %llu, %llu leaks\n",
+        "image end offset %llu, %llu leaks, marker '%s'\n",
         FsName(GetParam()), kill_ms[iteration],
         static_cast<unsigned long long>(killed_length),
         static_cast<unsigned long long>(data_end),
         static_cast<unsigned long long>(q.image_end_offset),
-        static_cast<unsigned long long>(q.leaks));
+        static_cast<unsigned long long>(q.leaks),
+        marker_length > 0 ? marker : "");
     EXPECT_EQ(killed_length % kMiB, 0u);
     EXPECT_GT(killed_length, data_end);  // the preallocated tail is there
     // (Reading the tail fills the page cache with zeroes, which SEEK_DATA

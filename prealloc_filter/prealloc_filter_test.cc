@@ -3,6 +3,7 @@
 // Figures of preallocate-filter.md §4 [V] (qemu-io 7.2 under strace).
 #include "prealloc_filter/prealloc_filter.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -55,6 +56,42 @@ bool HasMarker(const std::string& path) {
   char buf[64];
   return getxattr(path.c_str(), "user.imgtool.preallocate", buf, sizeof(buf)) >
          0;
+}
+
+// The crash marker's text ("" if none).
+std::string MarkerText(const std::string& path) {
+  char buf[128];
+  const ssize_t n =
+      getxattr(path.c_str(), "user.imgtool.preallocate", buf, sizeof(buf));
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+// Copies the 4 KiB blocks that are not all zeroes in the first
+// `data_length` bytes of `from` into a new file `to` of the same length
+// (the rest holes) with the same crash marker.
+void CopyFileWithMarker(const std::string& from, const std::string& to,
+                        uint64_t data_length) {
+  const int in = open(from.c_str(), O_RDONLY);
+  ASSERT_GE(in, 0);
+  const int out = open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(out, 0);
+  std::vector<uint8_t> buf(data_length);
+  ASSERT_EQ(pread(in, buf.data(), buf.size(), 0),
+            static_cast<ssize_t>(buf.size()));
+  for (uint64_t off = 0; off < data_length; off += 4096) {
+    const uint8_t* block = buf.data() + off;
+    if (std::all_of(block, block + 4096, [](uint8_t b) { return b == 0; })) {
+      continue;
+    }
+    ASSERT_EQ(pwrite(out, block, 4096, static_cast<off_t>(off)), 4096);
+  }
+  ASSERT_EQ(ftruncate(out, static_cast<off_t>(FileLength(from))), 0);
+  const std::string marker = MarkerText(from);
+  ASSERT_EQ(fsetxattr(out, "user.imgtool.preallocate", marker.data(),
+                      marker.size(), 0),
+            0);
+  close(in);
+  close(out);
 }
 
 class PreallocFilterTest : public ::testing::Test {
@@ -596,6 +633,65 @@ TEST_F(PreallocFilterTest, RecoveryKeepsZeroWritesFlushedBeforeTheCrash) {
   EXPECT_EQ(node->size(), 131072u);
   ASSERT_TRUE(Run(node->Close()).ok());
   EXPECT_EQ(FileLength(path_), 131072u);
+}
+
+// The writer is killed while a preallocation's fallocate is still queued
+// (io_uring hands it to the kernel only at the next Poll; under load the
+// window is long): the file still has its old length, with the previous
+// preallocation's tail, while the marker already names the new end. The
+// next open trims that tail (before, the marker's end did not match the
+// length, so the tail stayed).
+TEST_F(PreallocFilterTest, ReopenAfterAKillBeforeThePreallocationGrewTheFile) {
+  if (std::string(engine_->name()) != "io_uring") {
+    GTEST_SKIP() << "needs io_uring, which queues the fallocate until Poll";
+  }
+  MakeFile(0);
+  auto node = Open();
+  ASSERT_NE(node, nullptr);
+  ASSERT_TRUE(Write(*node, 0, 65536).ok());
+  ASSERT_TRUE(Write(*node, kMiB, 4096).ok());
+  // Dropped (inside the zero tail), then flushed: the marker covers it.
+  ASSERT_TRUE(
+      Run(node->WriteZeroes(kMiB + 4096, 61440, {.no_fallback = true})).ok());
+  ASSERT_TRUE(Run(node->Flush()).ok());
+  // Dropped too, not flushed: no metadata on disk can point at it yet.
+  ASSERT_TRUE(
+      Run(node->WriteZeroes(kMiB + 65536, 65536, {.no_fallback = true})).ok());
+  ASSERT_EQ(FileLength(path_), 129 * kMiB);
+  if (!HasMarker(path_)) GTEST_SKIP() << "no user xattrs on this filesystem";
+  // A write across the file end: its preallocation sets the marker and
+  // queues the fallocate, and the write waits for it.
+  std::vector<uint8_t> data = Pattern(8192, 3);
+  bool done = false;
+  absl::Status st;
+  io::Spawn(node->Write(129 * kMiB - 4096, data), [&](absl::Status s) {
+    st = s;
+    done = true;
+  });
+  ASSERT_FALSE(done);
+  ASSERT_EQ(FileLength(path_), 129 * kMiB);
+  EXPECT_EQ(MarkerText(path_),
+            absl::StrCat(129 * kMiB + 4096, " ", 258 * kMiB, " ", kMiB + 65536,
+                         " ", 129 * kMiB));
+  // The process dies here: a copy of the file as it is now (its data is in
+  // the first 2 MiB; the rest stays a hole).
+  const std::string crashed = path_ + ".crashed";
+  CopyFileWithMarker(path_, crashed, 2 * kMiB);
+  while (!done) ASSERT_TRUE(engine_->Poll(true).ok());
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_TRUE(Run(node->Close()).ok());
+  EXPECT_EQ(FileLength(path_), 129 * kMiB + 4096);
+  unlink(path_.c_str());
+
+  path_ = crashed;
+  node = Open();
+  ASSERT_NE(node, nullptr);
+  // The written data and the flushed zero write stay; the tail goes.
+  EXPECT_EQ(node->size(), kMiB + 65536);
+  EXPECT_EQ(Read(*node, kMiB, 4096), Pattern(4096, 2));
+  ASSERT_TRUE(Run(node->Close()).ok());
+  EXPECT_EQ(FileLength(crashed), kMiB + 65536);
+  EXPECT_FALSE(HasMarker(crashed));
 }
 
 TEST_F(PreallocFilterTest, MarkerOfAFileChangedSinceIsIgnored) {

@@ -37,12 +37,6 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Chain> chain =
       OpenChain(env, argv[1], argv[3], /*with_filter=*/true, options);
   if (!chain.ok()) Fail("open", chain.status());
-  if (getenv("REOPEN")) {
-    fprintf(stderr, "size %llu fileend %llu\n",
-            (unsigned long long)chain->filter->size(),
-            (unsigned long long)chain->filter->file_end().value_or(0));
-    return 0;
-  }
   constexpr uint64_t kLength = 65536;
   constexpr int kBatch = 256;
   for (uint64_t batch = 0;; ++batch) {
