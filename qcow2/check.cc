@@ -205,6 +205,9 @@ class Checker {
   }
   io::Task<absl::StatusOr<std::vector<uint64_t>>> ReadTable(uint64_t offset,
                                                             uint64_t entries);
+  // On a writable image: clears the autoclear feature bits this code does
+  // not know (outside format::kAutoclearFeaturesKnown), rewriting the header.
+  io::Task<absl::Status> ClearUnknownAutoclearBits();
 
   // QEMU's qcow2_signal_corruption: prints the event once; a fatal one on a
   // writable image sets the corrupt bit on disk.
@@ -387,6 +390,29 @@ io::Task<absl::Status> Checker::Open() {
       (uint64_t{header_.refcount_table_clusters} << cluster_bits_) / 8;
   CO_ASSIGN_OR_RETURN(reftable_,
                       co_await ReadTable(reftable_offset_, reftable_size_));
+  co_return co_await ClearUnknownAutoclearBits();
+}
+
+io::Task<absl::Status> Checker::ClearUnknownAutoclearBits() {
+  // QEMU's qcow2_do_open clears them on every writable open, so `qemu-img
+  // check -r` does before checking: the features they stand for are no
+  // longer maintained. The header is rewritten as qcow2_update_header does.
+  if (!writable() || header_.version < 3 ||
+      (header_.autoclear_features & ~format::kAutoclearFeaturesKnown) == 0) {
+    co_return absl::OkStatus();
+  }
+  format::Header h = header_;
+  h.autoclear_features &= format::kAutoclearFeaturesKnown;
+  h.nb_snapshots = raw_nb_snapshots_;
+  h.snapshots_offset = raw_snapshots_offset_;
+  std::vector<uint8_t> bytes = format::EncodeHeader(h);
+  if (bytes.size() > cluster_size()) {
+    co_return ErrnoError(ENOSPC);  // as qcow2_update_header
+  }
+  bytes.resize(cluster_size(), 0);
+  CO_RETURN_IF_ERROR(co_await file_.Write(0, bytes));
+  CO_RETURN_IF_ERROR(co_await file_.Flush());
+  header_.autoclear_features = h.autoclear_features;
   co_return absl::OkStatus();
 }
 

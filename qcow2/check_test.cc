@@ -380,6 +380,30 @@ TEST_F(CheckTest, LeakedCluster) {
   EXPECT_EQ(QemuCheck("leak.qcow2.ours"), 0);
 }
 
+// Recipe (iotest 036): set autoclear bits 63 and 7, which QEMU does not
+// know. qemu-img check -r opens the image for writing, which clears them
+// (the header is rewritten); a plain check leaves them. With a leak too,
+// the repair and the rewrite go together.
+TEST_F(CheckTest, RepairClearsUnknownAutoclearBits) {
+  MakeBaseImage("ac.qcow2");
+  PatchHex(Path("ac.qcow2"), 88, "8000000000000080");
+  Outcome o = CompareWithQemu("ac.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages, IsEmpty());
+  EXPECT_EQ(HexAt("ac.qcow2.ours", 88, 8), "8000000000000080");
+  for (RepairMode mode : {RepairMode::kLeaks, RepairMode::kAll}) {
+    SCOPED_TRACE(ModeFlag(mode));
+    o = CompareWithQemu("ac.qcow2", mode);
+    EXPECT_THAT(o.messages, IsEmpty());
+    EXPECT_EQ(HexAt("ac.qcow2.ours", 88, 8), "0000000000000000");
+    EXPECT_EQ(QemuCheck("ac.qcow2.ours"), 0);
+  }
+  Sh("truncate -s 589824 ac.qcow2");
+  PatchHex(Path("ac.qcow2"), 0x20000 + 8 * 2, "0001");
+  o = CompareWithQemu("ac.qcow2", RepairMode::kAll);
+  EXPECT_EQ(o.result.leaks_fixed, 1u);
+  EXPECT_EQ(HexAt("ac.qcow2.ours", 88, 8), "0000000000000000");
+}
+
 // Recipe: set the refcount of data cluster 5 to 0. Needs a rebuild of the
 // refcount structure: -r leaks gives up, -r all rebuilds it at the end of
 // the file and frees the old one.

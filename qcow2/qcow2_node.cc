@@ -158,6 +158,14 @@ io::Task<absl::StatusOr<std::unique_ptr<Qcow2Node>>> Qcow2Node::Open(
   std::unique_ptr<Qcow2Node> node(
       new Qcow2Node(std::move(file), std::move(header), config));
   CO_RETURN_IF_ERROR(co_await node->LoadTables());
+  if (!node->read_only() &&
+      (node->header_.autoclear_features & ~format::kAutoclearFeaturesKnown)) {
+    // As QEMU's qcow2_do_open: a writable open clears the autoclear bits it
+    // does not know at once (the known ones go with the first write, see
+    // PrepareFirstWrite).
+    node->header_.autoclear_features &= format::kAutoclearFeaturesKnown;
+    CO_RETURN_IF_ERROR(co_await node->WriteHeader());
+  }
 
   if (node->header_.backing_file.has_value()) {
     node->full_backing_filename_ =

@@ -80,9 +80,13 @@ absl::Status BeyondEof(absl::string_view what, uint64_t offset, uint64_t size,
 
 std::vector<FeatureName> ParseFeatureTable(absl::Span<const uint8_t> data) {
   std::vector<FeatureName> names;
-  for (size_t pos = 0; pos + kFeatureNameEntrySize <= data.size();
-       pos += kFeatureNameEntrySize) {
-    const uint8_t* e = data.data() + pos;
+  for (size_t pos = 0; pos < data.size(); pos += kFeatureNameEntrySize) {
+    // QEMU reads the extension into a zeroed buffer: an entry that the end
+    // of the extension cuts counts with the missing bytes as zeroes.
+    uint8_t entry[kFeatureNameEntrySize] = {};
+    std::memcpy(entry, data.data() + pos,
+                std::min<size_t>(kFeatureNameEntrySize, data.size() - pos));
+    const uint8_t* e = entry;
     const char* name = reinterpret_cast<const char*>(e + 2);
     const size_t len = strnlen(name, kFeatureNameMaxLength);
     // QEMU stops at the first entry without a name.

@@ -475,6 +475,48 @@ TEST_F(HeaderErrorTest, UnknownFeatureNamedFromTheImagesTable) {
               "feature: 40");
 }
 
+// iotest 036: a feature table extension shorter than its last 48-byte
+// entry ("\x00\x3fTest feature", 14 bytes). QEMU reads the extension into
+// a zeroed buffer, so the cut entry counts with zeroes after its bytes; an
+// entry cut before its name ends the table. Each case is compared with
+// qemu-img info's message on the same bytes.
+TEST_F(HeaderErrorTest, FeatureTableEntryCutByTheExtensionEnd) {
+  struct Case {
+    std::string table;
+    uint64_t incompatible;
+    std::string names;
+  };
+  const std::string test_feature = std::string("\x00\x3f", 2) + "Test feature";
+  const Case cases[] = {
+      {test_feature, uint64_t{1} << 63, "Test feature"},
+      {test_feature, uint64_t{7} << 61,
+       "Test feature, Unknown incompatible feature: 6000000000000000"},
+      {std::string("\x00\x3d", 2) + "Test feature", uint64_t{7} << 61,
+       "Test feature, Unknown incompatible feature: c000000000000000"},
+      {FeatureEntry(0, 61, "test1") + std::string("\x00\x3e", 2),
+       uint64_t{3} << 61,
+       "test1, Unknown incompatible feature: 4000000000000000"},
+      {FeatureEntry(0, 61, "test1") + std::string("\x00\x3e", 2) + "t",
+       uint64_t{3} << 61, "test1, t"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.names);
+    std::vector<uint8_t> bytes = image_.bytes;
+    StoreBE64(bytes.data() + 72, c.incompatible);
+    SetExtensions(bytes, 112, Ext(kExtensionFeatureTable, c.table));
+    ExpectError(Decode(bytes).status(), absl::StatusCode::kUnimplemented,
+                "Unsupported qcow2 feature(s): " + c.names);
+    const std::string path = TempPath(absl::StrCat("cut_table", n++, ".qcow2"));
+    ASSERT_TRUE(WriteFileBytes(path, bytes).ok());
+    absl::StatusOr<std::string> qemu =
+        RunShell("qemu-img info '" + path + "' 2>&1; true");
+    ASSERT_TRUE(qemu.ok()) << qemu.status();
+    EXPECT_EQ(*qemu, "qemu-img: Could not open '" + path +
+                         "': Unsupported qcow2 feature(s): " + c.names + "\n");
+  }
+}
+
 TEST_F(HeaderErrorTest, HeaderFieldChecks) {
   using C = absl::StatusCode;
   ExpectError(Patched({{0, 4, 0x51464900}}), C::kDataLoss,
