@@ -352,23 +352,35 @@ void Qcow2Node::EndDataOp(uint64_t seq) {
   if (it != ops_in_flight_.end()) ops_in_flight_.erase(it);
 }
 
-void Qcow2Node::FreeEntryLater(const format::L2Entry& e, bool discard) {
+std::pair<uint64_t, uint64_t> Qcow2Node::HostBytesOf(
+    const format::L2Entry& e) const {
   const ClusterType type = RawType(e, l2_format_.extended_l2);
+  if (type == ClusterType::kNormal || type == ClusterType::kZeroAlloc) {
+    return {e.host_offset(), cluster_size_};
+  }
+  if (type == ClusterType::kCompressed) {
+    const format::CompressedDescriptor d =
+        format::DecodeCompressedDescriptor(e.word, cluster_bits_);
+    return {d.host_offset, d.size()};
+  }
+  return {0, 0};
+}
+
+void Qcow2Node::FreeEntryLater(const format::L2Entry& e, bool discard) {
+  const auto [offset, length] = HostBytesOf(e);
+  if (length == 0) return;
   PendingFree f;
   f.seq = next_seq_;
   f.discard = discard;
-  if (type == ClusterType::kNormal || type == ClusterType::kZeroAlloc) {
-    f.offset = e.host_offset();
-    f.length = cluster_size_;
-  } else if (type == ClusterType::kCompressed) {
-    const format::CompressedDescriptor d =
-        format::DecodeCompressedDescriptor(e.word, cluster_bits_);
-    f.offset = d.host_offset;
-    f.length = d.size();
-  } else {
-    return;
-  }
+  f.offset = offset;
+  f.length = length;
   pending_frees_.push_back(f);
+}
+
+io::Task<absl::Status> Qcow2Node::CheckFreeOrFail(const format::L2Entry& e) {
+  const auto [offset, length] = HostBytesOf(e);
+  if (length == 0) co_return absl::OkStatus();
+  co_return co_await CheckOverlapOrFail(offset, length, 0);
 }
 
 // ---- Reads --------------------------------------------------------------------
@@ -689,6 +701,7 @@ io::Task<absl::Status> Qcow2Node::LinkL2(
     L2Entry e;
     e.word = format::MakeStandardL2Word(host + (i << cluster_bits_),
                                         /*copied=*/true, /*zero=*/false);
+    if (free_old) CO_RETURN_IF_ERROR(co_await CheckFreeOrFail(olds[i]));
     SetEntry(l2, first + i, e);
     if (free_old) FreeEntryLater(olds[i], /*discard=*/false);
   }
@@ -1348,6 +1361,7 @@ io::Task<absl::Status> Qcow2Node::ZeroClusters(uint64_t first, uint64_t count,
       e.word |= format::kZeroFlag;
     }
     if (e == old) continue;
+    if (unmap) CO_RETURN_IF_ERROR(co_await CheckFreeOrFail(old));
     SetEntry(l2, index + i, e);
     if (unmap) FreeEntryLater(old, /*discard=*/true);
   }
@@ -1377,6 +1391,7 @@ io::Task<absl::Status> Qcow2Node::DiscardClusters(uint64_t first,
       }
     }
     if (e == old) continue;
+    CO_RETURN_IF_ERROR(co_await CheckFreeOrFail(old));
     SetEntry(l2, index + i, e);
     FreeEntryLater(old, /*discard=*/true);
   }
@@ -1427,6 +1442,7 @@ io::Task<absl::Status> Qcow2Node::ChangeSubclusters(uint64_t offset,
                                (e.bitmap & format::kSubclusterAllocMask) == 0;
         if (free_host) e.word = 0;  // no data left: the host cluster goes
         if (e == old) co_return absl::OkStatus();
+        if (free_host) CO_RETURN_IF_ERROR(co_await CheckFreeOrFail(old));
         SetEntry(l2, index, e);
         if (free_host) FreeEntryLater(old, /*discard=*/true);
         co_return absl::OkStatus();

@@ -332,6 +332,14 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   void EndDataOp(uint64_t seq);
   // Queues the host clusters of an L2 entry that no longer references them.
   void FreeEntryLater(const format::L2Entry& entry, bool discard);
+  // The host bytes an L2 entry references (offset, length; length 0 for
+  // none): a whole cluster, or a compressed cluster's byte range.
+  std::pair<uint64_t, uint64_t> HostBytesOf(const format::L2Entry& entry) const;
+  // Before a discard, zero write, write or resize drops an L2 entry and
+  // frees its host bytes: the overlap check, as for a write there (QEMU 7.2
+  // frees them unchecked). kDataLoss and the image marked corrupt if they
+  // hold metadata.
+  io::Task<absl::Status> CheckFreeOrFail(const format::L2Entry& entry);
   // The lowest sequence number of a data request in flight (next_seq_ if
   // none): pending frees queued at or below it are no longer read.
   uint64_t OldestDataOp() const;

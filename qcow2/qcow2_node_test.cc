@@ -33,6 +33,16 @@ using testing::WriteFile;
 
 constexpr uint64_t kMiB = 1 << 20;
 
+uint64_t LoadBE64At(const std::vector<uint8_t>& b, uint64_t at) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | b[at + i];
+  return v;
+}
+
+void StoreBE64At(std::vector<uint8_t>& b, uint64_t at, uint64_t v) {
+  for (int i = 7; i >= 0; --i, v >>= 8) b[at + i] = static_cast<uint8_t>(v);
+}
+
 class Qcow2NodeTest : public ::testing::Test {
  protected:
   std::string Create(const std::string& name, uint64_t size,
@@ -605,6 +615,135 @@ TEST_F(Qcow2NodeTest, WriteOnMetadataMarksImageCorrupt) {
   EXPECT_THAT(Shell("qemu-img info " + path).output, HasSubstr("corrupt: true"));
   // The refcount table was not touched.
   EXPECT_EQ(ReadFile(path)[0x10000 + 5], 0x02);
+}
+
+// A discard, zero write or shrink that would free a host cluster which an
+// L2 entry shares with metadata (the entry points at the L1 table, an L2
+// table, the refcount table or a block, or, compressed, into the header)
+// runs QEMU's overlap check first, as writes do: the image is marked
+// corrupt, the request fails, and nothing else in the file changes. Before,
+// the metadata cluster was freed and punched (QEMU 7.2 does that too for a
+// whole-cluster discard), so on an extended-L2 image whose entry pointed at
+// the L1 table every guest byte then read as zeroes.
+TEST_F(Qcow2NodeTest, FreeingMetadataThroughAnL2EntryMarksImageCorrupt) {
+  enum class Target { kHeader, kL1, kL2, kRefcountTable, kRefcountBlock };
+  enum class Op { kDiscard, kDiscardSubcluster, kZero, kZeroUnmap, kShrink };
+  struct Layout {
+    const char* name;
+    uint64_t cluster_size;
+    bool extended;
+  };
+  const Layout layouts[] = {{"standard", 64 * 1024, false},
+                            {"extended", 64 * 1024, true},
+                            {"extended 2M", 2 * kMiB, true}};
+  const std::pair<Target, const char*> targets[] = {
+      {Target::kHeader, "qcow2_header"},
+      {Target::kL1, "active L1 table"},
+      {Target::kL2, "active L2 table"},
+      {Target::kRefcountTable, "refcount table"},
+      {Target::kRefcountBlock, "refcount block"}};
+  const std::pair<Op, const char*> ops[] = {
+      {Op::kDiscard, "discard"},
+      {Op::kDiscardSubcluster, "subcluster discard"},
+      {Op::kZero, "write -z"},
+      {Op::kZeroUnmap, "write -z -u"},
+      {Op::kShrink, "shrink"}};
+  int n = 0;
+  for (const Layout& layout : layouts) {
+    const uint64_t cs = layout.cluster_size;
+    Qcow2CreateOptions o;
+    o.set_cluster_size(cs);
+    o.set_extended_l2(layout.extended);
+    const std::string base = Create(absl::StrCat("meta_free", n++, ".qcow2"),
+                                    4 * cs, o);
+    {
+      auto node = Open(base);
+      Write(*node, 0, Pattern(cs, 1));
+      Close(node);
+    }
+    const std::vector<uint8_t> clean = ReadFile(base);
+    const uint64_t l1 = LoadBE64At(clean, 40) & format::kL1OffsetMask;
+    const uint64_t l2 = LoadBE64At(clean, l1) & format::kL1OffsetMask;
+    const uint64_t reftable = LoadBE64At(clean, 48);
+    const uint64_t refblock = LoadBE64At(clean, reftable);
+    const uint64_t entry_size = layout.extended ? 16 : 8;
+    for (const auto& [target, target_name] : targets) {
+      if (target == Target::kHeader && layout.extended) continue;
+      for (const auto& [op, op_name] : ops) {
+        if (op == Op::kDiscardSubcluster && !layout.extended) continue;
+        SCOPED_TRACE(absl::StrCat(layout.name, ", entry at ", target_name,
+                                  ", ", op_name));
+        // The L2 entry of guest cluster 1.
+        std::vector<uint8_t> bytes = clean;
+        uint64_t word = 0;
+        switch (target) {
+          case Target::kHeader:
+            word = *format::MakeCompressedL2Word(
+                0x200, 512, static_cast<uint32_t>(__builtin_ctzll(cs)));
+            break;
+          case Target::kL1: word = format::kCopiedFlag | l1; break;
+          case Target::kL2: word = format::kCopiedFlag | l2; break;
+          case Target::kRefcountTable: word = format::kCopiedFlag | reftable; break;
+          case Target::kRefcountBlock: word = format::kCopiedFlag | refblock; break;
+        }
+        StoreBE64At(bytes, l2 + entry_size, word);
+        // Extended: subcluster 0 holds data.
+        if (layout.extended) StoreBE64At(bytes, l2 + entry_size + 8, 1);
+        const std::string path = TempPath(absl::StrCat("meta_free", n++, ".qcow2"));
+        WriteFile(path, bytes);
+        auto node = Open(path);
+        ASSERT_NE(node, nullptr);
+        absl::Status st;
+        switch (op) {
+          case Op::kDiscard: st = env_.Run(node->Discard(cs, cs)); break;
+          case Op::kDiscardSubcluster:
+            st = env_.Run(node->Discard(cs, cs / 32));
+            break;
+          case Op::kZero:
+            st = env_.Run(node->WriteZeroes(cs, cs, io::WriteZeroesFlags{}));
+            break;
+          case Op::kZeroUnmap:
+            st = env_.Run(node->WriteZeroes(
+                cs, cs, io::WriteZeroesFlags{.may_unmap = true}));
+            break;
+          case Op::kShrink:
+            st = env_.Run(node->Truncate(cs, io::PreallocMode::kOff));
+            break;
+        }
+        if (!st.ok() || node->corrupt()) {
+          absl::Status closed = env_.Run(node->Close());
+          (void)closed;
+        } else {
+          Close(node);
+        }
+        node.reset();
+        // A zero write without unmapping keeps the host cluster of a
+        // standard or extended entry: nothing is freed.
+        const bool frees = !(op == Op::kZero && target != Target::kHeader);
+        std::vector<uint8_t> after = ReadFile(path);
+        if (!frees) {
+          EXPECT_TRUE(st.ok()) << st;
+          EXPECT_TRUE(std::equal(after.begin() + l1, after.begin() + l1 + 8,
+                                 bytes.begin() + l1));
+          const std::vector<uint8_t> guest = QemuRead(path);
+          EXPECT_TRUE(std::equal(guest.begin(), guest.begin() + cs,
+                                 Pattern(cs, 1).begin()));
+          continue;
+        }
+        EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+        EXPECT_EQ(st.message(),
+                  absl::StrCat("qcow2: Marking image as corrupt: Preventing "
+                               "invalid write on metadata (overlaps with ",
+                               target_name,
+                               "); further corruption events will be "
+                               "suppressed"));
+        bytes[79] |= 2;  // the corrupt bit, and nothing else
+        EXPECT_TRUE(after == bytes);
+        EXPECT_THAT(Shell("qemu-img info " + path).output,
+                    HasSubstr("corrupt: true"));
+      }
+    }
+  }
 }
 
 TEST_F(Qcow2NodeTest, MisalignedL2EntryIsCorruption) {

@@ -168,6 +168,7 @@ io::Task<absl::Status> Qcow2Node::PreallocateMetadata(uint64_t from,
           // data (QEMU 7.2 leaves the bitmap 0, as PreallocateData notes).
           e.bitmap = olds[i].compressed() ? format::kSubclusterAllocMask
                                           : olds[i].bitmap;
+          CO_RETURN_IF_ERROR(co_await CheckFreeOrFail(olds[i]));
           SetEntry(l2, index + i, e);
           FreeEntryLater(olds[i], /*discard=*/false);
         }
@@ -309,6 +310,7 @@ io::Task<absl::Status> Qcow2Node::PreallocateData(uint64_t from, uint64_t to,
                        ? format::kSubclusterAllocMask
                        : old.bitmap;
       }
+      CO_RETURN_IF_ERROR(co_await CheckFreeOrFail(old));
       SetEntry(l2, index + i, e);
       FreeEntryLater(old, /*discard=*/false);
     }
@@ -344,6 +346,11 @@ io::Task<absl::Status> Qcow2Node::Shrink(uint64_t new_size) {
   for (uint64_t i = new_l1; i < l1_.size(); ++i) {
     const uint64_t l2 = l1_[i] & format::kL1OffsetMask;
     if (l2 != 0) freed.push_back(l2);
+  }
+  for (uint64_t l2 : freed) {
+    // An L1 entry that points at other metadata must not free it.
+    CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(l2, cluster_size_,
+                                                   kOverlapActiveL2));
   }
   if (!freed.empty()) {
     CO_RETURN_IF_ERROR(co_await FlushAll());
