@@ -9,6 +9,7 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libbenchmark-tools
   liburing-dev libaio-dev libprotobuf-dev protobuf-compiler zlib1g-dev
   libzstd-dev
+  clang libclang-rt-14-dev  # tools/fuzz.sh: --config=fuzz (libFuzzer, ASan, UBSan)
   qemu-utils xfsprogs e2fsprogs util-linux strace fio hyperfine python3
   chromium fonts-dejavu-core
   zip file  # bazel test packs undeclared outputs (dashboard_test's screenshot) with them
