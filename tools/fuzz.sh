@@ -53,11 +53,13 @@ trap 'bz shutdown 2>/dev/null || true' EXIT
 # --symlink_prefix=/: leave the checkout's bazel-* links to the normal build.
 bz build --config=fuzz --symlink_prefix=/ "${run[@]}"
 
+bin=$(bz info --config=fuzz bazel-bin 2>/dev/null)
 work=${FUZZ_WORK:-/tmp/imgtool-fuzz}
 status=0
 for t in "${run[@]}"; do
   name=${t##*:}
-  binary=$(bz cquery --config=fuzz --output=files "$t" 2>/dev/null)
+  pkg=${t#//}
+  binary=$bin/${pkg%%:*}/$name
   dirs=()
   for d in ${seeds[$name]}; do dirs+=("testdata/fuzz/$d"); done
   mkdir -p "$work/$name/corpus"
