@@ -573,7 +573,10 @@ class Copier {
               st.code(), absl::StrCat("error while reading at byte ", offset,
                                       ": ", RequestError(st))));
         }
-      } else if (settings_.min_sparse_sectors == 0) {
+      } else if (settings_.min_sparse_sectors == 0 &&
+                 kind == ChunkKind::kZero) {
+        // -S 0 writes zero ranges as data; ranges left to the target's
+        // backing file stay unallocated (qemu-img's convert_co_do_copy).
         std::memset(buffer.data(), 0, length);
         kind = ChunkKind::kData;
       }
@@ -595,13 +598,33 @@ class Copier {
     }
   }
 
-  // Reads target range [offset, offset + length), which lies in one source.
+  // Reads target range [offset, offset + length) from the sources it
+  // covers (qemu-img's convert_co_read): a compressed cluster may hold the
+  // tail of one source and the start of the next ones. Bytes past a
+  // source's size, up to its 512-byte rounding, read as zeroes.
   io::Task<absl::Status> ReadChunk(uint64_t offset, uint64_t length,
                                    uint8_t* buf) {
     size_t index = 0;
-    while (offset - sources_[index].start >= sources_[index].length) ++index;
-    co_return co_await sources_[index].node->Read(
-        offset - sources_[index].start, io::IoVec(buf, length));
+    while (length > 0) {
+      while (offset - sources_[index].start >= sources_[index].length) {
+        ++index;
+      }
+      const CopySource& source = sources_[index];
+      const uint64_t in_source = offset - source.start;
+      const uint64_t n = std::min(length, source.length - in_source);
+      const uint64_t size = source.node->size();
+      const uint64_t readable =
+          in_source < size ? std::min(n, size - in_source) : 0;
+      if (readable > 0) {
+        CO_RETURN_IF_ERROR(co_await source.node->Read(
+            in_source, io::IoVec(buf, readable)));
+      }
+      std::memset(buf + readable, 0, n - readable);
+      offset += n;
+      length -= n;
+      buf += n;
+    }
+    co_return absl::OkStatus();
   }
 
   std::vector<CopySource> sources_;
