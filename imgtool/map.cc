@@ -18,6 +18,7 @@
 #include "base/status_macros.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
+#include "posix_file/file_node.h"
 #include "qcow2/qcow2_node.h"
 
 namespace imgtool::cli {
@@ -98,6 +99,13 @@ uint64_t SectorLength(const io::BlockNode& node) {
   return (node.size() + 511) / 512 * 512;
 }
 
+// The O_DIRECT request alignment of the file holding a raw node's data (1
+// for buffered files and nodes that are not files).
+uint64_t RequestAlignment(const io::BlockNode* file) {
+  const auto* f = dynamic_cast<const posix_file::FileNode*>(file);
+  return f != nullptr ? f->request_alignment() : 1;
+}
+
 // The state of [offset, offset + bytes) from its start, through the backing
 // chain as qemu-img map walks it: the first node that has the range
 // allocated (data or zero) answers at its depth; a node without a backing
@@ -126,9 +134,22 @@ absl::StatusOr<MapEntry> GetEntry(OpenedImage& image, uint64_t offset,
         io::RunSync(*image.engine,
                     node->GetBlockStatus(
                         offset, std::min(bytes, node_size - offset))));
+    const bool is_format = dynamic_cast<qcow2::Qcow2Node*>(node) != nullptr;
+    if (!is_format && status.data && offset + status.length == node_size) {
+      // A data extent that ends at an end of file off the O_DIRECT
+      // request alignment reaches the next aligned offset, within the
+      // sectors asked for (QEMU's file-posix block status may not return
+      // a partial block there), so the tail is not split into data and
+      // zeroes.
+      const uint64_t align = RequestAlignment(status.file);
+      if (node_size % align != 0) {
+        const uint64_t aligned_end = node_size / align * align + align;
+        status.length = std::min(
+            {aligned_end, SectorLength(*node), offset + bytes}) - offset;
+      }
+    }
     bytes = status.length;
     e.length = status.length;
-    const bool is_format = dynamic_cast<qcow2::Qcow2Node*>(node) != nullptr;
     if (status.data || status.zero || !is_format) {
       e.data = status.data;
       e.zero = status.zero;

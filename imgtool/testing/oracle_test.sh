@@ -59,6 +59,38 @@ for f in $layouts; do
   done
 done
 
+echo "== map with O_DIRECT: unaligned ends"
+# QEMU's file-posix rounds a data extent that ends at an unaligned end of
+# file up to the O_DIRECT request alignment (iotest 253); a hole at the end
+# is one zero extent either way. Sizes N*4096 + 1, + 511, + 4095 and 1 MiB
+# - 1, with data or a hole at the end, buffered and O_DIRECT.
+(
+  cd "$D"
+  for size in 1044481 1044991 1048575 1048065; do
+    truncate -s $size d$size.raw
+    put d$size.raw 0 4096
+    put d$size.raw $((size - 100)) 100
+    truncate -s $size h$size.raw
+    put h$size.raw 0 4096
+  done
+  put w4095.raw 0 4095
+)
+for f in d1044481 d1044991 d1048575 d1048065 h1044481 h1048575 w4095 odd \
+  odd2 tail tiny; do
+  for out in human json; do
+    for direct in "" ",cache.direct=on"; do
+      opts="driver=raw,file.driver=file,file.filename=$f.raw$direct"
+      same_output "$D" map --output=$out --image-opts "$opts"
+      same_output "$D" map --output=$out --start-offset=1040000 \
+        --max-length=4500 --image-opts "$opts"
+    done
+    same_output "$D" map --output=$out --image-opts \
+      "driver=file,filename=$f.raw,cache.direct=on"
+    same_output "$D" map --output=$out \
+      "json:{\"driver\":\"raw\",\"file\":{\"driver\":\"file\",\"filename\":\"$f.raw\",\"cache\":{\"direct\":true}}}"
+  done
+done
+
 echo "== info"
 for f in $layouts; do
   same_output "$D" info $f.raw
