@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/chain_status.h"
+#include "qcow2/bytes.h"
 #include "qcow2/create.h"
 #include "qcow2/test_util.h"
 
@@ -32,16 +33,6 @@ using testing::TempPath;
 using testing::WriteFile;
 
 constexpr uint64_t kMiB = 1 << 20;
-
-uint64_t LoadBE64At(const std::vector<uint8_t>& b, uint64_t at) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = (v << 8) | b[at + i];
-  return v;
-}
-
-void StoreBE64At(std::vector<uint8_t>& b, uint64_t at, uint64_t v) {
-  for (int i = 7; i >= 0; --i, v >>= 8) b[at + i] = static_cast<uint8_t>(v);
-}
 
 class Qcow2NodeTest : public ::testing::Test {
  protected:
@@ -662,10 +653,10 @@ TEST_F(Qcow2NodeTest, FreeingMetadataThroughAnL2EntryMarksImageCorrupt) {
       Close(node);
     }
     const std::vector<uint8_t> clean = ReadFile(base);
-    const uint64_t l1 = LoadBE64At(clean, 40) & format::kL1OffsetMask;
-    const uint64_t l2 = LoadBE64At(clean, l1) & format::kL1OffsetMask;
-    const uint64_t reftable = LoadBE64At(clean, 48);
-    const uint64_t refblock = LoadBE64At(clean, reftable);
+    const uint64_t l1 = LoadBE64(clean.data() + 40) & format::kL1OffsetMask;
+    const uint64_t l2 = LoadBE64(clean.data() + l1) & format::kL1OffsetMask;
+    const uint64_t reftable = LoadBE64(clean.data() + 48);
+    const uint64_t refblock = LoadBE64(clean.data() + reftable);
     const uint64_t entry_size = layout.extended ? 16 : 8;
     for (const auto& [target, target_name] : targets) {
       if (target == Target::kHeader && layout.extended) continue;
@@ -686,9 +677,9 @@ TEST_F(Qcow2NodeTest, FreeingMetadataThroughAnL2EntryMarksImageCorrupt) {
           case Target::kRefcountTable: word = format::kCopiedFlag | reftable; break;
           case Target::kRefcountBlock: word = format::kCopiedFlag | refblock; break;
         }
-        StoreBE64At(bytes, l2 + entry_size, word);
+        StoreBE64(bytes.data() + l2 + entry_size, word);
         // Extended: subcluster 0 holds data.
-        if (layout.extended) StoreBE64At(bytes, l2 + entry_size + 8, 1);
+        if (layout.extended) StoreBE64(bytes.data() + l2 + entry_size + 8, 1);
         const std::string path = TempPath(absl::StrCat("meta_free", n++, ".qcow2"));
         WriteFile(path, bytes);
         auto node = Open(path);
