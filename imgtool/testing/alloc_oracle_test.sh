@@ -23,7 +23,6 @@ fi
 
 D="$WORK/files"
 mkdir -p "$D"
-qio() { qemu-io "$@" >/dev/null || echo "SETUP FAILED: qemu-io $*"; }
 
 # clean_check DIR FILE LABEL: qemu-img check finds nothing wrong in the
 # file imgtool left (same_effect already compared it with qemu-img's).

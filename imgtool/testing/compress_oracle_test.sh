@@ -30,8 +30,6 @@ put() {  # put FILE OFFSET LENGTH: seed bytes into FILE without truncating
   dd if="$WORK/seed" of="$1" iflag=count_bytes,skip_bytes oflag=seek_bytes \
     skip="$2" seek="$2" count="$3" conv=notrunc status=none
 }
-qio() { qemu-io "$@" >/dev/null || echo "SETUP FAILED: qemu-io $*"; }
-mk() { qemu-img create -q -f qcow2 "$@" || echo "SETUP FAILED: create $*"; }
 S="$WORK/sources"
 mkdir -p "$S"
 (

@@ -11,6 +11,10 @@ fail() {
   failures=$((failures + 1))
 }
 
+# Setting up files with QEMU's tools: a failure is reported, not fatal.
+mk() { qemu-img create -q -f qcow2 "$@" || echo "SETUP FAILED: create $*"; }
+qio() { qemu-io "$@" >/dev/null || echo "SETUP FAILED: qemu-io $*"; }
+
 # run TOOL DIR ARGS...: runs TOOL in DIR; sets OUT, ERR (qemu-img's name
 # replaced by imgtool's) and RC.
 run() {

@@ -51,8 +51,6 @@ same_contents() {
 head -c 1M /dev/urandom >"$WORK/seed"
 D="$WORK/files"
 mkdir -p "$D/sub"
-mk() { qemu-img create -q -f qcow2 "$@" || echo "SETUP FAILED: create $*"; }
-qio() { qemu-io "$@" >/dev/null || echo "SETUP FAILED: qemu-io $*"; }
 (
   cd "$D" || exit 1
   for cs in 512 4k 64k 2M; do
