@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,11 +30,9 @@ bool RunFile(const std::filesystem::path& path) {
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
                           std::istreambuf_iterator<char>());
   // A copy of exactly the input's length, so ASan sees reads past its end.
-  std::vector<uint8_t> data(bytes.begin(), bytes.end());
-  uint8_t* copy = new uint8_t[data.size() + (data.empty() ? 1 : 0)];
-  std::copy(data.begin(), data.end(), copy);
-  LLVMFuzzerTestOneInput(copy, data.size());
-  delete[] copy;
+  std::unique_ptr<uint8_t[]> copy(new uint8_t[std::max<size_t>(bytes.size(), 1)]);
+  std::copy(bytes.begin(), bytes.end(), copy.get());
+  LLVMFuzzerTestOneInput(copy.get(), bytes.size());
   return true;
 }
 
