@@ -61,7 +61,11 @@ for t in "${run[@]}"; do
   pkg=${t#//}
   binary=$bin/${pkg%%:*}/$name
   dirs=()
-  for d in ${seeds[$name]}; do dirs+=("testdata/fuzz/$d"); done
+  # A target's own directory exists once a seed or finding is kept there
+  # (git keeps no empty directories).
+  for d in ${seeds[$name]}; do
+    if [[ -d testdata/fuzz/$d ]]; then dirs+=("testdata/fuzz/$d"); fi
+  done
   mkdir -p "$work/$name/corpus"
   echo "== $t: replaying ${dirs[*]}"
   if ! "$binary" "${common_flags[@]}" -runs=0 "${dirs[@]}"; then
