@@ -43,9 +43,10 @@ ThreadPoolEngine::ThreadPoolEngine(int threads,
 
 ThreadPoolEngine::~ThreadPoolEngine() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
+  work_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
@@ -53,11 +54,12 @@ void ThreadPoolEngine::Submit(Op* op) {
   ++in_flight_;
   bool start_worker;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     pending_.push_back(op);
     start_worker = pending_.size() > static_cast<size_t>(idle_) &&
                    workers_.size() < static_cast<size_t>(max_threads_);
   }
+  work_cv_.notify_one();
   if (start_worker) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
@@ -65,13 +67,9 @@ void ThreadPoolEngine::WorkerLoop() {
   while (true) {
     Op* op = nullptr;
     {
-      absl::MutexLock lock(&mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       ++idle_;
-      mu_.Await(absl::Condition(
-          +[](ThreadPoolEngine* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) {
-            return e->stopping_ || !e->pending_.empty();
-          },
-          this));
+      work_cv_.wait(lock, [this] { return stopping_ || !pending_.empty(); });
       --idle_;
       if (pending_.empty()) return;  // stopping
       op = pending_.front();
@@ -79,25 +77,25 @@ void ThreadPoolEngine::WorkerLoop() {
     }
     ExecuteOpBlocking(op);
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       finished_.push_back(op);
     }
+    finished_cv_.notify_one();
     if (on_finished_) on_finished_();
   }
 }
 
 bool ThreadPoolEngine::HasFinished() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return !finished_.empty();
 }
 
 absl::Status ThreadPoolEngine::Poll(bool wait) {
   std::deque<Op*> done;
   {
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (wait && in_flight_ > 0) {
-      mu_.Await(absl::Condition(
-          +[](std::deque<Op*>* f) { return !f->empty(); }, &finished_));
+      finished_cv_.wait(lock, [this] { return !finished_.empty(); });
     }
     done.swap(finished_);
   }
