@@ -237,6 +237,16 @@ class Checker {
                                             bool& rebuild, RefcountArray& refs);
   void IncRefcounts(CheckResult& res, RefcountArray& refs, uint64_t offset,
                     uint64_t size);
+  // A table of `size` bytes at `offset` that the end of the file cuts, by
+  // less than one cluster (further is IncRefcounts' error): its missing
+  // entries would read as zero and a partly present one as garbage, which
+  // QEMU 7.2 reports as neither. A corruption; -r all zeroes the partly
+  // present entry (of `entry_size` bytes) and grows the file to the end of
+  // the table. Errors: only of reading the file size; a failed repair is
+  // reported and counted, as growing the file for a refcount block is.
+  io::Task<absl::Status> CheckCutTable(CheckResult& res, RepairMode mode,
+                                       absl::string_view what, uint64_t offset,
+                                       uint64_t size, uint64_t entry_size);
   io::Task<absl::Status> CheckRefcountsL1(CheckResult& res, RefcountArray& refs,
                                           uint64_t l1_offset, uint64_t l1_size,
                                           bool frag_info, RepairMode mode,
@@ -295,6 +305,8 @@ class Checker {
   std::vector<Snapshot> snapshots_;
 
   bool signaled_corruption_ = false;
+  // CheckCutTable found a table that the end of the file cuts.
+  bool cut_table_ = false;
 
   // One cached refcount block.
   struct RefblockCache {
@@ -769,6 +781,48 @@ void Checker::IncRefcounts(CheckResult& res, RefcountArray& refs,
   }
 }
 
+io::Task<absl::Status> Checker::CheckCutTable(CheckResult& res,
+                                              RepairMode mode,
+                                              absl::string_view what,
+                                              uint64_t offset, uint64_t size,
+                                              uint64_t entry_size) {
+  const uint64_t file_size = file_.size();
+  if (size == 0 || offset > kInt64Max - size || offset + size <= file_size ||
+      offset + size - file_size >= cluster_size()) {
+    co_return absl::OkStatus();
+  }
+  const bool fix = mode == RepairMode::kAll && writable();
+  out_ << absl::StrFormat(
+      "%s %s at 0x%x (%u bytes) extends beyond the end of the file (%u "
+      "bytes)\n",
+      fix ? "Repairing" : "ERROR", what, offset, size, file_size);
+  ++res.corruptions;
+  cut_table_ = true;
+  if (!fix) co_return absl::OkStatus();
+
+  // The entries wholly in the file stay; the one the end cuts is zeroed,
+  // then the file grows (reading as zeros) to the end of the table.
+  absl::Status st;
+  if (offset < file_size) {
+    const uint64_t whole = (file_size - offset) / entry_size * entry_size;
+    const std::vector<uint8_t> zeros(file_size - offset - whole, 0);
+    if (!zeros.empty()) {
+      st = co_await file_.Write(offset + whole, zeros);
+    }
+  }
+  if (st.ok()) {
+    st = co_await file_.Truncate(offset + size, io::PreallocMode::kOff);
+  }
+  if (st.ok()) st = co_await file_.Flush();
+  if (!st.ok()) {
+    out_ << "ERROR could not resize image: " << st.message() << "\n";
+    co_return absl::OkStatus();
+  }
+  --res.corruptions;
+  ++res.corruptions_fixed;
+  co_return absl::OkStatus();
+}
+
 io::Task<absl::Status> Checker::CheckRefcounts(CheckResult& res,
                                                RepairMode mode) {
   const uint64_t size = file_.size();
@@ -783,6 +837,14 @@ io::Task<absl::Status> Checker::CheckRefcounts(CheckResult& res,
   refs.Resize(nb_clusters);
   bool rebuild = false;
   CO_RETURN_IF_ERROR(co_await CalculateRefcounts(res, mode, rebuild, refs));
+  // The entries a cut table lost referenced clusters past the end of the
+  // file that the refcount blocks still count: compare those too, up to the
+  // end of the refcount block holding the file's last cluster, so that they
+  // are leaks (and -r all frees them) instead of staying allocated for ever.
+  if (cut_table_) {
+    const uint64_t per_block = uint64_t{1} << refblock_bits_;
+    refs.Resize(DivRoundUp(nb_clusters, per_block) * per_block);
+  }
 
   // With a repair that needs no rebuild the comparison is made again with
   // repairs, and this first one's counts are dropped.
@@ -884,6 +946,9 @@ io::Task<absl::Status> Checker::CalculateRefcounts(CheckResult& res,
   IncRefcounts(res, refs, snapshots_offset_, snapshots_size_);
 
   // Refcount table.
+  CO_RETURN_IF_ERROR(co_await CheckCutTable(res, mode, "refcount table",
+                                            reftable_offset_,
+                                            reftable_size_ * 8, 8));
   IncRefcounts(res, refs, reftable_offset_, reftable_size_ * 8);
 
   // Encryption header.
@@ -901,6 +966,9 @@ io::Task<absl::Status> Checker::CheckRefcountsL1(
     CheckResult& res, RefcountArray& refs, uint64_t l1_offset, uint64_t l1_size,
     bool frag_info, RepairMode mode, bool active) {
   if (l1_size == 0) co_return absl::OkStatus();
+  CO_RETURN_IF_ERROR(co_await CheckCutTable(
+      res, mode, active ? "active L1 table" : "inactive L1 table", l1_offset,
+      l1_size * 8, 8));
   IncRefcounts(res, refs, l1_offset, l1_size * 8);
 
   absl::StatusOr<std::vector<uint64_t>> l1 =
@@ -937,6 +1005,11 @@ io::Task<absl::Status> Checker::CheckRefcountsL2(CheckResult& res,
                                                  uint64_t l2_offset,
                                                  bool frag_info,
                                                  RepairMode mode, bool active) {
+  if (OffsetIntoCluster(l2_offset) == 0) {
+    CO_RETURN_IF_ERROR(co_await CheckCutTable(
+        res, mode, active ? "active L2 table" : "inactive L2 table", l2_offset,
+        cluster_size(), l2_entry_size_));
+  }
   std::vector<uint8_t> table(cluster_size());
   if (absl::Status st = co_await ReadAt(l2_offset, absl::MakeSpan(table));
       !st.ok()) {

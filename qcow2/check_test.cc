@@ -380,6 +380,137 @@ TEST_F(CheckTest, LeakedCluster) {
   EXPECT_EQ(QemuCheck("leak.qcow2.ours"), 0);
 }
 
+// Recipe (issue 15): the end of the file cuts the active L1 table, 0, 1, 4
+// or 7 bytes into its one entry. qemu-img 7.2 reads the missing bytes as
+// zeroes (a partly present entry as garbage: it reads the header as an L2
+// table) and, cut at 0, calls the image clean; every other command refuses
+// to open it. The check reports the cut, and -r all zeroes the partial
+// entry, grows the file to the end of the table and frees the clusters
+// past the end that only the lost entry referenced, so that the image
+// stays clean when it grows over them.
+TEST_F(CheckTest, ActiveL1TableCutByTheEndOfTheFile) {
+  for (int cut : {0, 1, 4, 7}) {
+    SCOPED_TRACE(absl::StrCat("cut ", cut));
+    MakeBaseImage("cut.qcow2");
+    const uint64_t size = 0x30000 + cut;
+    Sh(absl::StrCat("truncate -s ", size, " cut.qcow2"));
+    const std::string what = absl::StrFormat(
+        "active L1 table at 0x30000 (8 bytes) extends beyond the end of the "
+        "file (%u bytes)",
+        size);
+    Outcome o = CheckFile(Path("cut.qcow2"), RepairMode::kNone);
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    EXPECT_THAT(o.messages,
+                ElementsAre("ERROR " + what,
+                            "Leaked cluster 4 refcount=1 reference=0",
+                            "Leaked cluster 5 refcount=1 reference=0",
+                            "Leaked cluster 6 refcount=1 reference=0",
+                            "Leaked cluster 7 refcount=1 reference=0"));
+    EXPECT_EQ(o.result.corruptions, 1u);
+    EXPECT_EQ(o.result.leaks, 4u);
+
+    o = CheckFile(Path("cut.qcow2"), RepairMode::kLeaks);
+    EXPECT_EQ(o.result.corruptions, 1u);
+    EXPECT_EQ(o.result.leaks_fixed, 4u);
+    EXPECT_EQ(std::filesystem::file_size(Path("cut.qcow2")), size);
+
+    o = CheckFile(Path("cut.qcow2"), RepairMode::kAll);
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    EXPECT_THAT(o.messages, ElementsAre("Repairing " + what));
+    EXPECT_EQ(o.result.corruptions, 0u);
+    EXPECT_EQ(o.result.corruptions_fixed, 1u);
+    EXPECT_EQ(std::filesystem::file_size(Path("cut.qcow2")), 0x30008u);
+    EXPECT_EQ(HexAt("cut.qcow2", 0x30000, 8), "0000000000000000");
+    EXPECT_EQ(QemuCheck("cut.qcow2"), 0);
+    Sh("qemu-io -c 'write -P 3 0 64k' -c 'read -P 3 0 64k' "
+       "-c 'read -P 0 1M 64k' cut.qcow2 >/dev/null");
+    EXPECT_EQ(QemuCheck("cut.qcow2"), 0);
+  }
+
+  // 2 MiB clusters: header, reftable, refblock, L1 at 6 MiB.
+  Sh("qemu-img create -q -f qcow2 -o cluster_size=2M big.qcow2 8M");
+  Sh("qemu-io -c 'write -P 1 0 64k' big.qcow2 >/dev/null");
+  Sh("truncate -s 6291457 big.qcow2");
+  Outcome o = CheckFile(Path("big.qcow2"), RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              ElementsAre("ERROR active L1 table at 0x600000 (8 bytes) "
+                          "extends beyond the end of the file (6291457 "
+                          "bytes)",
+                          "Leaked cluster 4 refcount=1 reference=0",
+                          "Leaked cluster 5 refcount=1 reference=0"));
+  EXPECT_EQ(o.result.corruptions, 1u);
+  o = CheckFile(Path("big.qcow2"), RepairMode::kAll);
+  EXPECT_EQ(o.result.corruptions, 0u);
+  EXPECT_EQ(o.result.corruptions_fixed, 1u);
+  EXPECT_EQ(o.result.leaks_fixed, 2u);
+  EXPECT_EQ(QemuCheck("big.qcow2"), 0);
+}
+
+// Recipe: the L2 table moved to the end of the file (cluster 8; L1 entry
+// and refcounts patched), then the file cut 12 bytes into it: entry 0
+// (guest 0 -> cluster 5) is whole, entry 1 (guest 64k -> cluster 6) has 4
+// of its 8 bytes, entry 16 (guest 1M -> cluster 7) is gone.
+TEST_F(CheckTest, L2TableCutByTheEndOfTheFile) {
+  MakeBaseImage("l2cut.qcow2");
+  Sh("dd if=l2cut.qcow2 of=l2cut.qcow2 bs=64k skip=4 seek=8 count=1 "
+     "conv=notrunc status=none");
+  PatchHex(Path("l2cut.qcow2"), 0x30000, "8000000000080000");
+  PatchHex(Path("l2cut.qcow2"), 0x20000 + 4 * 2, "0000");
+  PatchHex(Path("l2cut.qcow2"), 0x20000 + 8 * 2, "0001");
+  ASSERT_EQ(QemuCheck("l2cut.qcow2"), 0);
+  Sh("truncate -s 524300 l2cut.qcow2");
+  const std::string what =
+      "active L2 table at 0x80000 (65536 bytes) extends beyond the end of "
+      "the file (524300 bytes)";
+  Outcome o = CheckFile(Path("l2cut.qcow2"), RepairMode::kNone);
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  EXPECT_THAT(o.messages,
+              ElementsAre("ERROR " + what,
+                          "Leaked cluster 6 refcount=1 reference=0",
+                          "Leaked cluster 7 refcount=1 reference=0"));
+  EXPECT_EQ(o.result.corruptions, 1u);
+
+  o = CheckFile(Path("l2cut.qcow2"), RepairMode::kAll);
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  EXPECT_EQ(o.result.corruptions, 0u);
+  EXPECT_EQ(o.result.corruptions_fixed, 1u);
+  EXPECT_EQ(o.result.leaks_fixed, 2u);
+  EXPECT_EQ(std::filesystem::file_size(Path("l2cut.qcow2")), 0x90000u);
+  EXPECT_EQ(HexAt("l2cut.qcow2", 0x80008, 8), "0000000000000000");
+  EXPECT_EQ(QemuCheck("l2cut.qcow2"), 0);
+  Sh("qemu-io -r -c 'read -P 1 0 64k' -c 'read -P 0 64k 64k' "
+     "-c 'read -P 0 1M 64k' l2cut.qcow2 >/dev/null");
+}
+
+// Recipe: the refcount table moved to the end of the file (cluster 8;
+// header and refcounts patched), then the file cut 4 bytes into its entry
+// for the one refcount block: every refcount reads as 0 and -r all
+// rebuilds the structure; the guest data is untouched.
+TEST_F(CheckTest, RefcountTableCutByTheEndOfTheFile) {
+  MakeBaseImage("rtcut.qcow2");
+  Sh("dd if=rtcut.qcow2 of=rtcut.qcow2 bs=64k skip=1 seek=8 count=1 "
+     "conv=notrunc status=none");
+  PatchHex(Path("rtcut.qcow2"), 48, "0000000000080000");
+  PatchHex(Path("rtcut.qcow2"), 0x20000 + 1 * 2, "0000");
+  PatchHex(Path("rtcut.qcow2"), 0x20000 + 8 * 2, "0001");
+  ASSERT_EQ(QemuCheck("rtcut.qcow2"), 0);
+  Sh("truncate -s 524292 rtcut.qcow2");
+  Outcome o = CheckFile(Path("rtcut.qcow2"), RepairMode::kNone);
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  ASSERT_FALSE(o.messages.empty());
+  EXPECT_EQ(o.messages.front(),
+            "ERROR refcount table at 0x80000 (65536 bytes) extends beyond "
+            "the end of the file (524292 bytes)");
+  EXPECT_GE(o.result.corruptions, 2u);
+
+  o = CheckFile(Path("rtcut.qcow2"), RepairMode::kAll);
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  EXPECT_EQ(o.result.corruptions, 0u);
+  EXPECT_EQ(QemuCheck("rtcut.qcow2"), 0);
+  Sh("qemu-io -r -c 'read -P 1 0 128k' -c 'read -P 2 1M 64k' rtcut.qcow2 "
+     ">/dev/null");
+}
+
 // Recipe (iotest 036): set autoclear bits 63 and 7, which QEMU does not
 // know. qemu-img check -r opens the image for writing, which clears them
 // (the header is rewritten); a plain check leaves them. With a leak too,
