@@ -58,6 +58,12 @@ head -c 4096 "$tmp/c2m.qcow2" > "$out/cut_c2m_header.qcow2"
 qemu-img create -q -f qcow2 "$tmp/c64k.qcow2" 1M
 head -c 50 "$tmp/c64k.qcow2" > "$out/cut_c64k_50.qcow2"
 
+# A 4 KiB-cluster image cut 1 byte into its L1 table (at 0x3000), so that
+# check reports and -r all repairs the cut table (issue 15).
+qemu-img create -q -f qcow2 -o cluster_size=4k "$tmp/c4k_l1.qcow2" 64k
+q -c 'write -P 0x9c 0 4k' "$tmp/c4k_l1.qcow2"
+head -c $((0x3000 + 1)) "$tmp/c4k_l1.qcow2" > "$out/cut_c4k_l1.qcow2"
+
 # c4k images with one field broken (offsets from qemu-img's layout of a
 # 64 KiB image with 4 KiB clusters: refcount table at 0x1000, refcount block
 # at 0x2000, L1 table at 0x3000, first L2 table at 0x4000).
