@@ -211,6 +211,19 @@ class CheckTest : public ::testing::Test {
        " >/dev/null");
   }
 
+  // In a MakeBaseImage image: copies metadata cluster `cluster` to cluster
+  // 8 (the end of the file), points the field at `pointer` to it (`hex`)
+  // and moves its refcount there; the image must stay clean.
+  void MoveClusterToTheEnd(const std::string& name, int cluster,
+                           uint64_t pointer, const std::string& hex) {
+    Sh(absl::StrCat("dd if=", name, " of=", name, " bs=64k skip=", cluster,
+                    " seek=8 count=1 conv=notrunc status=none"));
+    PatchHex(Path(name), pointer, hex);
+    PatchHex(Path(name), 0x20000 + cluster * 2, "0000");
+    PatchHex(Path(name), 0x20000 + 8 * 2, "0001");
+    ASSERT_EQ(QemuCheck(name), 0);
+  }
+
   // Checks `name` with our checker and with qemu-img on copies, in `mode`,
   // and expects the same lines, counts and (after a repair) bytes. Returns
   // our outcome for further expectations. Leaves `name` untouched.
@@ -452,12 +465,7 @@ TEST_F(CheckTest, ActiveL1TableCutByTheEndOfTheFile) {
 // of its 8 bytes, entry 16 (guest 1M -> cluster 7) is gone.
 TEST_F(CheckTest, L2TableCutByTheEndOfTheFile) {
   MakeBaseImage("l2cut.qcow2");
-  Sh("dd if=l2cut.qcow2 of=l2cut.qcow2 bs=64k skip=4 seek=8 count=1 "
-     "conv=notrunc status=none");
-  PatchHex(Path("l2cut.qcow2"), 0x30000, "8000000000080000");
-  PatchHex(Path("l2cut.qcow2"), 0x20000 + 4 * 2, "0000");
-  PatchHex(Path("l2cut.qcow2"), 0x20000 + 8 * 2, "0001");
-  ASSERT_EQ(QemuCheck("l2cut.qcow2"), 0);
+  MoveClusterToTheEnd("l2cut.qcow2", 4, 0x30000, "8000000000080000");
   Sh("truncate -s 524300 l2cut.qcow2");
   const std::string what =
       "active L2 table at 0x80000 (65536 bytes) extends beyond the end of "
@@ -488,12 +496,7 @@ TEST_F(CheckTest, L2TableCutByTheEndOfTheFile) {
 // rebuilds the structure; the guest data is untouched.
 TEST_F(CheckTest, RefcountTableCutByTheEndOfTheFile) {
   MakeBaseImage("rtcut.qcow2");
-  Sh("dd if=rtcut.qcow2 of=rtcut.qcow2 bs=64k skip=1 seek=8 count=1 "
-     "conv=notrunc status=none");
-  PatchHex(Path("rtcut.qcow2"), 48, "0000000000080000");
-  PatchHex(Path("rtcut.qcow2"), 0x20000 + 1 * 2, "0000");
-  PatchHex(Path("rtcut.qcow2"), 0x20000 + 8 * 2, "0001");
-  ASSERT_EQ(QemuCheck("rtcut.qcow2"), 0);
+  MoveClusterToTheEnd("rtcut.qcow2", 1, 48, "0000000000080000");
   Sh("truncate -s 524292 rtcut.qcow2");
   Outcome o = CheckFile(Path("rtcut.qcow2"), RepairMode::kNone);
   ASSERT_TRUE(o.status.ok()) << o.status;
