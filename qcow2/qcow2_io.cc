@@ -709,8 +709,12 @@ io::Task<absl::Status> Qcow2Node::LinkL2(
 }
 
 io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
-                                                        io::ConstIoVec data) {
+                                                        io::ConstIoVec data,
+                                                        uint64_t* host_hint) {
   auto lock = co_await io::ScopedLock::Take(meta_lock_);
+  // The hint counts for this step only; every way out sets it anew.
+  const uint64_t hint = *host_hint;
+  *host_hint = 0;
   CO_RETURN_IF_ERROR(CheckUsable());
   CO_RETURN_IF_ERROR(co_await PrepareFirstWrite());
   const uint64_t cluster = offset >> cluster_bits_;
@@ -768,11 +772,18 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
     }
     olds.push_back(e);
   }
-  const uint64_t bytes =
-      std::min(end, (cluster + n) << cluster_bits_) - offset;
-  io::ConstIoVec part = data.first(bytes);
+  // The host offset after the step's last cluster when the step ends at a
+  // cluster end (and the request may go on there), else 0.
+  auto hint_after = [&](uint64_t host_start, uint64_t count) -> uint64_t {
+    return offset + data.size() > ((cluster + count) << cluster_bits_)
+               ? host_start + (count << cluster_bits_)
+               : 0;
+  };
 
   if (kind == WriteKind::kInPlace) {
+    const uint64_t bytes =
+        std::min(end, (cluster + n) << cluster_bits_) - offset;
+    io::ConstIoVec part = data.first(bytes);
     const uint64_t host = base_host + (offset & (cluster_size_ - 1));
     // The write goes on into clusters another write is allocating right
     // after the last one in place, and cannot write beside it (it is still
@@ -820,9 +831,13 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
                                                           news.size()));
       if (got > 0) {
         news.resize(got);
-        co_return co_await WriteInPlaceThenNew(
-            std::move(lock), std::move(l2), offset, data, cluster, n, host,
-            new_host, news, std::move(beside));
+        CO_ASSIGN_OR_RETURN(
+            const uint64_t written,
+            co_await WriteInPlaceThenNew(std::move(lock), std::move(l2),
+                                         offset, data, cluster, n, host,
+                                         new_host, news, std::move(beside)));
+        if (written != 0) *host_hint = hint_after(base_host, n + got);
+        co_return written;
       }
     }
     CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, bytes, 0));
@@ -837,15 +852,34 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
     CO_RETURN_IF_ERROR(st);
     if (!co_await WaitBeside(beside)) co_return uint64_t{0};
     ++write_gen_;
+    *host_hint = hint_after(base_host, n);
     co_return bytes;
   }
 
-  uint64_t host;
+  uint64_t host = 0;
   if (kind == WriteKind::kReuse) {
     host = olds[0].host_offset();
   } else {
-    CO_ASSIGN_OR_RETURN(host, co_await refcounts_->Allocate(n << cluster_bits_));
+    if (hint != 0) {
+      // Right after the previous step's clusters, as many as are free there
+      // (QEMU: qcow2_alloc_clusters_at); a search from the first free
+      // cluster only when none is.
+      CO_ASSIGN_OR_RETURN(const uint64_t got,
+                          co_await refcounts_->AllocateAt(hint, n));
+      if (got > 0) {
+        host = hint;
+        n = got;
+        olds.resize(n);
+      }
+    }
+    if (host == 0) {
+      CO_ASSIGN_OR_RETURN(host,
+                          co_await refcounts_->Allocate(n << cluster_bits_));
+    }
   }
+  const uint64_t bytes =
+      std::min(end, (cluster + n) << cluster_bits_) - offset;
+  io::ConstIoVec part = data.first(bytes);
   CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, n << cluster_bits_, 0));
   auto inflight = AddInflight(cluster, n, host);
   const uint64_t seq = BeginDataOp();
@@ -856,6 +890,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
   CO_RETURN_IF_ERROR(co_await FinishAllocatingWrite(
       std::move(st), inflight, host, olds,
       /*allocated=*/kind == WriteKind::kAllocate));
+  *host_hint = hint_after(host, n);
   co_return bytes;
 }
 
@@ -962,7 +997,7 @@ io::Task<absl::Status> Qcow2Node::DoWrite(uint64_t offset, io::ConstIoVec data) 
     if (l2_format_.extended_l2) {
       n = co_await WriteStepExtended(offset, data, &host_hint);
     } else {
-      n = co_await WriteStep(offset, data);
+      n = co_await WriteStep(offset, data, &host_hint);
     }
     if (!n.ok()) {
       st = n.status();

@@ -432,8 +432,18 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // not linked; the write must be done again).
   static io::Task<bool> WaitBeside(
       const std::vector<std::shared_ptr<Inflight>>& beside);
+  // One write step within one L2 table (standard L2 entries): the run of
+  // clusters from `offset` on that are written the same way (in place,
+  // reusing reserved clusters, or allocating). Returns the bytes of `data`
+  // written, 0 when the step is to be done again. `*host_hint` (in/out, 0
+  // for none): the host offset right after the previous step of the same
+  // request; clusters to allocate go there, as many as are free there
+  // (QEMU's handle_alloc at the expected host offset), before a search
+  // anywhere else. Set to the end of this step's host range when the step
+  // ends at a cluster end, else to 0.
   io::Task<absl::StatusOr<uint64_t>> WriteStep(uint64_t offset,
-                                               io::ConstIoVec data);
+                                               io::ConstIoVec data,
+                                               uint64_t* host_hint);
   // Writes an allocating write's data into its new clusters (`inflight`,
   // at `host`) with what the rest of them must show: zeroes or the old
   // contents. Sets inflight->ready when only the data is left to write.

@@ -68,4 +68,99 @@ for args in "s512 1M" "s512r 1M" "s512m 1M" "s512e 1M" "s512 100k" \
   clean_check "$WORK/effect.a" $1.qcow2 "resize --shrink $1 $2"
 done
 
+# same_io_effect SETUP ARGS...: like same_effect, for `imgtool io ARGS`
+# against `qemu-io ARGS`.
+same_io_effect() {
+  local setup=$1
+  shift
+  checks=$((checks + 1))
+  local a="$WORK/effect.a" b="$WORK/effect.b"
+  rm -rf "$a" "$b"
+  mkdir -p "$a" "$b"
+  (cd "$a" && $setup)
+  (cd "$b" && $setup)
+  run "$IMGTOOL" "$a" io "$@"
+  local a_out=$OUT a_err=$ERR a_rc=$RC
+  run qemu-io "$b" "$@"
+  diff_text "io $*" stdout "$a_out" "$OUT" &&
+    diff_text "io $*" stderr "$a_err" "${ERR//qemu-io/imgtool}" &&
+    diff_text "io $*" "exit status" "$a_rc" "$RC" &&
+    diff_text "io $*" "resulting files" "$(state "$a")" "$(state "$b")"
+}
+
+echo "== one write request over several L2 tables (iotest 044)"
+# QEMU's qcow2_alloc_host_offset allocates each L2 table's share of a
+# request right after the host clusters of the share before, as many free
+# ones as there are there, and only then searches anew.
+#
+# full.qcow2: iotest 044's image scaled down to an 8 MiB file with 512-byte
+# clusters whose every cluster is in use and whose refcount table (one
+# cluster) is full; writing 1 MiB grows the table, frees the old one and
+# leaves 191 free clusters between the new refcount block and the new
+# refcount area, which QEMU fills with 3 L2 tables' shares (64 + 64 + 63).
+mkfull() {
+  qemu-img create -q -f qcow2 -o cluster_size=512 full.qcow2 16M
+  python3 - full.qcow2 <<'PY'
+import struct, sys
+cs, rt_clusters = 512, 1
+file_size = rt_clusters * 64 * 256 * cs
+l1_size = 2 * file_size // (64 * cs)
+off_rt = cs
+off_rb = off_rt + rt_clusters * cs
+off_l1 = off_rb + rt_clusters * 64 * cs
+off_l2 = off_l1 + (l1_size * 8 + cs - 1) // cs * cs
+off_data = off_l2 + l1_size * cs
+with open(sys.argv[1], 'r+b') as f:
+    f.seek(36)  # l1_size, l1_table_offset, refcount_table_offset/_clusters
+    f.write(struct.pack('>IQQI', l1_size, off_l1, off_rt, rt_clusters))
+    f.seek(off_rt)
+    f.write(struct.pack('>%dQ' % (rt_clusters * 64),
+                        *[off_rb + i * cs for i in range(rt_clusters * 64)]))
+    f.write(struct.pack('>H', 1) * (rt_clusters * 64 * 256))
+    f.write(struct.pack('>%dQ' % l1_size,
+                        *[(1 << 63) | (off_l2 + j * cs) for j in range(l1_size)]))
+    n = (file_size - off_data) // cs
+    f.write(struct.pack('>%dQ' % n,
+                        *[(1 << 63) | (off_data + j * cs) for j in range(n)]))
+    f.truncate(file_size)
+PY
+}
+# hole.qcow2: every L2 table allocated first (write -z), then data behind
+# them; a discard leaves a run of 100 free clusters, so a 256-cluster write
+# takes 64 + 36 of them, then the rest at the end.
+mkhole() {
+  mk -o cluster_size=512 hole.qcow2 4M
+  qio -c 'write -q -z 0 4M' -c 'write -q -P 1 0 256K' -c 'discard -q 64K 50K' \
+    hole.qcow2
+}
+# seam.qcow2: the last cluster of an L2 table is written in place and the
+# host cluster after it is free while a lower one is the first free one: a
+# write over the seam takes the one right after.
+mkseam() {
+  mk -o cluster_size=512 seam.qcow2 4M
+  qio -c 'write -q -z 0 4M' -c 'write -q -P 1 1M 512' -c 'write -q -P 2 0 32K' \
+    -c 'discard -q 1M 512' seam.qcow2
+}
+# xhole.qcow2: mkhole with extended L2 entries (16 KiB clusters, 1024 per
+# L2 table): a hole of 1600 clusters, a write of 2048.
+mkxhole() {
+  mk -o cluster_size=16K,extended_l2=on xhole.qcow2 128M
+  qio -c 'write -q -z 0 128M' -c 'write -q -P 1 0 64M' -c 'discard -q 16M 25M' \
+    xhole.qcow2
+}
+(cd "$D" && mkfull && mkhole && mkseam && mkxhole)
+while read -r name cmd; do
+  copy() { cp "$D/$name.qcow2" .; }
+  same_io_effect copy -c "$cmd" $name.qcow2
+  clean_check "$WORK/effect.a" $name.qcow2 "io $name: $cmd"
+done <<'EOF'
+full write -q -P 3 12M 1M
+full write -q -P 3 12M 64K
+hole write -q -P 3 1M 128K
+hole write -q -P 3 1M 1M
+seam write -q -P 3 32256 1K
+seam write -q -P 3 32256 64K
+xhole write -q -P 3 64M 32M
+EOF
+
 finish
