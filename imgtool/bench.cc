@@ -450,7 +450,10 @@ absl::StatusOr<double> RunRequests(const BenchArgs& a, OpenedImage& image,
   // -d and -s come from the user: their product may exceed the memory or
   // even the address space (qemu-img 7.2 overflows an int and crashes).
   ASSIGN_OR_RETURN(s.buffer, io::AlignedBuffer::Create(workers * a.size));
-  std::memset(s.buffer.data(), static_cast<int>(a.pattern), s.buffer.size());
+  // fill_n, not memset: with -c 0 the buffer is empty and data() is null,
+  // which memset may not be given even for 0 bytes.
+  std::fill_n(s.buffer.data(), s.buffer.size(),
+              static_cast<uint8_t>(a.pattern));
 
   const auto start = std::chrono::steady_clock::now();
   for (uint64_t i = 0; i < workers; ++i) {
