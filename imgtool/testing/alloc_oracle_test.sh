@@ -68,26 +68,6 @@ for args in "s512 1M" "s512r 1M" "s512m 1M" "s512e 1M" "s512 100k" \
   clean_check "$WORK/effect.a" $1.qcow2 "resize --shrink $1 $2"
 done
 
-# same_io_effect SETUP ARGS...: like same_effect, for `imgtool io ARGS`
-# against `qemu-io ARGS`.
-same_io_effect() {
-  local setup=$1
-  shift
-  checks=$((checks + 1))
-  local a="$WORK/effect.a" b="$WORK/effect.b"
-  rm -rf "$a" "$b"
-  mkdir -p "$a" "$b"
-  (cd "$a" && $setup)
-  (cd "$b" && $setup)
-  run "$IMGTOOL" "$a" io "$@"
-  local a_out=$OUT a_err=$ERR a_rc=$RC
-  run qemu-io "$b" "$@"
-  diff_text "io $*" stdout "$a_out" "$OUT" &&
-    diff_text "io $*" stderr "$a_err" "${ERR//qemu-io/imgtool}" &&
-    diff_text "io $*" "exit status" "$a_rc" "$RC" &&
-    diff_text "io $*" "resulting files" "$(state "$a")" "$(state "$b")"
-}
-
 echo "== one write request over several L2 tables (iotest 044)"
 # QEMU's qcow2_alloc_host_offset allocates each L2 table's share of a
 # request right after the host clusters of the share before, as many free

@@ -90,22 +90,33 @@ state() {
 # same_effect SETUP ARGS...: in two fresh directories prepared by the shell
 # function SETUP, runs imgtool ARGS in one and qemu-img ARGS in the other;
 # output, exit status and the resulting files must be the same.
-same_effect() {
-  local setup=$1
-  shift
+same_effect() { same_effect_of qemu-img "" "$@"; }
+
+# same_io_effect SETUP ARGS...: the same for `imgtool io ARGS` against
+# `qemu-io ARGS`.
+same_io_effect() { same_effect_of qemu-io io "$@"; }
+
+# same_effect_of QEMU_TOOL SUBCOMMAND SETUP ARGS...: imgtool [SUBCOMMAND]
+# ARGS against QEMU_TOOL ARGS (QEMU_TOOL's name in its messages reads as
+# imgtool's, as run() does for qemu-img).
+same_effect_of() {
+  local tool=$1 sub=$2 setup=$3
+  shift 3
   checks=$((checks + 1))
   local a="$WORK/effect.a" b="$WORK/effect.b"
+  local what="${sub:+$sub }$*"
   rm -rf "$a" "$b"
   mkdir -p "$a" "$b"
   (cd "$a" && $setup)
   (cd "$b" && $setup)
-  run "$IMGTOOL" "$a" "$@"
+  run "$IMGTOOL" "$a" ${sub:+"$sub"} "$@"
   local a_out=$OUT a_err=$ERR a_rc=$RC
-  run qemu-img "$b" "$@"
-  diff_text "$*" stdout "$a_out" "$OUT" &&
-    diff_text "$*" stderr "$a_err" "$ERR" &&
-    diff_text "$*" "exit status" "$a_rc" "$RC" &&
-    diff_text "$*" "resulting files" "$(state "$a")" "$(state "$b")"
+  run "$tool" "$b" "$@"
+  local b_err=${ERR//$tool/imgtool}
+  diff_text "$what" stdout "$a_out" "$OUT" &&
+    diff_text "$what" stderr "$a_err" "$b_err" &&
+    diff_text "$what" "exit status" "$a_rc" "$RC" &&
+    diff_text "$what" "resulting files" "$(state "$a")" "$(state "$b")"
 }
 
 # same_messages SETUP ARGS...: like same_effect, but only stdout, stderr
