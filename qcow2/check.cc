@@ -242,8 +242,8 @@ class Checker {
   // entries would read as zero and a partly present one as garbage, which
   // QEMU 7.2 reports as neither. A corruption; -r all zeroes the partly
   // present entry (of `entry_size` bytes) and grows the file to the end of
-  // the table. Errors: only of reading the file size; a failed repair is
-  // reported and counted, as growing the file for a refcount block is.
+  // the table. Never fails: a failed repair is reported and left counted
+  // as a corruption, as growing the file for a refcount block is.
   io::Task<absl::Status> CheckCutTable(CheckResult& res, RepairMode mode,
                                        absl::string_view what, uint64_t offset,
                                        uint64_t size, uint64_t entry_size);
