@@ -1,6 +1,7 @@
 #include "posix_file/file_lock.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -142,6 +143,12 @@ void UnlockImage(int fd, LockPerms perms) {
       UnlockByte(fd, kLockSharedBase + bit);
     }
   }
+}
+
+int UnlockAndClose(int fd) {
+  constexpr uint8_t kAll = (1 << kNumPerms) - 1;
+  UnlockImage(fd, LockPerms{kAll, kAll});
+  return close(fd);
 }
 
 }  // namespace imgtool::posix_file::internal

@@ -5,7 +5,8 @@
 // 100 + bit; for each permission it does not share with other processes, on
 // byte 200 + bit. A conflict is another open file description holding the
 // opposite byte. Locks belong to the open file description: closing the fd
-// releases them, and two opens of one file in the same process conflict.
+// releases them once no reference to the description is left, and two
+// opens of one file in the same process conflict.
 #ifndef IMGTOOL_POSIX_FILE_FILE_LOCK_H_
 #define IMGTOOL_POSIX_FILE_FILE_LOCK_H_
 
@@ -68,6 +69,17 @@ absl::StatusOr<bool> LockImage(int fd, const std::string& path,
 // Drops the locks of `perms` on `fd` (both byte sets). Unlock failures are
 // ignored (QEMU only warns about them).
 void UnlockImage(int fd, LockPerms perms);
+
+// Drops every image lock byte on `fd` (100-103 and 200-203), then closes it;
+// returns close(2)'s result (0, or -1 with errno set). close(2) alone drops
+// OFD locks only when the open file description's last reference goes, and
+// io_uring may still hold one for a moment after the completion it posted:
+// a reopen of the file right after a close then met the old description's
+// locks ("Failed to get "write" lock": qcow2 convert, whose create opens and
+// closes the target just before the copy opens it again, failed so once in
+// CI and 1 in 4,500 runs here). F_UNLCK on the description drops them at
+// once, whoever holds it.
+int UnlockAndClose(int fd);
 
 // Name of a single permission bit as QEMU prints it ("consistent read",
 // "write", "write unchanged", "resize").

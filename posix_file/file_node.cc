@@ -228,7 +228,7 @@ struct FileNode::State {
   State(io::Engine& engine, internal::FileIo::Config config)
       : engine(engine), fd(config.fd), io(engine, std::move(config)) {}
   ~State() {
-    if (fd >= 0) close(fd);
+    if (fd >= 0) internal::UnlockAndClose(fd);
   }
 
   io::Engine& engine;
@@ -370,8 +370,7 @@ io::Task<absl::Status> FileNode::Close() {
     absl::Status flushed = co_await DoFlush();
     if (result.ok()) result = flushed;
   }
-  // Closing the descriptor drops the OFD locks.
-  if (close(state_->fd) != 0 && result.ok()) {
+  if (internal::UnlockAndClose(state_->fd) != 0 && result.ok()) {
     result = ErrnoStatus(filename(), "close", errno);
   }
   state_->fd = -1;
