@@ -1024,7 +1024,9 @@ TEST_F(FileNodeTest, CloseDropsTheLocksWhileTheFileIsStillReferenced) {
   EXPECT_TRUE(LockedBytes(path).empty());
   auto again = Open(path);
   EXPECT_TRUE(again.ok()) << again.status();
-  if (again.ok()) EXPECT_TRUE(Run((*again)->Close()).ok());
+  if (again.ok()) {
+    EXPECT_TRUE(Run((*again)->Close()).ok());
+  }
   close(reference);
   // The same for a node dropped without Close.
   auto dropped = Open(path);
