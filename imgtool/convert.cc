@@ -36,15 +36,13 @@
 #include "base/options.h"
 #include "base/size.h"
 #include "base/status_macros.h"
+#include "block/copy.h"
+#include "block/progress.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
-#include "imgtool/progress.h"
 #include "imgtool/qcow2_create.h"
-#include "io/aligned_buffer.h"
 #include "io/block_node.h"
-#include "io/chain_status.h"
 #include "io/engine.h"
-#include "io/sync.h"
 #include "io/task.h"
 #include "posix_file/file_node.h"
 #include "posix_file/file_options.pb.h"
@@ -55,13 +53,13 @@ namespace {
 
 constexpr char kUsage[] =
     "Usage: imgtool convert [-f FMT] [-O FMT] [-o OPTIONS] [-S SPARSE_SIZE] "
-    "[-m N] [-W] [-n] [--target-is-zero] [-t CACHE] [-T SRC_CACHE] [-p] [-q] "
-    "[-U] SRC... DST";
+    "[-r RATE_LIMIT] [-m N] [-W] [-n] [--target-is-zero] [-t CACHE] "
+    "[-T SRC_CACHE] [-p] [-q] [-U] SRC... DST";
 
 constexpr char kHelp[] =
     "Usage: imgtool convert [-f FMT] [-O FMT] [-o OPTIONS] [-S SPARSE_SIZE] "
-    "[-m N] [-W] [-n]\n"
-    "        [--target-is-zero] [-t CACHE] [-T SRC_CACHE] [-p] [-q] [-U] "
+    "[-r RATE_LIMIT]\n"
+    "        [-m N] [-W] [-n] [--target-is-zero] [-t CACHE] [-T SRC_CACHE] [-p] [-q] [-U] "
     "SRC... DST\n"
     "Copies the images SRC... (concatenated) into the new image DST.\n"
     "  -f FMT            format of the sources (raw, file, qcow2); probed if "
@@ -76,6 +74,8 @@ constexpr char kHelp[] =
     "  -S SPARSE_SIZE    zero runs of at least this size (multiple of 512, "
     "default 4k)\n"
     "                    become holes; 0 writes every byte\n"
+    "  -r RATE_LIMIT     write at most this many bytes per second (k, M, G "
+    "suffixes)\n"
     "  -m N              requests in flight (1..16, default 8)\n"
     "  -W                write out of order (faster; default: in order)\n"
     "  -n                DST exists: do not create it\n"
@@ -100,13 +100,9 @@ constexpr char kProtocolHint[] =
     "\nThe protocol level may support further options.\n"
     "Specify the target filename to include those options.\n";
 
-constexpr uint64_t kSectorSize = 512;
-// qemu-img's IO_BUF_SIZE: the largest data chunk one coroutine copies.
-constexpr uint64_t kChunkSize = 2 << 20;
+using block::kSectorSize;
 // The largest -S (qemu-img's MAX_BUF_SECTORS sectors).
 constexpr uint64_t kMaxSparseSize = 16 << 20;
-// The largest single request (QEMU's BDRV_REQUEST_MAX_BYTES).
-constexpr uint64_t kMaxRequest = static_cast<uint64_t>(INT_MAX) & ~511ull;
 constexpr int kMaxCoroutines = 16;
 
 enum LongOption {
@@ -221,431 +217,6 @@ bool CreatedTargetIsZero(const std::string& filename) {
   struct stat st;
   return stat(filename.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
-
-bool IsZero(const uint8_t* p, size_t n) {
-  uint64_t acc = 0;
-  for (size_t i = 0; i + 8 <= n; i += 8) {
-    uint64_t word;
-    std::memcpy(&word, p + i, sizeof(word));
-    acc |= word;
-  }
-  for (size_t i = n & ~size_t{7}; i < n; ++i) acc |= p[i];
-  return acc == 0;
-}
-
-// A run of sectors at the start of a buffer.
-struct SectorRun {
-  bool data = false;  // false: every byte is zero
-  uint64_t sectors = 0;
-};
-
-// The leading run of sectors in `buf` (`sectors` sectors, the first one
-// being target sector `first_sector`) that are all zero or all non-zero.
-// A run that stops before the end of the buffer is made to end on a
-// multiple of `alignment` sectors (a power of two): a data run is extended,
-// a zero run cut back, and a zero run too short to survive the cut counts
-// as data (its sectors would be rewritten with the data next to them).
-SectorRun LeadingRun(const uint8_t* buf, uint64_t sectors,
-                     uint64_t first_sector, uint64_t alignment) {
-  const bool zero = IsZero(buf, kSectorSize);
-  uint64_t i = 1;
-  while (i < sectors && IsZero(buf + i * kSectorSize, kSectorSize) == zero) {
-    ++i;
-  }
-  if (i == sectors) return {!zero, i};
-  const uint64_t tail = (first_sector + i) & (alignment - 1);
-  if (tail == 0) return {!zero, i};
-  if (zero && i > tail) return {false, i - tail};
-  return {true, std::min(i + alignment - tail, sectors)};
-}
-
-// Splits the start of a data buffer into what must be written and what can
-// stay a hole: the first run if it is zero, else the data up to the first
-// zero run of at least `min_zero` sectors (shorter zero runs are written
-// with the data around them, so requests are not broken up for small gaps).
-SectorRun DataOrHole(const uint8_t* buf, uint64_t sectors,
-                     uint64_t first_sector, uint64_t min_zero,
-                     uint64_t alignment) {
-  min_zero = std::min(min_zero, sectors);
-  const SectorRun first = LeadingRun(buf, sectors, first_sector, alignment);
-  if (!first.data) return first;
-  uint64_t used = first.sectors;
-  uint64_t checked = first.sectors;
-  while (checked < sectors) {
-    const SectorRun run =
-        LeadingRun(buf + checked * kSectorSize, sectors - checked,
-                   first_sector + checked, alignment);
-    checked += run.sectors;
-    if (run.data) {
-      used = checked;
-    } else if (run.sectors >= min_zero) {
-      break;
-    }
-  }
-  return {true, used};
-}
-
-struct CopySource {
-  io::BlockNode* node = nullptr;
-  uint64_t start = 0;   // offset in the target, bytes
-  uint64_t length = 0;  // the node's size rounded up to 512 bytes
-};
-
-struct CopySettings {
-  uint64_t min_sparse_sectors = 8;  // 0: write everything
-  uint64_t alignment_sectors = 8;   // power of two
-  bool target_is_zero = false;      // skip zero ranges entirely
-  // The target has a backing file (-n -B): ranges the top source node does
-  // not allocate are left to it.
-  bool target_has_backing = false;
-  bool in_order = true;
-  bool copy_whole_chunks = false;  // -C: no zero detection in data
-  int num_workers = 8;
-  // -c: whole target clusters of this many bytes are written compressed
-  // (through `compressed_target`); 0 = no compression.
-  uint64_t compressed_cluster_size = 0;
-  qcow2::Qcow2Node* compressed_target = nullptr;
-  // A new target with a backing file: its backing file's length in bytes.
-  // Zeroes past it need no writing (the target reads zeroes there).
-  std::optional<uint64_t> target_backing_end;
-};
-
-// What qemu-img prints after "error while reading/writing at byte N: ":
-// strerror of the request's errno, not the file layer's message naming the
-// file and the syscall ("dst.qcow2: pwritev: No space left on device");
-// messages without an errno stay as they are.
-std::string RequestError(const absl::Status& status) {
-  if (const int error_number = StatusErrno(status); error_number != 0) {
-    return std::strerror(error_number);
-  }
-  return std::string(status.message());
-}
-
-// The copy itself (qemu-img's convert_do_copy). The target is split into
-// chunks that are either data (read, scanned for zeroes, written) or zero
-// (skipped on a zeroed target, else written as zeroes that may unmap);
-// workers take chunks in order and, unless out-of-order writes are allowed,
-// write them in order too.
-class Copier {
- public:
-  Copier(std::vector<CopySource> sources, io::BlockNode& target,
-         const CopySettings& settings, Progress& progress)
-      : sources_(std::move(sources)),
-        target_(target),
-        settings_(settings),
-        progress_(progress),
-        waiting_(settings.num_workers) {
-    for (const CopySource& s : sources_) total_ += s.length;
-  }
-
-  // Counts the data sectors so the progress can be shown as a fraction of
-  // them, then copies.
-  io::Task<absl::Status> Run(bool count_first) {
-    if (count_first) {
-      uint64_t offset = 0;
-      while (offset < total_) {
-        CO_ASSIGN_OR_RETURN(uint64_t n, co_await NextChunk(offset));
-        if (CountsAsAllocated(status_)) allocated_sectors_ += n / kSectorSize;
-        offset += n;
-      }
-      next_status_end_ = 0;
-    }
-    running_ = settings_.num_workers;
-    for (int i = 0; i < settings_.num_workers; ++i) {
-      io::Spawn(Worker(i), [this] {
-        if (--running_ == 0) done_.Set();
-      });
-    }
-    co_await done_.Wait();
-    if (error_.ok() && settings_.compressed_target != nullptr) {
-      // qemu-img's compressed write of 0 bytes: pads the file to a sector.
-      co_return co_await settings_.compressed_target->WriteCompressed(
-          0, io::ConstIoVec());
-    }
-    co_return error_;
-  }
-
- private:
-  enum class ChunkKind { kData, kZero, kBacking };
-
-  struct Waiter {
-    bool waiting = false;
-    uint64_t offset = 0;
-    std::coroutine_handle<> handle;
-  };
-
-  bool CountsAsAllocated(ChunkKind kind) const {
-    return kind == ChunkKind::kData ||
-           (settings_.min_sparse_sectors == 0 && kind == ChunkKind::kZero);
-  }
-
-  // The length of the chunk starting at target offset `offset` (a multiple
-  // of 512 bytes); its kind is left in status_. Block status is asked once
-  // per extent and reused for the chunks inside it. Runs under mutex_.
-  io::Task<absl::StatusOr<uint64_t>> NextChunk(uint64_t offset) {
-    size_t index = 0;
-    while (offset - sources_[index].start >= sources_[index].length) ++index;
-    const CopySource& source = sources_[index];
-    const uint64_t in_source = offset - source.start;
-    uint64_t n =
-        std::min({total_ - offset, kMaxRequest, source.length - in_source});
-    bool past_backing_end = false;
-    if (settings_.target_backing_end.has_value()) {
-      // Ranges before and after the end of the target's backing file are
-      // asked for separately: zeroes past it need no writing.
-      const uint64_t end = *settings_.target_backing_end;
-      if (offset >= end) {
-        past_backing_end = true;
-      } else if (offset + n > end) {
-        n = end - offset;
-      }
-    }
-    if (next_status_end_ <= offset) {
-      uint64_t count = n;
-      ChunkKind kind = ChunkKind::kZero;
-      // Past the node's end (up to the 512-byte rounding) it reads zeroes.
-      if (in_source < source.node->size()) {
-        absl::StatusOr<io::BlockStatus> status =
-            co_await SourceStatus(*source.node, in_source, n);
-        if (!status.ok()) {
-          co_return absl::Status(
-              status.status().code(),
-              absl::StrCat("error while reading block status at offset ",
-                           in_source, ": ", status.status().message()));
-        }
-        count = status->length;
-        if (status->zero) {
-          kind = past_backing_end ? ChunkKind::kBacking : ChunkKind::kZero;
-        } else if (status->data || !settings_.target_has_backing) {
-          kind = ChunkKind::kData;
-        } else {
-          kind = ChunkKind::kBacking;
-        }
-      }
-      n = AlignUp(count, kSectorSize);
-      status_ = kind;
-      next_status_end_ = offset + n;
-    }
-    n = std::min(n, next_status_end_ - offset);
-    if (status_ == ChunkKind::kData) n = std::min(n, kChunkSize);
-    if (const uint64_t cluster = settings_.compressed_cluster_size;
-        cluster != 0) {
-      // Compressed clusters are written whole: a run shorter than a
-      // cluster makes the whole cluster data, a longer one stops at a
-      // cluster boundary (qemu-img's convert_iteration_sectors).
-      if (n < cluster) {
-        n = std::min(cluster, total_ - offset);
-        status_ = ChunkKind::kData;
-        next_status_end_ = std::max(next_status_end_, offset + n);
-      } else {
-        n = n / cluster * cluster;
-      }
-      // One cluster per data chunk (qemu-img's buffer is one cluster).
-      if (status_ == ChunkKind::kData) n = std::min(n, cluster);
-    }
-    co_return n;
-  }
-
-  // Block status of a source range: through its whole backing chain, or
-  // of its top node only when the target has a backing file (which then
-  // provides what the source's backing chain did).
-  io::Task<absl::StatusOr<io::BlockStatus>> SourceStatus(io::BlockNode& node,
-                                                         uint64_t offset,
-                                                         uint64_t length) {
-    if (settings_.target_has_backing) {
-      // What the top node does not allocate reads as zeroes when it has no
-      // backing file, or from past the end of its backing file (QEMU's
-      // bdrv_block_status): zeroes to write, not the target's backing file.
-      CO_ASSIGN_OR_RETURN(io::BlockStatus status,
-                          co_await node.GetBlockStatus(offset, length));
-      if (!status.data && !status.zero) {
-        const io::BlockNode* backing = node.backing();
-        status.zero = backing == nullptr ||
-                      offset >= AlignUp(backing->size(), kSectorSize);
-      }
-      co_return status;
-    }
-    CO_ASSIGN_OR_RETURN(io::ChainStatus chain,
-                        co_await io::GetChainStatus(node, offset, length));
-    co_return chain.status;
-  }
-
-  void SetError(absl::Status status) {
-    if (error_.ok()) error_ = std::move(status);
-  }
-
-  // Suspends until the writes before `offset` are done (or the copy
-  // failed); resumed by FinishWrite.
-  auto WaitForTurn(int index, uint64_t offset) {
-    struct Awaiter {
-      Copier& copier;
-      int index;
-      uint64_t offset;
-      bool await_ready() const {
-        return copier.written_up_to_ == offset || !copier.error_.ok();
-      }
-      void await_suspend(std::coroutine_handle<> h) {
-        copier.waiting_[index] = Waiter{true, offset, h};
-      }
-      void await_resume() {}
-    };
-    return Awaiter{*this, index, offset};
-  }
-
-  void FinishWrite(uint64_t end) {
-    written_up_to_ = end;
-    for (Waiter& w : waiting_) {
-      if (w.waiting && w.offset == end) {
-        w.waiting = false;
-        io::Resume(w.handle);
-        break;
-      }
-    }
-  }
-
-  io::Task<absl::Status> WriteChunk(uint64_t offset, uint64_t length,
-                                    const uint8_t* buf, ChunkKind kind) {
-    if (settings_.compressed_target != nullptr && kind == ChunkKind::kData &&
-        (settings_.min_sparse_sectors == 0 || !IsZero(buf, length))) {
-      // One cluster (or the image's last, shorter one); all-zero data is
-      // treated as a zero range.
-      co_return co_await settings_.compressed_target->WriteCompressed(
-          offset, io::ConstIoVec(buf, length));
-    }
-    if (settings_.compressed_target != nullptr && kind == ChunkKind::kData) {
-      kind = ChunkKind::kZero;
-    }
-    uint64_t done = 0;
-    while (done < length) {
-      uint64_t n = length - done;
-      if (kind == ChunkKind::kBacking) break;
-      bool data = kind == ChunkKind::kData;
-      if (data && settings_.min_sparse_sectors != 0 &&
-          !settings_.copy_whole_chunks) {
-        const SectorRun run = DataOrHole(
-            buf + done, n / kSectorSize, (offset + done) / kSectorSize,
-            settings_.min_sparse_sectors, settings_.alignment_sectors);
-        data = run.data;
-        n = run.sectors * kSectorSize;
-      }
-      if (data) {
-        CO_RETURN_IF_ERROR(co_await target_.Write(
-            offset + done, io::ConstIoVec(buf + done, n)));
-      } else if (!settings_.target_is_zero) {
-        CO_RETURN_IF_ERROR(co_await target_.WriteZeroes(
-            offset + done, n, io::WriteZeroesFlags{.may_unmap = true}));
-      }
-      done += n;
-    }
-    co_return absl::OkStatus();
-  }
-
-  io::Task<void> Worker(int index) {
-    io::AlignedBuffer buffer(kChunkSize);
-    for (;;) {
-      io::ScopedLock lock = co_await io::ScopedLock::Take(mutex_);
-      if (!error_.ok() || next_offset_ >= total_) break;
-      absl::StatusOr<uint64_t> chunk = co_await NextChunk(next_offset_);
-      if (!chunk.ok()) {
-        SetError(chunk.status());
-        break;
-      }
-      const uint64_t offset = next_offset_;
-      ChunkKind kind = status_;
-      uint64_t length = *chunk;
-      if (settings_.min_sparse_sectors == 0 && kind == ChunkKind::kZero) {
-        length = std::min(length, kChunkSize);
-      }
-      // Other workers may look further while this one copies.
-      next_offset_ += length;
-      lock.Release();
-
-      if (CountsAsAllocated(kind) && allocated_sectors_ > 0) {
-        allocated_done_ += length / kSectorSize;
-        progress_.Print(
-            static_cast<float>(100.0 * allocated_done_ / allocated_sectors_),
-            0);
-      }
-      if (kind == ChunkKind::kData) {
-        absl::Status st = co_await ReadChunk(offset, length, buffer.data());
-        if (!st.ok()) {
-          SetError(absl::Status(
-              st.code(), absl::StrCat("error while reading at byte ", offset,
-                                      ": ", RequestError(st))));
-        }
-      } else if (settings_.min_sparse_sectors == 0 &&
-                 kind == ChunkKind::kZero) {
-        // -S 0 writes zero ranges as data; ranges left to the target's
-        // backing file stay unallocated (qemu-img's convert_co_do_copy).
-        std::memset(buffer.data(), 0, length);
-        kind = ChunkKind::kData;
-      }
-      if (settings_.in_order) {
-        while (written_up_to_ != offset && error_.ok()) {
-          co_await WaitForTurn(index, offset);
-        }
-      }
-      if (error_.ok()) {
-        absl::Status st =
-            co_await WriteChunk(offset, length, buffer.data(), kind);
-        if (!st.ok()) {
-          SetError(absl::Status(
-              st.code(), absl::StrCat("error while writing at byte ", offset,
-                                      ": ", RequestError(st))));
-        }
-      }
-      if (settings_.in_order) FinishWrite(offset + length);
-    }
-  }
-
-  // Reads target range [offset, offset + length) from the sources it
-  // covers (qemu-img's convert_co_read): a compressed cluster may hold the
-  // tail of one source and the start of the next ones. Bytes past a
-  // source's size, up to its 512-byte rounding, read as zeroes.
-  io::Task<absl::Status> ReadChunk(uint64_t offset, uint64_t length,
-                                   uint8_t* buf) {
-    size_t index = 0;
-    while (length > 0) {
-      while (offset - sources_[index].start >= sources_[index].length) {
-        ++index;
-      }
-      const CopySource& source = sources_[index];
-      const uint64_t in_source = offset - source.start;
-      const uint64_t n = std::min(length, source.length - in_source);
-      const uint64_t size = source.node->size();
-      const uint64_t readable =
-          in_source < size ? std::min(n, size - in_source) : 0;
-      if (readable > 0) {
-        CO_RETURN_IF_ERROR(co_await source.node->Read(
-            in_source, io::IoVec(buf, readable)));
-      }
-      std::memset(buf + readable, 0, n - readable);
-      offset += n;
-      length -= n;
-      buf += n;
-    }
-    co_return absl::OkStatus();
-  }
-
-  std::vector<CopySource> sources_;
-  io::BlockNode& target_;
-  const CopySettings settings_;
-  Progress& progress_;
-  uint64_t total_ = 0;
-
-  io::Mutex mutex_;           // guards the chunk iteration below
-  uint64_t next_offset_ = 0;  // the first byte no worker has taken yet
-  uint64_t next_status_end_ = 0;
-  ChunkKind status_ = ChunkKind::kData;
-
-  uint64_t allocated_sectors_ = 0;
-  uint64_t allocated_done_ = 0;
-  uint64_t written_up_to_ = 0;  // in-order writes: all before are written
-  std::vector<Waiter> waiting_;
-  int running_ = 0;
-  io::Event done_;
-  absl::Status error_;
-};
 
 struct ConvertArgs {
   std::string source_format;
@@ -878,12 +449,18 @@ absl::Status CheckTargetFeatures(const ConvertArgs& a, size_t num_sources,
 // Copies the opened sources into the opened target.
 absl::Status Copy(const ConvertArgs& a, absl::Span<OpenedImage> sources,
                   OpenedImage& target, const std::string& target_name,
-                  Progress& progress) {
+                  block::Progress& progress) {
   uint64_t total = 0;
-  std::vector<CopySource> copy_sources;
+  // The target's backing file (-B) provides what the sources' backing
+  // chains did: only their top nodes count.
+  const block::SourceView view = a.backing_file.has_value()
+                                     ? block::SourceView::kTopOnly
+                                     : block::SourceView::kWholeChain;
+  std::vector<block::CopySource> copy_sources;
   for (OpenedImage& image : sources) {
     const uint64_t length = VirtualSize(image);
-    copy_sources.push_back(CopySource{image.node.get(), total, length});
+    copy_sources.push_back(
+        block::CopySource{image.node.get(), total, length, view, nullptr});
     total += length;
   }
   if (a.compress && target.qcow2 == nullptr) {
@@ -893,7 +470,7 @@ absl::Status Copy(const ConvertArgs& a, absl::Span<OpenedImage> sources,
   if (a.skip_create && VirtualSize(target) < total) {
     return absl::InvalidArgumentError("output file is smaller than input file");
   }
-  CopySettings settings;
+  block::CopySettings settings;
   settings.min_sparse_sectors = a.min_sparse / kSectorSize;
   // qemu-img aligns runs to the largest power of two <= -S (the request
   // alignment of a format node, 1 byte, is never larger).
@@ -905,10 +482,13 @@ absl::Status Copy(const ConvertArgs& a, absl::Span<OpenedImage> sources,
       a.target_is_zero ||
       (!a.skip_create && a.min_sparse != 0 && !a.backing_file.has_value() &&
        CreatedTargetIsZero(target_name));
-  settings.target_has_backing = a.backing_file.has_value();
+  // -S 0 writes zero ranges as data.
+  settings.zero_ranges_as_data = a.min_sparse == 0;
   settings.in_order = a.in_order;
   settings.copy_whole_chunks = a.copy_range;
   settings.num_workers = a.num_coroutines;
+  settings.rate_limit = a.rate_limit;
+  if (a.progress && !a.quiet) settings.progress = &progress;
   if (a.compress) {
     settings.compressed_target = target.qcow2;
     settings.compressed_cluster_size = target.qcow2->cluster_size();
@@ -920,16 +500,15 @@ absl::Status Copy(const ConvertArgs& a, absl::Span<OpenedImage> sources,
   }
 
   // Every image was opened on the target's engine.
-  Copier copier(std::move(copy_sources), *target.node, settings, progress);
-  return io::RunSync(*target.engine,
-                     copier.Run(/*count_first=*/a.progress && !a.quiet));
+  return io::RunSync(*target.engine, block::Copy(std::move(copy_sources),
+                                                 *target.node, settings));
 }
 
 // Everything after the option checks, in qemu-img's order: open the
 // sources, create and open the target, copy.
 absl::Status Convert(ConvertArgs a,
                      const std::vector<std::string>& source_names,
-                     const std::string& target_name, Progress& progress,
+                     const std::string& target_name, block::Progress& progress,
                      std::vector<OpenedImage>& images, Streams streams) {
   uint64_t total = 0;
   std::shared_ptr<io::Engine> engine;
@@ -1072,9 +651,6 @@ absl::Status RunConvert(const std::vector<std::string>& args, Streams streams) {
   if (a.salvage) {
     return absl::UnimplementedError("--salvage is not supported yet");
   }
-  if (a.rate_limit != 0) {
-    return absl::UnimplementedError("-r is not supported yet");
-  }
   if (!CacheMode(a.source_cache).has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Invalid source cache option: ", a.source_cache));
@@ -1083,7 +659,7 @@ absl::Status RunConvert(const std::vector<std::string>& args, Streams streams) {
                                               operands.end() - 1);
   const std::string& target_name = operands.back();
 
-  Progress progress(a.progress && !a.quiet, 1.0f, streams.out);
+  block::Progress progress(a.progress && !a.quiet, 1.0f, streams.out);
   progress.Print(0, 100);
   std::vector<OpenedImage> images;
   absl::Status status =

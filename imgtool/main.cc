@@ -50,7 +50,7 @@ constexpr char kHelp[] =
     "  compare [-f FMT] [-F FMT] [-T CACHE] [-p] [-q] [-s] [-U] FILE1 FILE2\n"
     "  convert [-f FMT] [-O FMT] [-B BACKING [-F FMT]] [-c] [-o OPTIONS] "
     "[-S SPARSE_SIZE]\n"
-    "        [-m N] [-W] [-n]"
+    "        [-r RATE_LIMIT] [-m N] [-W] [-n]"
     " [--target-is-zero] [-t CACHE] [-T SRC_CACHE] [-p] [-q] [-U] "
     "SRC... DST\n"
     "  create [-q] [-f FMT] [-b BACKING [-F BACKING_FMT]] [-u] [-o OPTIONS] "
