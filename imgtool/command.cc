@@ -19,7 +19,13 @@ constexpr char kExitCodePayload[] = "imgtool/exit_code";
 constexpr char kPrefixEachLinePayload[] = "imgtool/prefix_each_line";
 constexpr char kUsagePayload[] = "imgtool/usage";
 constexpr char kCorruptionEventPayload[] = "imgtool/corruption_event";
-constexpr char kPrefix[] = "imgtool: ";
+
+std::string& MutableProgramName() {
+  static std::string* name = new std::string("imgtool");
+  return *name;
+}
+
+std::string Prefix() { return absl::StrCat(ProgramName(), ": "); }
 
 // Where a qcow2 corruption event (Qcow2Node::SignalCorruption) starts in a
 // kDataLoss status's message; it runs to the end. npos if there is none.
@@ -35,6 +41,12 @@ size_t CorruptionEventStart(const absl::Status& status) {
 }
 
 }  // namespace
+
+void SetProgramName(absl::string_view name) {
+  MutableProgramName() = std::string(name);
+}
+
+const std::string& ProgramName() { return MutableProgramName(); }
 
 absl::Status WithExitCode(absl::Status status, int exit_code) {
   status.SetPayload(kExitCodePayload, absl::Cord(absl::StrCat(exit_code)));
@@ -87,20 +99,24 @@ std::string FormatError(const absl::Status& status) {
   }
   bool first = true;
   for (absl::string_view line : absl::StrSplit(message, '\n')) {
-    if (first || each_line) text += kPrefix;
+    if (first || each_line) text += Prefix();
     absl::StrAppend(&text, line, "\n");
     first = false;
   }
   if (auto usage = status.GetPayload(kUsagePayload); usage.has_value()) {
-    if (!usage->empty()) absl::StrAppend(&text, std::string(*usage), "\n");
-    text += "Try 'imgtool --help' for more information\n";
+    // Under a drop-in name (qemu-img, qemu-io), exactly that tool's text.
+    if (!usage->empty() && ProgramName() == "imgtool") {
+      absl::StrAppend(&text, std::string(*usage), "\n");
+    }
+    absl::StrAppend(&text, "Try '", ProgramName(),
+                    " --help' for more information\n");
   }
   return text;
 }
 
 void PrintWarnings(absl::string_view warnings, std::ostream& err) {
   for (absl::string_view line : absl::StrSplit(warnings, '\n')) {
-    if (!line.empty()) err << kPrefix << "warning: " << line << "\n";
+    if (!line.empty()) err << Prefix() << "warning: " << line << "\n";
   }
 }
 
@@ -112,7 +128,7 @@ absl::StatusOr<std::vector<std::string>> ParseOptions(
   // getopt wants a mutable argv whose element 0 is the program name.
   std::vector<std::string> words;
   words.reserve(args.size() + 1);
-  words.push_back("imgtool");
+  words.push_back(ProgramName());
   words.insert(words.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& w : words) argv.push_back(w.data());

@@ -29,7 +29,15 @@ struct Streams {
 absl::Status WithExitCode(absl::Status status, int exit_code);
 int ExitCodeOf(const absl::Status& status);  // 0 for ok, 1 by default
 
-// How main prints a failed status (FormatError): "imgtool: " + message.
+// The name messages give the program: "imgtool", or the tool it stands in
+// for when the binary runs under that name (main: "qemu-img", "qemu-io"),
+// so that "qemu-img: Could not open ..." reads as qemu-img's own. Set once by
+// main before any command runs; not thread-safe to change.
+void SetProgramName(absl::string_view name);
+const std::string& ProgramName();
+
+// How main prints a failed status (FormatError): ProgramName() + ": " +
+// message.
 // A message of several lines is printed the way qemu-img prints it: by
 // default only the first line gets the prefix (qemu-img's error + hint, e.g.
 // `Failed to get "write" lock` / `Is another process using the image [x]?`);
@@ -38,8 +46,9 @@ int ExitCodeOf(const absl::Status& status);  // 0 for ok, 1 by default
 absl::Status PrefixEachLine(absl::Status status);
 
 // A command-line usage error (unknown option, missing operand): main prints
-// "imgtool: <message>", then `usage` (one line, no prefix) and "Try 'imgtool
-// --help' for more information". Exit code 1. kInvalidArgument.
+// "imgtool: <message>", then `usage` (one line, no prefix; left out under a
+// drop-in name, as qemu-img prints none) and "Try 'imgtool --help' for more
+// information". Exit code 1. kInvalidArgument.
 absl::Status UsageError(absl::string_view message, absl::string_view usage);
 
 // The complete text main writes to stderr for `status` (not ok), ending

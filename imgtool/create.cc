@@ -242,7 +242,7 @@ absl::Status CreateQcow2Image(const std::string& filename,
     if (!backing_fmt.has_value()) {
       // qemu-img prints this hint without a final newline; the status
       // has no message left for main to print.
-      streams.err << "imgtool: " << filename
+      streams.err << ProgramName() << ": " << filename
                   << ": Backing file specified without backing format\n"
                      "Detected format of "
                   << info->format << ".";

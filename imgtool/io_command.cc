@@ -873,7 +873,7 @@ bool Session::Execute(const std::string& line) {
   } else if (def->needs_image && image_.node == nullptr) {
     err() << "no file open, try 'help open'\n";
   } else if (def->writes && image_.node->read_only()) {
-    err() << "imgtool: Block node is read-only\n";
+    err() << ProgramName() << ": Block node is read-only\n";
   } else {
     ok = (this->*(def->run))(*def, words);
   }
@@ -1137,7 +1137,7 @@ bool Session::CmdTruncate(const CommandDef& def,
           [&](int, const char* arg) {
             absl::StatusOr<io::PreallocMode> m = io::ParsePreallocMode(arg);
             if (!m.ok()) {
-              err() << "imgtool: " << m.status().message() << "\n";
+              err() << ProgramName() << ": " << m.status().message() << "\n";
               return false;
             }
             mode = *m;
@@ -1151,12 +1151,12 @@ bool Session::CmdTruncate(const CommandDef& def,
   uint64_t size = 0;
   if (!ParseNumber(operands[0], &size)) return false;
   if (driver_dropped_) {
-    err() << "imgtool: No medium inserted\n";
+    err() << ProgramName() << ": No medium inserted\n";
     return false;
   }
   absl::Status st = Wait(node().Truncate(size, mode));
   if (!st.ok()) {
-    err() << "imgtool: " << WithoutFilename(st, node().filename()) << "\n";
+    err() << ProgramName() << ": " << WithoutFilename(st, node().filename()) << "\n";
     return false;
   }
   return true;
@@ -1212,7 +1212,7 @@ bool Session::CmdInfo(const CommandDef&, std::vector<std::string>&) {
 
 bool Session::CmdMap(const CommandDef&, std::vector<std::string>&) {
   if (driver_dropped_) {
-    err() << "imgtool: Failed to query image length: " << std::strerror(ENOMEDIUM) << "\n";
+    err() << ProgramName() << ": Failed to query image length: " << std::strerror(ENOMEDIUM) << "\n";
     return false;
   }
   const uint64_t length = ImageLength();
@@ -1222,7 +1222,7 @@ bool Session::CmdMap(const CommandDef&, std::vector<std::string>&) {
         IsAllocated(offset, length - offset);
     if (!first.ok()) {
       const std::string why = FailureText(first.status());
-      err() << "imgtool: Failed to get allocation status: " << why << "\n";
+      err() << ProgramName() << ": Failed to get allocation status: " << why << "\n";
       return false;
     }
     const bool allocated = first->first;
@@ -1434,7 +1434,7 @@ absl::Status RunIo(const std::vector<std::string>& args, Streams streams) {
     // No -c: read the commands from standard input, with a prompt.
     std::string line;
     for (;;) {
-      streams.out << "imgtool> " << std::flush;
+      streams.out << ProgramName() << "> " << std::flush;
       if (!std::getline(std::cin, line)) break;
       if (!session.Execute(line)) break;
     }

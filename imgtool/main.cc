@@ -1,16 +1,25 @@
 // imgtool: a qemu-img look-alike. main only dispatches
 // `imgtool <command> args...` to the command's Run function (command.h) and
 // prints its error as "imgtool: <message>".
+//
+// Drop-in names: run under the name qemu-img (a link or copy called
+// qemu-img, `bazel run //imgtool:install`), the binary is qemu-img: the same
+// commands, "qemu-img: <message>" errors, and a --version whose first line
+// is "qemu-img version 7.2.0 (imgtool 0.2.0)", which the callers that parse
+// it accept (Cinder's `qemu-img version ([0-9.]*)`). Under the name qemu-io
+// it is `imgtool io` with qemu-io's name in messages and prompt.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_replace.h"
 #include "imgtool/command.h"
 
 namespace {
@@ -34,10 +43,12 @@ constexpr Command kCommands[] = {
     {"resize", imgtool::cli::RunResize},
 };
 
-constexpr char kVersion[] = "imgtool version 0.1.0\n";
+constexpr char kImgtoolVersion[] = "0.2.0";
+// The QEMU release whose behaviour imgtool reproduces.
+constexpr char kQemuVersion[] = "7.2.0";
 
+// After the version line; "imgtool" becomes the program's name.
 constexpr char kHelp[] =
-    "imgtool version 0.1.0 - disk image utility (a qemu-img look-alike)\n"
     "usage: imgtool [-h | --help | --version] COMMAND [COMMAND OPTIONS]\n"
     "\n"
     "Commands:\n"
@@ -69,9 +80,57 @@ constexpr char kHelp[] =
     "options.\n";
 
 int UsageFailure(const std::string& message) {
-  std::cerr << "imgtool: " << message << "\n"
-            << "Try 'imgtool --help' for more information\n";
+  const std::string& name = imgtool::cli::ProgramName();
+  std::cerr << name << ": " << message << "\n"
+            << "Try '" << name << " --help' for more information\n";
   return 1;
+}
+
+// The --version text: imgtool's own, or that of the tool it stands in for,
+// first line "<tool> version 7.2.0 (imgtool 0.2.0)".
+void PrintVersion() {
+  const std::string& name = imgtool::cli::ProgramName();
+  if (name == "imgtool") {
+    std::cout << "imgtool version " << kImgtoolVersion << "\n";
+  } else {
+    std::cout << name << " version " << kQemuVersion << " (imgtool "
+              << kImgtoolVersion << ")\n"
+              << "imgtool " << kImgtoolVersion << " works like QEMU "
+              << kQemuVersion << "'s " << name << "; it is not QEMU.\n";
+  }
+}
+
+// The --help text: the version line, then kHelp under the program's name
+// (so `qemu-img --help` lists the commands as "qemu-img convert ...").
+void PrintHelp() {
+  const std::string& name = imgtool::cli::ProgramName();
+  if (name == "imgtool") {
+    std::cout << "imgtool version " << kImgtoolVersion
+              << " - disk image utility (a qemu-img look-alike)\n"
+              << kHelp;
+    return;
+  }
+  std::cout << name << " version " << kQemuVersion << " (imgtool "
+            << kImgtoolVersion << ") - disk image utility\n"
+            << absl::StrReplaceAll(kHelp, {{"imgtool", name}});
+}
+
+// Runs a command and prints its error; the exit code.
+int RunCommand(imgtool::cli::CommandFn run,
+               const std::vector<std::string>& args) {
+  const absl::Status status = run(args, {std::cout, std::cerr});
+  std::cout.flush();
+  if (!status.ok() && !status.message().empty()) {
+    std::cerr << imgtool::cli::FormatError(status);
+  }
+  return imgtool::cli::ExitCodeOf(status);
+}
+
+// The name the binary was run under, without its directory.
+std::string_view BaseName(const char* argv0) {
+  std::string_view name = argv0 == nullptr ? "" : argv0;
+  const size_t slash = name.rfind('/');
+  return slash == std::string_view::npos ? name : name.substr(slash + 1);
 }
 
 }  // namespace
@@ -94,25 +153,36 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  const std::string_view invoked_as = BaseName(argv[0]);
+  if (invoked_as == "qemu-img" || invoked_as == "qemu-io") {
+    imgtool::cli::SetProgramName(std::string(invoked_as));
+  }
+  if (invoked_as == "qemu-io") {
+    if (argc == 2 && (std::strcmp(argv[1], "-V") == 0 ||
+                      std::strcmp(argv[1], "--version") == 0)) {
+      PrintVersion();
+      return 0;
+    }
+    return RunCommand(imgtool::cli::RunIo,
+                      std::vector<std::string>(argv + 1, argv + argc));
+  }
   if (argc < 2) return UsageFailure("Not enough arguments");
   const std::string command = argv[1];
   if (command == "-h" || command == "--help" || command == "help") {
-    std::cout << kHelp;
+    PrintHelp();
     return 0;
   }
   if (command == "-V" || command == "--version") {
-    std::cout << kVersion;
+    PrintVersion();
     return 0;
   }
   for (const Command& c : kCommands) {
     if (command != c.name) continue;
-    const std::vector<std::string> args(argv + 2, argv + argc);
-    const absl::Status status = c.run(args, {std::cout, std::cerr});
-    std::cout.flush();
-    if (!status.ok() && !status.message().empty()) {
-      std::cerr << imgtool::cli::FormatError(status);
-    }
-    return imgtool::cli::ExitCodeOf(status);
+    return RunCommand(c.run, std::vector<std::string>(argv + 2, argv + argc));
+  }
+  // qemu-img takes no options before the command but -h, -V and -T (trace).
+  if (command.size() > 1 && command[0] == '-') {
+    return UsageFailure("unrecognized option '" + command + "'");
   }
   return UsageFailure("Command not found: " + command);
 }

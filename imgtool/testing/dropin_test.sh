@@ -1,0 +1,107 @@
+#!/bin/bash
+# The drop-in names: imgtool installed as qemu-img and qemu-io (by
+# imgtool/install.sh, as `bazel run //imgtool:install` does) against the
+# real qemu-img and qemu-io 7.2: the same stderr and exit code for errors
+# that name the program, the same prompt, a --version first line that the
+# callers' regex accepts (Cinder: `qemu-img version ([0-9.]*)`), and the
+# --help text CloudStack greps (--target-is-zero). Run as imgtool, the
+# binary keeps its own name.
+# Usage: dropin_test.sh IMGTOOL INSTALL_SH
+set -u
+IMGTOOL=$(realpath "$1")
+INSTALL=$(realpath "$2")
+WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/dropin.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+failures=0
+checks=0
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+
+bash "$INSTALL" "$IMGTOOL" "$WORK/bin" >/dev/null || fail "install.sh failed"
+for name in imgtool qemu-img qemu-io; do
+  [[ -x $WORK/bin/$name ]] || fail "install.sh made no $WORK/bin/$name"
+done
+[[ $(readlink "$WORK/bin/qemu-img") == imgtool ]] ||
+  fail "qemu-img is not a link to imgtool"
+QEMU_IMG=$(command -v qemu-img)
+QEMU_IO=$(command -v qemu-io)
+
+# same TOOL STDIN ARGS...: the real TOOL and the installed one, run in
+# copies of one directory with STDIN as input, print the same stdout and
+# stderr and exit with the same code.
+same() {
+  local tool=$1 input=$2
+  shift 2
+  checks=$((checks + 1))
+  local real
+  if [[ $tool == qemu-img ]]; then real=$QEMU_IMG; else real=$QEMU_IO; fi
+  local d="$WORK/c$checks"
+  mkdir -p "$d/real" "$d/ours"
+  truncate -s 1M "$d/real/img.raw"
+  cp "$d/real/img.raw" "$d/ours/img.raw"
+  (cd "$d/real" && printf '%s' "$input" | "$real" "$@" >../real.out 2>../real.err)
+  local real_rc=$?
+  (cd "$d/ours" && printf '%s' "$input" | "$WORK/bin/$tool" "$@" >../ours.out 2>../ours.err)
+  local ours_rc=$?
+  [[ $real_rc == "$ours_rc" ]] ||
+    fail "$tool $*: exit $ours_rc, $tool 7.2 exits $real_rc"
+  # qemu-io's timing lines vary from run to run.
+  local f
+  for f in real.out ours.out; do
+    sed -i -E '/^[0-9.]+ (bytes|KiB|MiB), [0-9]+ ops; /d' "$d/$f"
+  done
+  for f in out err; do
+    if ! cmp -s "$d/real.$f" "$d/ours.$f"; then
+      fail "$tool $*: std$f differs (< real $tool, > imgtool)"
+      diff "$d/real.$f" "$d/ours.$f" | head -10
+    fi
+  done
+}
+
+same qemu-img '' info missing.qcow2
+same qemu-img '' -f qcow2 info img.raw
+same qemu-img ''
+same qemu-img '' frobnicate img.raw
+same qemu-img '' info --frobnicate img.raw
+same qemu-img '' check -f raw img.raw
+same qemu-img '' create -f qcow2 new.qcow2 1P1
+same qemu-img '' info -f qcow2 img.raw
+same qemu-io '' -c 'read 0 512' missing.raw
+same qemu-io '' -f raw -c 'read 2M 512' img.raw
+same qemu-io $'write -P 1 0 512\nread -P 2 0 512\nquit\n' -f raw img.raw
+same qemu-io '' -f raw -c frobnicate img.raw
+
+# --version: the first line callers parse.
+checks=$((checks + 1))
+first=$("$WORK/bin/qemu-img" --version | head -1)
+[[ $first == 'qemu-img version 7.2.0 (imgtool 0.2.0)' ]] ||
+  fail "qemu-img --version first line: '$first'"
+[[ $first =~ ^qemu-img\ version\ ([0-9.]*) && ${BASH_REMATCH[1]} == 7.2.0 ]] ||
+  fail "Cinder's regex does not find 7.2.0 in '$first'"
+first=$("$WORK/bin/qemu-io" --version | head -1)
+[[ $first == 'qemu-io version 7.2.0 (imgtool 0.2.0)' ]] ||
+  fail "qemu-io --version first line: '$first'"
+first=$("$WORK/bin/imgtool" --version | head -1)
+[[ $first == 'imgtool version 0.2.0' ]] ||
+  fail "imgtool --version first line: '$first'"
+
+# --help: under qemu-img's name, with the options callers look for.
+checks=$((checks + 1))
+help=$("$WORK/bin/qemu-img" --help)
+grep -q -- '--target-is-zero' <<<"$help" || fail "qemu-img --help lacks --target-is-zero"
+grep -q '^  convert ' <<<"$help" || fail "qemu-img --help lacks convert"
+grep -q 'imgtool' <<<"$(sed 1d <<<"$help")" &&
+  fail "qemu-img --help names imgtool past its first line"
+grep -q "^usage: qemu-img " <<<"$help" || fail "qemu-img --help: no 'usage: qemu-img' line"
+
+# Run as imgtool (also through a link of another name), it stays imgtool.
+checks=$((checks + 1))
+ln -s imgtool "$WORK/bin/other-name"
+err=$(cd "$WORK" && "$WORK/bin/other-name" info missing.qcow2 2>&1 >/dev/null)
+[[ $err == "imgtool: Could not open 'missing.qcow2': Could not open 'missing.qcow2': No such file or directory" ]] ||
+  fail "other-name info missing.qcow2: '$err'"
+
+echo "$checks checks, $failures failures"
+[[ $failures == 0 ]]
