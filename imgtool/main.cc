@@ -40,6 +40,7 @@ constexpr Command kCommands[] = {
     {"info", imgtool::cli::RunInfo},
     {"io", imgtool::cli::RunIo},
     {"map", imgtool::cli::RunMap},
+    {"rebase", imgtool::cli::RunRebase},
     {"resize", imgtool::cli::RunResize},
 };
 
@@ -70,6 +71,9 @@ constexpr char kHelp[] =
     "  io [-f FMT] [-r] [-n] [-t CACHE] [-U] -c CMD [-c CMD]... FILE\n"
     "  map [-f FMT] [--output=human|json] [--start-offset=OFFSET] "
     "[--max-length=LENGTH] [-U] FILE\n"
+    "  rebase [-q] [-f FMT] [-t CACHE] [-T SRC_CACHE] [-p] [-u] [-U] "
+    "-b BACKING\n"
+    "        [-F BACKING_FMT] FILE\n"
     "  resize [-q] [-f FMT] [--preallocation=MODE] [--shrink] FILE "
     "[+|-]SIZE\n"
     "\n"

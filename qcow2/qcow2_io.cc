@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/numeric/bits.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "io/aligned_buffer.h"
@@ -1755,6 +1756,21 @@ io::Task<bool> Qcow2Node::DetectMetadataPreallocation() {
 
 io::Task<absl::StatusOr<io::BlockStatus>> Qcow2Node::DoGetBlockStatus(
     uint64_t offset, uint64_t max_length) {
+  co_return co_await LayerStatus(offset, max_length, /*want_zero=*/true);
+}
+
+io::Task<absl::StatusOr<io::BlockStatus>> Qcow2Node::GetAllocationStatus(
+    uint64_t offset, uint64_t max_length) {
+  if (offset >= size()) {
+    co_return absl::OutOfRangeError(absl::StrCat(
+        filename(), ": block status at ", offset, " is past the end"));
+  }
+  co_return co_await LayerStatus(offset, std::min(max_length, size() - offset),
+                                 /*want_zero=*/false);
+}
+
+io::Task<absl::StatusOr<io::BlockStatus>> Qcow2Node::LayerStatus(
+    uint64_t offset, uint64_t max_length, bool want_zero) {
   auto lock = co_await io::ScopedLock::Take(meta_lock_);
   CO_RETURN_IF_ERROR(CheckUsable());
   CO_ASSIGN_OR_RETURN(Mapping m, co_await GetMapping(offset, max_length));
@@ -1790,7 +1806,7 @@ io::Task<absl::StatusOr<io::BlockStatus>> Qcow2Node::DoGetBlockStatus(
       s.offset_valid = true;
       s.host_offset = m.host_offset;
       s.file = file_.get();
-      if (*metadata_preallocation_) {
+      if (want_zero && *metadata_preallocation_) {
         // Preallocated clusters the file has no data for read as zeroes.
         if (m.host_offset >= file_->size()) {
           s.zero = true;

@@ -424,6 +424,50 @@ io::Task<absl::Status> Qcow2Node::WriteHeader() {
   co_return co_await SyncFile();
 }
 
+io::Task<absl::Status> Qcow2Node::ChangeBackingFile(
+    std::optional<std::string> backing_file,
+    std::optional<std::string> backing_format) {
+  if (read_only()) {
+    co_return absl::FailedPreconditionError(
+        absl::StrCat(filename(), ": the image is read-only"));
+  }
+  // QEMU's qcow2_change_backing_file checks, in its order.
+  if (backing_file.has_value() && header_.data_file_raw()) {
+    co_return absl::InvalidArgumentError(absl::StrCat(
+        filename(), ": an image with a raw external data file cannot have a "
+                    "backing file"));
+  }
+  if (backing_file.has_value() &&
+      backing_file->size() > format::kMaxBackingFileNameLength) {
+    co_return absl::InvalidArgumentError(
+        absl::StrCat(filename(), ": backing file name too long"));
+  }
+  auto lock = co_await io::ScopedLock::Take(meta_lock_);
+  CO_RETURN_IF_ERROR(CheckUsable());
+  format::Header next = header_;
+  next.backing_file = std::move(backing_file);
+  next.backing_format = std::move(backing_format);
+  if (format::EncodeHeader(next).size() > cluster_size_) {
+    co_return absl::ResourceExhaustedError(absl::StrCat(
+        filename(), ": No space left in the file header"));
+  }
+  // The data and metadata the new backing file relies on (safe rebase
+  // copies what differs first) are durable before the header names it.
+  CO_RETURN_IF_ERROR(co_await FlushAll());
+  next.incompatible_features = header_.incompatible_features;
+  std::swap(header_, next);
+  absl::Status st = co_await WriteHeader();
+  if (!st.ok()) {
+    std::swap(header_, next);  // the old header is what the image holds
+    co_return st;
+  }
+  full_backing_filename_ =
+      header_.backing_file.has_value()
+          ? ResolveBackingName(file_->filename(), *header_.backing_file)
+          : std::string();
+  co_return absl::OkStatus();
+}
+
 io::Task<absl::Status> Qcow2Node::WriteL1Entry(uint64_t index) {
   // One 512-byte sector of the table, as QEMU writes it.
   constexpr uint64_t kPerSector = 512 / 8;

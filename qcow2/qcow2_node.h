@@ -160,6 +160,41 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // not marked corrupt for it), and read errors of the file.
   io::Task<absl::StatusOr<uint64_t>> RefcountedEnd();
 
+  // Sets (`backing_file` given) or clears the backing file name and the
+  // backing format extension (`backing_format`; nullopt drops it) in the
+  // header, as QEMU 7.2's qcow2_change_backing_file does (qemu-img rebase,
+  // both modes): cluster 0 is encoded again (format::EncodeHeader: header,
+  // backing format, feature table, other extensions, end marker, then the
+  // name right after it) and written in one write of the whole cluster,
+  // after everything written before through this node is flushed (data,
+  // L2 tables, refcounts), and synced. A crash leaves the old header or the
+  // new one. The backing node opened with the image stays in use until
+  // Close (reopen the image to read through the new backing file).
+  // Errors, with nothing written:
+  //  * kFailedPrecondition: the node is read-only.
+  //  * kInvalidArgument (QEMU: EINVAL): a backing file on an image whose
+  //    data file is raw (data_file_raw), a name longer than 1023 bytes.
+  //  * kResourceExhausted (QEMU: ENOSPC, qemu-img "No space left in the
+  //    file header"): the header, the extensions and the name do not fit in
+  //    the first cluster; QEMU never moves data out of cluster 0 to make
+  //    room, so neither does this (with 512-byte clusters a v3 header with a
+  //    backing format leaves 376 bytes for the name).
+  //  * the flush's and the write's errors (the header on disk is then the
+  //    old one or, if the write reached the disk, the new one).
+  io::Task<absl::Status> ChangeBackingFile(
+      std::optional<std::string> backing_file,
+      std::optional<std::string> backing_format);
+
+  // Block status of this layer as QEMU's bdrv_is_allocated asks for it
+  // (want_zero false): what GetBlockStatus answers, except that a data
+  // range of an image with preallocated metadata is not cut where its
+  // host clusters are holes in the file (QEMU's BDRV_BLOCK_RECURSE is
+  // followed only when zeroes are wanted), so the length is the run of
+  // clusters of one kind at contiguous host offsets. `offset` < size().
+  // Errors: those of GetBlockStatus.
+  io::Task<absl::StatusOr<io::BlockStatus>> GetAllocationStatus(
+      uint64_t offset, uint64_t max_length);
+
   // The header as it is now (dirty and corrupt bits included).
   const format::Header& header() const { return header_; }
   uint64_t cluster_size() const { return cluster_size_; }
@@ -189,6 +224,11 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
                                     io::PreallocMode prealloc) override;
   io::Task<absl::StatusOr<io::BlockStatus>> DoGetBlockStatus(
       uint64_t offset, uint64_t max_length) override;
+  // DoGetBlockStatus; `want_zero` false skips the look at the file of
+  // GetAllocationStatus.
+  io::Task<absl::StatusOr<io::BlockStatus>> LayerStatus(uint64_t offset,
+                                                        uint64_t max_length,
+                                                        bool want_zero);
 
  private:
   // The state of a run of guest clusters in this image (QEMU's cluster

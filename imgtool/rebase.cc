@@ -1,0 +1,620 @@
+// imgtool rebase [-f FMT] [-t CACHE] [-T SRC_CACHE] [-p] [-u] [-U] [-q]
+// -b BACKING [-F BACKING_FMT] FILE (and --image-opts): qemu-img 7.2's
+// rebase. Changes the backing file FILE's header names (qcow2 only:
+// qcow2::Qcow2Node::ChangeBackingFile, one write of the header cluster
+// after everything before it is durable).
+//
+// Unsafe mode (-u) only rewrites the header: FILE is opened without its
+// backing file and the new one is never opened, so neither needs to exist.
+// Safe mode first makes FILE's contents independent of the change: FILE is
+// opened with its backing chain (the old chain), the new backing file
+// (resolved against FILE's directory) is opened read-only, and every range
+// FILE's own layer does not allocate and where the two chains read
+// differently is copied from the old chain into FILE, in runs of differing
+// 512-byte sectors as qemu-img writes them (zeroes past the end of the old
+// chain are written as zeroes). `-b ""` compares against nothing, so it
+// copies everything the old chain provides (flatten). Ranges that both
+// chains report as zeroes are never read. The walk is qemu-img's, step for
+// step (2 MiB steps cut at FILE's allocation changes and at the ends of
+// the backing files), so that -p prints the same progress lines and FILE's
+// clusters are allocated in the same order: the resulting files are
+// byte-identical to qemu-img's.
+//
+// A crash during the copy leaves FILE readable with the old backing file
+// and the same guest view (the copied data equals what the old chain
+// showed there); the header names the new backing file only after that
+// data is durable.
+//
+// Errors are qemu-img's, exit code 1: "Could not open new backing file
+// 'B': ...", "Could not change the backing file to 'B': ..." (raw FILE:
+// "Operation not supported"; a name that does not fit in the first
+// cluster: "No space left in the file header"), and the copy's "error
+// while reading from old backing file" / "Error while writing to COW
+// image: ...". Rebasing an image onto an image whose chain holds it fails
+// on its lock, as in qemu-img, before anything is written.
+#include <getopt.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "base/align.h"
+#include "base/errno_status.h"
+#include "base/status_macros.h"
+#include "block/registry.h"
+#include "imgtool/command.h"
+#include "imgtool/image.h"
+#include "imgtool/progress.h"
+#include "io/aligned_buffer.h"
+#include "io/block_node.h"
+#include "io/chain_status.h"
+#include "io/engine.h"
+#include "io/task.h"
+#include "qcow2/qcow2_node.h"
+
+namespace imgtool::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "Usage: imgtool rebase [-f FMT] [-t CACHE] [-T SRC_CACHE] [-p] [-u] [-U] "
+    "[-q] -b BACKING [-F BACKING_FMT] FILE";
+
+constexpr char kHelp[] =
+    "Usage: imgtool rebase [--image-opts] [-U] [-q] [-f FMT] [-t CACHE] "
+    "[-T SRC_CACHE] [-p] [-u]\n"
+    "        -b BACKING [-F BACKING_FMT] FILE\n"
+    "Changes the backing file of the qcow2 image FILE to BACKING.\n"
+    "Safe mode (default) first copies into FILE whatever reads differently "
+    "through\nthe new backing file, so the guest sees the same data; "
+    "-b \"\" removes the\nbacking file after copying everything it provided "
+    "into FILE.\n"
+    "  -f FMT            format of FILE (raw, file, qcow2); probed if absent\n"
+    "  --image-opts      FILE is an option string (driver=qcow2,...)\n"
+    "  -b BACKING        the new backing file (relative names are relative "
+    "to FILE's\n"
+    "                    directory); \"\" for none\n"
+    "  -F BACKING_FMT    format of the new backing file (needed with -b)\n"
+    "  -u                unsafe mode: only change the name in the header; "
+    "the backing\n"
+    "                    files are not opened and need not exist\n"
+    "  -t CACHE          cache mode of FILE (default writeback)\n"
+    "  -T SRC_CACHE      cache mode of the backing files (default "
+    "writeback)\n"
+    "  -p                show progress\n"
+    "  -q                quiet\n"
+    "  -U, --force-share open the new backing file without taking its "
+    "locks\n";
+
+// qemu-img's IO_BUF_SIZE: the largest range one step of the walk compares.
+constexpr uint64_t kStepSize = 2 << 20;
+constexpr uint64_t kSectorSize = 512;
+
+enum LongOption {
+  kObject = 256,
+  kImageOpts,
+};
+
+const struct option kLongOptions[] = {
+    {"help", no_argument, nullptr, 'h'},
+    {"object", required_argument, nullptr, kObject},
+    {"image-opts", no_argument, nullptr, kImageOpts},
+    {"force-share", no_argument, nullptr, 'U'},
+    {nullptr, 0, nullptr, 0},
+};
+
+// Cache modes QEMU accepts ("off" is "none"); the name for posix_file, or
+// nullopt.
+std::optional<std::string> CacheMode(const std::string& name) {
+  if (name == "off") return std::string("none");
+  if (name == "none" || name == "writeback" || name == "writethrough" ||
+      name == "directsync" || name == "unsafe") {
+    return name;
+  }
+  return std::nullopt;
+}
+
+struct RebaseArgs {
+  std::string format;
+  std::optional<std::string> backing;         // -b
+  std::optional<std::string> backing_format;  // -F
+  std::string cache = "writeback";
+  std::string source_cache = "writeback";
+  bool unsafe = false;
+  bool progress = false;
+  bool quiet = false;
+  bool force_share = false;
+  bool image_opts = false;
+};
+
+// The length QEMU gives a node (bdrv_getlength: whole sectors): a qcow2
+// node's virtual size rounded down to 512 bytes, a raw file's length
+// rounded up (the bytes past its end read as zeroes).
+uint64_t NodeLength(const io::BlockNode& node) {
+  if (dynamic_cast<const qcow2::Qcow2Node*>(&node) != nullptr) {
+    return node.size() / kSectorSize * kSectorSize;
+  }
+  return AlignUp(node.size(), kSectorSize);
+}
+
+// Whether `name` has a protocol prefix as QEMU's path_has_protocol sees it
+// ("json:{...}", "nbd:..."): a ':' before any '/'.
+bool HasProtocol(const std::string& name) {
+  const size_t colon = name.find(':');
+  if (colon == std::string::npos) return false;
+  const size_t slash = name.find('/');
+  return slash == std::string::npos || colon < slash;
+}
+
+std::optional<std::string> RealPath(const std::string& path) {
+  char* resolved = realpath(path.c_str(), nullptr);
+  if (resolved == nullptr) return std::nullopt;
+  std::string out(resolved);
+  free(resolved);
+  return out;
+}
+
+// QEMU's bdrv_find_backing_image(FILE, name): the node of FILE's backing
+// chain (below FILE) that `name` designates, compared level by level as
+// QEMU does: a relative `name` is resolved against the image naming each
+// level's backing file and both sides are canonicalized (realpath; a
+// level where either does not exist is skipped), protocol names are
+// compared as strings. Null if none.
+io::BlockNode* FindInChain(io::BlockNode& top, const std::string& name) {
+  for (io::BlockNode* curr = &top; curr->backing() != nullptr;
+       curr = curr->backing()) {
+    auto* qcow2 = dynamic_cast<qcow2::Qcow2Node*>(curr);
+    if (qcow2 == nullptr) break;
+    io::BlockNode* below = curr->backing();
+    if (HasProtocol(name) || HasProtocol(qcow2->backing_filename())) {
+      if (name == qcow2->backing_filename() ||
+          name == qcow2->full_backing_filename()) {
+        return below;
+      }
+      continue;
+    }
+    const std::optional<std::string> wanted =
+        RealPath(ResolveBackingFilename(curr->filename(), name));
+    if (!wanted.has_value()) continue;
+    const std::optional<std::string> actual =
+        RealPath(qcow2->full_backing_filename());
+    if (!actual.has_value()) continue;
+    if (*wanted == *actual) return below;
+  }
+  return nullptr;
+}
+
+// QEMU's bdrv_is_allocated on one node's own layer: whether
+// [offset, offset + *bytes) starts with a range the node allocates (data
+// or zeroes), and in *bytes how long the answer holds.
+io::Task<absl::StatusOr<bool>> IsAllocated(io::BlockNode& node,
+                                           uint64_t offset, uint64_t* bytes) {
+  if (offset >= node.size()) {
+    // Past the end: no answer of any length (QEMU's BDRV_BLOCK_EOF).
+    *bytes = 0;
+    co_return false;
+  }
+  const uint64_t n = std::min(*bytes, node.size() - offset);
+  // Not the file's holes under preallocated metadata (want_zero false).
+  auto* qcow2 = dynamic_cast<qcow2::Qcow2Node*>(&node);
+  CO_ASSIGN_OR_RETURN(io::BlockStatus s,
+                      qcow2 != nullptr
+                          ? co_await qcow2->GetAllocationStatus(offset, n)
+                          : co_await node.GetBlockStatus(offset, n));
+  *bytes = s.length;
+  co_return s.data || s.zero;
+}
+
+// QEMU's bdrv_is_allocated_above(top, base, include_base=false): whether
+// a node from `top` down to `base` (excluded) allocates the start of the
+// range, in *bytes how long; QEMU's answer for an allocated range is the
+// length the allocating node reports, whatever the nodes above said.
+io::Task<absl::StatusOr<bool>> IsAllocatedAbove(io::BlockNode* top,
+                                                io::BlockNode* base,
+                                                uint64_t offset,
+                                                uint64_t* bytes) {
+  uint64_t n = *bytes;
+  for (io::BlockNode* node = top; node != nullptr && node != base;
+       node = node->backing()) {
+    uint64_t inter = *bytes;
+    CO_ASSIGN_OR_RETURN(bool allocated,
+                        co_await IsAllocated(*node, offset, &inter));
+    if (allocated) {
+      *bytes = inter;
+      co_return true;
+    }
+    const uint64_t size = NodeLength(*node);
+    if (n > inter && (node == top || offset + inter < size)) n = inter;
+  }
+  *bytes = n;
+  co_return false;
+}
+
+// Reads [offset, offset + length) of `chain` into `buf`, leaving out what
+// the chain reports as zeroes (those bytes are set to 0 without reading).
+// Returns whether the whole range reads as zeroes so.
+io::Task<absl::StatusOr<bool>> ReadSkippingZeroes(io::BlockNode& chain,
+                                                  uint64_t offset,
+                                                  uint64_t length,
+                                                  uint8_t* buf) {
+  bool all_zero = true;
+  uint64_t done = 0;
+  while (done < length) {
+    const uint64_t at = offset + done;
+    uint64_t n = length - done;
+    bool zero = true;
+    if (at < chain.size()) {
+      CO_ASSIGN_OR_RETURN(io::ChainStatus cs,
+                          co_await io::GetChainStatus(
+                              chain, at, std::min(n, chain.size() - at)));
+      n = std::min(n, cs.status.length);
+      zero = cs.status.zero || !cs.present;
+    }
+    if (zero) {
+      std::memset(buf + done, 0, n);
+    } else {
+      all_zero = false;
+      CO_RETURN_IF_ERROR(co_await chain.Read(at, io::IoVec(buf + done, n)));
+    }
+    done += n;
+  }
+  co_return all_zero;
+}
+
+// qemu-img's compare_buffers: whether the first 512-byte sector of the two
+// buffers differs, and in *run how many bytes from the start share that
+// answer (whole sectors, the last one possibly shorter).
+bool CompareSectors(const uint8_t* a, const uint8_t* b, uint64_t length,
+                    uint64_t* run) {
+  uint64_t i = std::min(length, kSectorSize);
+  const bool differs = std::memcmp(a, b, i) != 0;
+  while (i < length) {
+    const uint64_t n = std::min(length - i, kSectorSize);
+    if ((std::memcmp(a + i, b + i, n) != 0) != differs) break;
+    i += n;
+  }
+  *run = i;
+  return differs;
+}
+
+std::string ErrnoText(const absl::Status& status) {
+  if (const int e = StatusErrno(status); e != 0) return std::strerror(e);
+  return std::string(status.message());
+}
+
+// The copy of safe mode (qemu-img's loop over FILE): walks FILE in steps
+// of at most 2 MiB; a step FILE's layer allocates, or (new backing file in
+// FILE's chain) that no node between FILE's backing file and the new one
+// allocates, is skipped; otherwise the old chain's and the new one's bytes
+// are compared and each run of differing sectors is written into FILE.
+// The steps, their lengths and the writes are qemu-img's, so that progress
+// and the resulting file match; what differs is that ranges both chains
+// report as zeroes are not read.
+class SafeRebase {
+ public:
+  // `old_backing` and `new_backing` may be null (no old backing file;
+  // flatten). `prefix`: the new backing file is this node of FILE's chain.
+  SafeRebase(io::BlockNode& file, io::BlockNode* old_backing,
+             io::BlockNode* new_backing, bool new_in_chain, Progress& progress)
+      : file_(file),
+        old_(old_backing),
+        new_(new_backing),
+        new_in_chain_(new_in_chain),
+        progress_(progress) {}
+
+  io::Task<absl::Status> Run() {
+    const uint64_t size = NodeLength(file_);
+    const uint64_t old_size = old_ != nullptr ? NodeLength(*old_) : 0;
+    const uint64_t new_size = new_ != nullptr ? NodeLength(*new_) : 0;
+    float step_progress = 0;
+    if (size != 0) {
+      step_progress =
+          100.0f / static_cast<float>(size / std::min(size, kStepSize));
+    }
+    io::AlignedBuffer old_buf(kStepSize);
+    io::AlignedBuffer new_buf(kStepSize);
+    uint64_t n = 0;
+    for (uint64_t offset = 0; offset < size; offset += n) {
+      n = std::min(kStepSize, size - offset);
+      absl::StatusOr<bool> allocated = co_await IsAllocated(file_, offset, &n);
+      if (!allocated.ok()) co_return MetadataError(allocated.status());
+      if (*allocated) continue;
+      if (new_in_chain_) {
+        allocated = co_await IsAllocatedAbove(file_.backing(), new_, offset, &n);
+        if (!allocated.ok()) co_return MetadataError(allocated.status());
+        if (!*allocated) continue;
+      }
+      bool old_is_zero = false;  // past the old chain's end
+      bool old_reads_zero = true;
+      if (offset >= old_size) {
+        old_is_zero = true;
+      } else {
+        n = std::min(n, old_size - offset);
+      }
+      bool new_reads_zero = true;
+      if (new_ != nullptr && offset < new_size) {
+        n = std::min(n, new_size - offset);
+      }
+      if (!old_is_zero) {
+        absl::StatusOr<bool> zero =
+            co_await ReadSkippingZeroes(*old_, offset, n, old_buf.data());
+        if (!zero.ok()) {
+          co_return absl::Status(zero.status().code(),
+                                 "error while reading from old backing file");
+        }
+        old_reads_zero = *zero;
+      }
+      if (new_ != nullptr && offset < new_size) {
+        absl::StatusOr<bool> zero =
+            co_await ReadSkippingZeroes(*new_, offset, n, new_buf.data());
+        if (!zero.ok()) {
+          co_return absl::Status(zero.status().code(),
+                                 "error while reading from new backing file");
+        }
+        new_reads_zero = *zero;
+      }
+      if (!(old_reads_zero && new_reads_zero)) {
+        if (old_reads_zero) std::memset(old_buf.data(), 0, n);
+        if (new_reads_zero) std::memset(new_buf.data(), 0, n);
+        CO_RETURN_IF_ERROR(co_await WriteDifferences(
+            offset, n, old_buf.data(), new_buf.data(), old_is_zero));
+      }
+      progress_.Print(step_progress, 100);
+    }
+    co_return absl::OkStatus();
+  }
+
+ private:
+  static absl::Status MetadataError(const absl::Status& st) {
+    return absl::Status(st.code(),
+                        absl::StrCat("error while reading image metadata: ",
+                                     ErrnoText(st)));
+  }
+
+  io::Task<absl::Status> WriteDifferences(uint64_t offset, uint64_t length,
+                                          const uint8_t* old_data,
+                                          const uint8_t* new_data,
+                                          bool old_is_zero) {
+    uint64_t done = 0;
+    while (done < length) {
+      uint64_t run = 0;
+      if (CompareSectors(old_data + done, new_data + done, length - done,
+                         &run)) {
+        absl::Status st =
+            old_is_zero
+                ? co_await file_.WriteZeroes(offset + done, run,
+                                             io::WriteZeroesFlags{})
+                : co_await file_.Write(offset + done,
+                                       io::ConstIoVec(old_data + done, run));
+        if (!st.ok()) {
+          co_return absl::Status(
+              st.code(),
+              absl::StrCat("Error while writing to COW image: ", ErrnoText(st)));
+        }
+      }
+      done += run;
+    }
+    co_return absl::OkStatus();
+  }
+
+  io::BlockNode& file_;
+  io::BlockNode* old_;
+  io::BlockNode* new_;
+  bool new_in_chain_;
+  Progress& progress_;
+};
+
+// Everything after the option checks, in qemu-img's order; `images` holds
+// what was opened (FILE first), closed by the caller.
+absl::Status Rebase(const RebaseArgs& a, const std::string& filename,
+                    Progress& progress, std::vector<OpenedImage>& images,
+                    Streams streams) {
+  const std::optional<std::string> cache = CacheMode(a.cache);
+  if (!cache.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Invalid cache option: ", a.cache));
+  }
+  const std::optional<std::string> source_cache = CacheMode(a.source_cache);
+  if (!source_cache.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Invalid source cache option: ", a.source_cache));
+  }
+
+  // The old backing file is not opened in unsafe mode: -u also repairs
+  // the name of a backing file that moved.
+  ImageSpec spec;
+  spec.filename = filename;
+  spec.format = a.format;
+  spec.image_opts = a.image_opts;
+  spec.cache = *cache;
+  spec.read_only = false;
+  spec.no_backing = a.unsafe;
+  ASSIGN_OR_RETURN(OpenedImage image, OpenImage(spec, streams.err));
+  images.reserve(2);  // `file` below stays valid
+  images.push_back(std::move(image));
+  OpenedImage& file = images.front();
+
+  if (a.backing_format.has_value() &&
+      CheckFormat(*a.backing_format, /*for_create=*/false).code() ==
+          absl::StatusCode::kInvalidArgument) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Invalid format name: '", *a.backing_format, "'"));
+  }
+
+  if (!a.unsafe) {
+    io::BlockNode* old_backing = file.node->backing();
+    io::BlockNode* new_backing = nullptr;
+    bool new_in_chain = false;
+    if (!a.backing->empty()) {
+      const std::string& name = *a.backing;
+      if (IsRelativeFilename(name) &&
+          absl::StartsWith(file.display_name, "json:")) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Could not resolve backing filename: Cannot use relative backing "
+            "file names for '",
+            file.display_name, "'"));
+      }
+      const std::string path = ResolveBackingFilename(file.display_name, name);
+      new_backing = FindInChain(*file.node, path);
+      if (new_backing != nullptr) {
+        new_in_chain = true;
+      } else {
+        ImageSpec b;
+        b.filename = path;
+        b.format = a.backing_format.value_or("");
+        b.cache = *source_cache;
+        b.read_only = true;
+        b.force_share = a.force_share;
+        absl::StatusOr<OpenedImage> opened =
+            OpenImage(b, streams.err, file.engine);
+        if (!opened.ok()) {
+          // blk_new_open's error, without img_open's "Could not open
+          // '<file>': " that OpenImage puts before it.
+          absl::string_view cause = opened.status().message();
+          absl::ConsumePrefix(&cause,
+                              absl::StrCat("Could not open '", path, "': "));
+          return absl::Status(
+              opened.status().code(),
+              absl::StrCat("Could not open new backing file '", name, "': ",
+                           cause));
+        }
+        images.push_back(*std::move(opened));
+        new_backing = images.back().node.get();
+      }
+    }
+    SafeRebase copy(*file.node, old_backing, new_backing, new_in_chain,
+                    progress);
+    RETURN_IF_ERROR(io::RunSync(*file.engine, copy.Run()));
+  }
+
+  // Every range that reads differently through the new backing file is in
+  // FILE now (and durable before the header names it: ChangeBackingFile
+  // flushes first).
+  std::optional<std::string> name;
+  std::optional<std::string> format;
+  if (a.backing.has_value() && !a.backing->empty()) {
+    name = a.backing;
+    format = a.backing_format;
+  }
+  // The name as qemu-img prints it: "(null)" for -u without -b.
+  const std::string shown = a.backing.has_value() ? *a.backing : "(null)";
+  absl::Status changed;
+  if (name.has_value() && !format.has_value()) {
+    changed = absl::InvalidArgumentError(
+        absl::StrCat("Could not change the backing file to '", shown,
+                     "': backing format must be specified"));
+  } else if (file.qcow2 == nullptr) {
+    changed = absl::UnimplementedError(
+        absl::StrCat("Could not change the backing file to '", shown,
+                     "': ", std::strerror(ENOTSUP)));
+  } else {
+    changed = io::RunSync(*file.engine,
+                          file.qcow2->ChangeBackingFile(name, format));
+    if (absl::IsResourceExhausted(changed)) {
+      changed = absl::Status(
+          changed.code(),
+          absl::StrCat("Could not change the backing file to '", shown,
+                       "': No space left in the file header"));
+    } else if (absl::IsInvalidArgument(changed)) {
+      changed = absl::Status(
+          changed.code(), absl::StrCat("Could not change the backing file to '",
+                                       shown, "': ", std::strerror(EINVAL)));
+    } else if (!changed.ok()) {
+      changed = absl::Status(
+          changed.code(), absl::StrCat("Could not change the backing file to '",
+                                       shown, "': ", ErrnoText(changed)));
+    }
+  }
+  // qemu-img prints 100% whether or not the header could be changed.
+  progress.Print(100, 0);
+  return changed;
+}
+
+}  // namespace
+
+absl::Status RunRebase(const std::vector<std::string>& args, Streams streams) {
+  RebaseArgs a;
+  bool help = false;
+  ASSIGN_OR_RETURN(
+      std::vector<std::string> operands,
+      ParseOptions(args, "hf:F:b:upt:T:qU", kLongOptions, kUsage,
+                   [&](int c, const std::string& arg) -> absl::Status {
+                     switch (c) {
+                       case 'h':
+                         help = true;
+                         break;
+                       case 'f':
+                         a.format = arg;
+                         break;
+                       case 'F':
+                         a.backing_format = arg;
+                         break;
+                       case 'b':
+                         a.backing = arg;
+                         break;
+                       case 'u':
+                         a.unsafe = true;
+                         break;
+                       case 'p':
+                         a.progress = true;
+                         break;
+                       case 't':
+                         a.cache = arg;
+                         break;
+                       case 'T':
+                         a.source_cache = arg;
+                         break;
+                       case 'q':
+                         a.quiet = true;
+                         break;
+                       case 'U':
+                         a.force_share = true;
+                         break;
+                       case kObject:
+                         return absl::UnimplementedError(
+                             "--object is not supported yet");
+                       case kImageOpts:
+                         a.image_opts = true;
+                         break;
+                     }
+                     return absl::OkStatus();
+                   }));
+  if (help) {
+    streams.out << kHelp;
+    return absl::OkStatus();
+  }
+  if (a.quiet) a.progress = false;
+  if (operands.size() != 1) {
+    return UsageError("Expecting one image file name", "");
+  }
+  if (!a.unsafe && !a.backing.has_value()) {
+    return UsageError("Must specify backing file (-b) or use unsafe mode (-u)",
+                      "");
+  }
+  Progress progress(a.progress, 2.0f, streams.out);
+  progress.Print(0, 100);
+  std::vector<OpenedImage> images;
+  absl::Status status = Rebase(a, operands[0], progress, images, streams);
+  // The new backing file first, FILE (which flushes) last.
+  absl::Status closed;
+  for (auto it = images.rbegin(); it != images.rend(); ++it) {
+    absl::Status st = CloseImage(*it);
+    if (closed.ok() && !st.ok()) closed = st;
+  }
+  if (status.ok()) status = closed;
+  progress.End();
+  return status;
+}
+
+}  // namespace imgtool::cli
