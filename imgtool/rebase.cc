@@ -207,13 +207,18 @@ io::Task<absl::StatusOr<bool>> IsAllocated(io::BlockNode& node,
   }
   const uint64_t n = std::min(*bytes, node.size() - offset);
   // Not the file's holes under preallocated metadata (want_zero false).
+  // Separate statements, never a conditional over two co_awaits: GCC 12
+  // destroys the temporaries of such an expression twice.
   auto* qcow2 = dynamic_cast<qcow2::Qcow2Node*>(&node);
-  CO_ASSIGN_OR_RETURN(io::BlockStatus s,
-                      qcow2 != nullptr
-                          ? co_await qcow2->GetAllocationStatus(offset, n)
-                          : co_await node.GetBlockStatus(offset, n));
-  *bytes = s.length;
-  co_return s.data || s.zero;
+  absl::StatusOr<io::BlockStatus> s;
+  if (qcow2 != nullptr) {
+    s = co_await qcow2->GetAllocationStatus(offset, n);
+  } else {
+    s = co_await node.GetBlockStatus(offset, n);
+  }
+  if (!s.ok()) co_return s.status();
+  *bytes = s->length;
+  co_return s->data || s->zero;
 }
 
 // QEMU's bdrv_is_allocated_above(top, base, include_base=false): whether
@@ -391,12 +396,14 @@ class SafeRebase {
       uint64_t run = 0;
       if (CompareSectors(old_data + done, new_data + done, length - done,
                          &run)) {
-        absl::Status st =
-            old_is_zero
-                ? co_await file_.WriteZeroes(offset + done, run,
-                                             io::WriteZeroesFlags{})
-                : co_await file_.Write(offset + done,
-                                       io::ConstIoVec(old_data + done, run));
+        absl::Status st;  // not a conditional over two co_awaits (GCC 12)
+        if (old_is_zero) {
+          st = co_await file_.WriteZeroes(offset + done, run,
+                                          io::WriteZeroesFlags{});
+        } else {
+          st = co_await file_.Write(offset + done,
+                                    io::ConstIoVec(old_data + done, run));
+        }
         if (!st.ok()) {
           co_return absl::Status(
               st.code(),
