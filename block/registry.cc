@@ -139,6 +139,7 @@ struct Context {
   Cache cache;
   bool share_all = false;   // the file under a raw format
   bool is_backing = false;  // no probing warning
+  int backing_depth = 0;    // links below the top node
   std::vector<FileId> ancestors;
 };
 
@@ -457,7 +458,8 @@ io::Task<absl::StatusOr<std::unique_ptr<io::BlockNode>>> OpenBacking(
     file.values["filename"] = filename;
   }
   if (!format.empty()) options.values["driver"] = format;
-  ctx.read_only = true;
+  ++ctx.backing_depth;
+  ctx.read_only = ctx.backing_depth != ctx.settings->writable_backing_depth;
   ctx.share_all = false;
   ctx.is_backing = true;
   CO_ASSIGN_OR_RETURN(Opened opened,

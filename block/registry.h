@@ -152,6 +152,10 @@ struct OpenSettings {
   // qcow2 nodes open without their backing file (qemu-img info): their
   // unallocated clusters read as zeroes, and backing options are unknown.
   bool no_backing = false;
+  // The backing file this many links down the top node's chain (1: its
+  // backing file) is opened read-write, like the top (commit's base);
+  // 0: every backing file read-only.
+  int writable_backing_depth = 0;
   // Where the probing warning (a probed raw image opened for writing) and
   // qcow2's dirty-image repair lines go; not null.
   std::ostream* err = nullptr;

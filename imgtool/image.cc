@@ -94,6 +94,7 @@ absl::StatusOr<OpenedImage> OpenImage(const ImageSpec& spec, std::ostream& err,
   s.force_share = spec.force_share;
   s.raw_shares_write = !spec.unshare_write;
   s.no_backing = spec.no_backing;
+  s.writable_backing_depth = spec.writable_backing_depth;
   s.err = &err;
   s.warn = [&err](absl::string_view warnings) { PrintWarnings(warnings, err); };
   absl::StatusOr<block::OpenedGraph> opened = io::RunSync(

@@ -62,6 +62,9 @@ struct ImageSpec {
   // Do not open the backing file (qemu-img info's BDRV_O_NO_BACKING):
   // clusters the image does not allocate then read as zeroes.
   bool no_backing = false;
+  // Open the backing file this many links down the chain read-write
+  // (block::OpenSettings::writable_backing_depth); 0: none.
+  int writable_backing_depth = 0;
   // The engine (-i/-n; qemu-img's default is threads, imgtool's io_uring).
   // An `aio` option on the protocol node at the bottom of the image's
   // `file` chain (--image-opts file.aio=native, json:) overrides it, as in

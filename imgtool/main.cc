@@ -34,6 +34,7 @@ struct Command {
 constexpr Command kCommands[] = {
     {"bench", imgtool::cli::RunBench},
     {"check", imgtool::cli::RunCheck},
+    {"commit", imgtool::cli::RunCommit},
     {"compare", imgtool::cli::RunCompare},
     {"convert", imgtool::cli::RunConvert},
     {"create", imgtool::cli::RunCreate},
@@ -59,6 +60,8 @@ constexpr char kHelp[] =
     "[-w] [-U] FILE\n"
     "  check [-q] [-f FMT] [--output=human|json] [-r leaks|all] [-T CACHE] "
     "[-U] FILE\n"
+    "  commit [--image-opts] [-q] [-f FMT] [-t CACHE] [-b BASE] "
+    "[-r RATE_LIMIT] [-d] [-p] FILE\n"
     "  compare [-f FMT] [-F FMT] [-T CACHE] [-p] [-q] [-s] [-U] FILE1 FILE2\n"
     "  convert [-f FMT] [-O FMT] [-B BACKING [-F FMT]] [-c] [-o OPTIONS] "
     "[-S SPARSE_SIZE]\n"

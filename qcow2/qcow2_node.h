@@ -151,6 +151,18 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // 7.2's parameters, so the same library version makes the same bytes.
   io::Task<absl::Status> WriteCompressed(uint64_t offset, io::ConstIoVec data);
 
+  // Drops every cluster of the image, as QEMU 7.2's qcow2_make_empty does
+  // after qemu-img commit: a version 3 image without snapshots or bitmaps
+  // (whose L1 table fits beside the header in one refcount block's reach)
+  // is rewritten as a new one: header, refcount table, one refcount block
+  // and the zeroed L1 table in clusters 0, 1, 2 and 3.., the file cut after
+  // them, the header cluster rewritten (QEMU's make_completely_empty; the
+  // dirty bit is set, synced, while the refcounts are wrong). Other images
+  // get every cluster discarded (L2 entries cleared, clusters freed).
+  // No request may be in flight. Errors: kFailedPrecondition on a
+  // read-only node, I/O errors of the file.
+  io::Task<absl::Status> MakeEmpty();
+
   // End in bytes of the last host cluster with a nonzero refcount
   // (Refcounts::UsedEnd; 0 if none): no cluster the image uses lies past
   // it. block/registry.cc gives it to the file node after a read-write
