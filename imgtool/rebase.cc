@@ -61,6 +61,7 @@
 #include "io/block_node.h"
 #include "io/chain_status.h"
 #include "io/engine.h"
+#include "io/sync.h"
 #include "io/task.h"
 #include "qcow2/qcow2_node.h"
 
@@ -246,13 +247,30 @@ io::Task<absl::StatusOr<bool>> IsAllocatedAbove(io::BlockNode* top,
   co_return false;
 }
 
-// Reads [offset, offset + length) of `chain` into `buf`, leaving out what
-// the chain reports as zeroes (those bytes are set to 0 without reading).
-// Returns whether the whole range reads as zeroes so.
-io::Task<absl::StatusOr<bool>> ReadSkippingZeroes(io::BlockNode& chain,
-                                                  uint64_t offset,
-                                                  uint64_t length,
-                                                  uint8_t* buf) {
+// Reading one step of both chains: the bytes each chain reports as zeroes
+// (holes, zero clusters, allocated nowhere, past its end) are set to 0
+// without reading; the other extents are read with up to kReadsInFlight
+// requests at once over both chains (qemu-img reads each chain's step with
+// one request, which its qcow2 driver splits into up to 8 parallel ones).
+constexpr int kReadsInFlight = 16;
+
+struct ReadExtent {
+  io::BlockNode* chain = nullptr;
+  uint64_t offset = 0;  // in the chain
+  uint64_t length = 0;
+  uint8_t* dst = nullptr;
+  bool old_chain = false;  // for the error message
+};
+
+// Adds the extents of [offset, offset + length) of `chain` that hold data
+// to `extents` and the rest to `zeroes` (to be zeroed in `buf`, which maps
+// `offset`, if the step is compared at all). Returns whether the whole
+// range reads as zeroes.
+io::Task<absl::StatusOr<bool>> PlanReads(io::BlockNode& chain, uint64_t offset,
+                                         uint64_t length, uint8_t* buf,
+                                         bool old_chain,
+                                         std::vector<ReadExtent>& extents,
+                                         std::vector<io::IoVec>& zeroes) {
   bool all_zero = true;
   uint64_t done = 0;
   while (done < length) {
@@ -267,14 +285,54 @@ io::Task<absl::StatusOr<bool>> ReadSkippingZeroes(io::BlockNode& chain,
       zero = cs.status.zero || !cs.present;
     }
     if (zero) {
-      std::memset(buf + done, 0, n);
+      zeroes.push_back(io::IoVec(buf + done, n));
+    } else if (!extents.empty() && extents.back().chain == &chain &&
+               extents.back().offset + extents.back().length == at) {
+      all_zero = false;
+      extents.back().length += n;  // one request for adjacent data
     } else {
       all_zero = false;
-      CO_RETURN_IF_ERROR(co_await chain.Read(at, io::IoVec(buf + done, n)));
+      extents.push_back(ReadExtent{&chain, at, n, buf + done, old_chain});
     }
     done += n;
   }
   co_return all_zero;
+}
+
+// One of ReadAll's workers: reads extents[next++] until none are left or a
+// read failed.
+io::Task<void> ReadWorker(const std::vector<ReadExtent>& extents, size_t& next,
+                          absl::Status& error) {
+  while (error.ok() && next < extents.size()) {
+    const ReadExtent& e = extents[next++];
+    absl::Status st =
+        co_await e.chain->Read(e.offset, io::IoVec(e.dst, e.length));
+    if (!st.ok() && error.ok()) {
+      error = absl::Status(st.code(), e.old_chain
+                                          ? "error while reading from old "
+                                            "backing file"
+                                          : "error while reading from new "
+                                            "backing file");
+    }
+  }
+}
+
+// Reads every extent, kReadsInFlight at a time; the first error.
+io::Task<absl::Status> ReadAll(const std::vector<ReadExtent>& extents) {
+  const int workers =
+      static_cast<int>(std::min<size_t>(kReadsInFlight, extents.size()));
+  if (workers == 0) co_return absl::OkStatus();
+  size_t next = 0;
+  absl::Status error;
+  int running = workers;
+  io::Event done;
+  for (int i = 0; i < workers; ++i) {
+    io::Spawn(ReadWorker(extents, next, error), [&running, &done] {
+      if (--running == 0) done.Set();
+    });
+  }
+  co_await done.Wait();
+  co_return error;
 }
 
 // qemu-img's compare_buffers: whether the first 512-byte sector of the two
@@ -319,68 +377,170 @@ class SafeRebase {
         progress_(progress) {}
 
   io::Task<absl::Status> Run() {
-    const uint64_t size = NodeLength(file_);
-    const uint64_t old_size = old_ != nullptr ? NodeLength(*old_) : 0;
-    const uint64_t new_size = new_ != nullptr ? NodeLength(*new_) : 0;
+    size_ = NodeLength(file_);
+    old_size_ = old_ != nullptr ? NodeLength(*old_) : 0;
+    new_size_ = new_ != nullptr ? NodeLength(*new_) : 0;
     float step_progress = 0;
-    if (size != 0) {
+    if (size_ != 0) {
       step_progress =
-          100.0f / static_cast<float>(size / std::min(size, kStepSize));
+          100.0f / static_cast<float>(size_ / std::min(size_, kStepSize));
     }
-    io::AlignedBuffer old_buf(kStepSize);
-    io::AlignedBuffer new_buf(kStepSize);
-    uint64_t n = 0;
-    for (uint64_t offset = 0; offset < size; offset += n) {
-      n = std::min(kStepSize, size - offset);
-      absl::StatusOr<bool> allocated = co_await IsAllocated(file_, offset, &n);
-      if (!allocated.ok()) co_return MetadataError(allocated.status());
-      if (*allocated) continue;
-      if (new_in_chain_) {
-        allocated = co_await IsAllocatedAbove(file_.backing(), new_, offset, &n);
-        if (!allocated.ok()) co_return MetadataError(allocated.status());
-        if (!*allocated) continue;
-      }
-      bool old_is_zero = false;  // past the old chain's end
-      bool old_reads_zero = true;
-      if (offset >= old_size) {
-        old_is_zero = true;
-      } else {
-        n = std::min(n, old_size - offset);
-      }
-      bool new_reads_zero = true;
-      if (new_ != nullptr && offset < new_size) {
-        n = std::min(n, new_size - offset);
-      }
-      if (!old_is_zero) {
-        absl::StatusOr<bool> zero =
-            co_await ReadSkippingZeroes(*old_, offset, n, old_buf.data());
-        if (!zero.ok()) {
-          co_return absl::Status(zero.status().code(),
-                                 "error while reading from old backing file");
+    // FILE's allocation unit: a step's writes change FILE's allocation
+    // only in the clusters they touch.
+    uint64_t unit = kSectorSize;
+    if (auto* qcow2 = dynamic_cast<qcow2::Qcow2Node*>(&file_)) {
+      unit = qcow2->cluster_size();
+    }
+    Step steps[2];
+    for (Step& st : steps) {
+      st.old_buf = io::AlignedBuffer(kStepSize);
+      st.new_buf = io::AlignedBuffer(kStepSize);
+    }
+    int cur = 0;
+    uint64_t offset = 0;
+    CO_ASSIGN_OR_RETURN(bool found, co_await FindStep(&offset, steps[cur]));
+    if (found) steps[cur].StartReads();
+    while (found) {
+      Step& step = steps[cur];
+      Step& next = steps[1 - cur];
+      CO_RETURN_IF_ERROR(co_await step.FinishReads());
+      uint64_t next_offset = step.offset + step.length;
+      // While this step's differences are written, the next step is found
+      // and read, when this step's writes cannot change FILE's allocation
+      // there (the step ends on a cluster boundary of FILE). Else after
+      // them, as in qemu-img: a write that allocates FILE's cluster across
+      // the step's end makes the next step skip that cluster.
+      bool next_found = false;
+      absl::Status lookahead;
+      const bool ahead = next_offset % unit == 0;
+      if (ahead) {
+        absl::StatusOr<bool> f = co_await FindStep(&next_offset, next);
+        if (f.ok()) {
+          next_found = *f;
+          if (next_found) next.StartReads();
+        } else {
+          lookahead = f.status();  // reported after this step, as qemu-img
         }
-        old_reads_zero = *zero;
       }
-      if (new_ != nullptr && offset < new_size) {
-        absl::StatusOr<bool> zero =
-            co_await ReadSkippingZeroes(*new_, offset, n, new_buf.data());
-        if (!zero.ok()) {
-          co_return absl::Status(zero.status().code(),
-                                 "error while reading from new backing file");
+      if (!step.both_zero) {
+        step.ZeroGaps();
+        absl::Status st = co_await WriteDifferences(
+            step.offset, step.length, step.old_buf.data(),
+            step.new_buf.data(), step.old_is_zero);
+        if (!st.ok()) {
+          // The next step's reads use this frame: let them end first.
+          if (next_found) (void)co_await next.FinishReads();
+          co_return st;
         }
-        new_reads_zero = *zero;
-      }
-      if (!(old_reads_zero && new_reads_zero)) {
-        if (old_reads_zero) std::memset(old_buf.data(), 0, n);
-        if (new_reads_zero) std::memset(new_buf.data(), 0, n);
-        CO_RETURN_IF_ERROR(co_await WriteDifferences(
-            offset, n, old_buf.data(), new_buf.data(), old_is_zero));
       }
       progress_.Print(step_progress, 100);
+      if (!ahead) {
+        CO_ASSIGN_OR_RETURN(next_found, co_await FindStep(&next_offset, next));
+        if (next_found) next.StartReads();
+      } else if (!lookahead.ok()) {
+        co_return lookahead;
+      }
+      found = next_found;
+      cur = 1 - cur;
     }
     co_return absl::OkStatus();
   }
 
  private:
+  // One compared step: its range, what each chain reads there, and the
+  // reads in flight.
+  struct Step {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    bool old_is_zero = false;  // past the old chain's end
+    bool read_new = false;     // the new chain has bytes here
+    bool both_zero = false;    // both chains read zeroes: nothing to do
+    std::vector<ReadExtent> extents;
+    std::vector<io::IoVec> zeroes;
+    io::AlignedBuffer old_buf;
+    io::AlignedBuffer new_buf;
+    // The reads: started by StartReads, waited for by FinishReads.
+    std::unique_ptr<io::Event> done;
+    absl::Status read_status;
+
+    void StartReads() {
+      done = std::make_unique<io::Event>();
+      if (both_zero) {
+        done->Set();
+        return;
+      }
+      io::Spawn(ReadAll(extents), [this](absl::Status st) {
+        read_status = std::move(st);
+        done->Set();
+      });
+    }
+    io::Task<absl::Status> FinishReads() {
+      co_await done->Wait();
+      co_return read_status;
+    }
+    // The bytes the chains report as zeroes, and a chain without bytes
+    // here, read as zeroes.
+    void ZeroGaps() {
+      for (io::IoVec z : zeroes) std::memset(z.data(), 0, z.size());
+      if (old_is_zero) std::memset(old_buf.data(), 0, length);
+      if (!read_new) std::memset(new_buf.data(), 0, length);
+    }
+  };
+
+  // qemu-img's walk from *offset: skips the steps FILE allocates (or, the
+  // new backing file being in FILE's chain, that nothing above it
+  // allocates), and fills `step` with the next step to compare, its reads
+  // planned. *offset ends at that step. False at the end of FILE.
+  io::Task<absl::StatusOr<bool>> FindStep(uint64_t* offset, Step& step) {
+    uint64_t n = 0;
+    for (; *offset < size_; *offset += n) {
+      n = std::min(kStepSize, size_ - *offset);
+      absl::StatusOr<bool> allocated = co_await IsAllocated(file_, *offset, &n);
+      if (!allocated.ok()) co_return MetadataError(allocated.status());
+      if (*allocated) continue;
+      if (new_in_chain_) {
+        allocated =
+            co_await IsAllocatedAbove(file_.backing(), new_, *offset, &n);
+        if (!allocated.ok()) co_return MetadataError(allocated.status());
+        if (!*allocated) continue;
+      }
+      break;
+    }
+    if (*offset >= size_) co_return false;
+    step.offset = *offset;
+    step.old_is_zero = *offset >= old_size_;
+    if (!step.old_is_zero) n = std::min(n, old_size_ - *offset);
+    step.read_new = new_ != nullptr && *offset < new_size_;
+    if (step.read_new) n = std::min(n, new_size_ - *offset);
+    step.length = n;
+    step.extents.clear();
+    step.zeroes.clear();
+    bool old_reads_zero = true;
+    bool new_reads_zero = true;
+    if (!step.old_is_zero) {
+      absl::StatusOr<bool> zero =
+          co_await PlanReads(*old_, step.offset, n, step.old_buf.data(),
+                             /*old_chain=*/true, step.extents, step.zeroes);
+      if (!zero.ok()) {
+        co_return absl::Status(zero.status().code(),
+                               "error while reading from old backing file");
+      }
+      old_reads_zero = *zero;
+    }
+    if (step.read_new) {
+      absl::StatusOr<bool> zero =
+          co_await PlanReads(*new_, step.offset, n, step.new_buf.data(),
+                             /*old_chain=*/false, step.extents, step.zeroes);
+      if (!zero.ok()) {
+        co_return absl::Status(zero.status().code(),
+                               "error while reading from new backing file");
+      }
+      new_reads_zero = *zero;
+    }
+    step.both_zero = old_reads_zero && new_reads_zero;
+    co_return true;
+  }
+
   static absl::Status MetadataError(const absl::Status& st) {
     return absl::Status(st.code(),
                         absl::StrCat("error while reading image metadata: ",
@@ -420,6 +580,9 @@ class SafeRebase {
   io::BlockNode* new_;
   bool new_in_chain_;
   Progress& progress_;
+  uint64_t size_ = 0;      // FILE's length, bytes
+  uint64_t old_size_ = 0;  // 0 without an old backing file
+  uint64_t new_size_ = 0;  // 0 for -b ""
 };
 
 // Everything after the option checks, in qemu-img's order; `images` holds

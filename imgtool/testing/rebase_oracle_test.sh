@@ -237,6 +237,7 @@ mkfifo "$K/progress"
 (cd "$K" && exec "$IMGTOOL" rebase -p -b "" ov.qcow2 >progress 2>err) &
 pid=$!
 killed=0
+{
 while IFS= read -r -d $'\r' record; do
   # "    (NN.NN/100%)": kill once a fifth is copied.
   pct=${record//[^0-9.]/}
@@ -245,8 +246,9 @@ while IFS= read -r -d $'\r' record; do
     kill -KILL "$pid" 2>/dev/null && killed=1
   fi
 done <"$K/progress"
-wait "$pid" 2>/dev/null
+wait "$pid"
 rc=$?
+} 2>/dev/null  # not bash's "Killed" notice
 if [[ $killed -ne 1 || $rc -ne 137 ]]; then
   fail "SIGKILL: imgtool was not killed while copying (rc $rc)"
 else
