@@ -109,8 +109,9 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams);
 // (exit 1) has been printed on stdout: its status has an empty message.
 absl::Status RunConvert(const std::vector<std::string>& args, Streams streams);
 absl::Status RunCompare(const std::vector<std::string>& args, Streams streams);
-// commit (commit.cc): qemu-img 7.2's, on the copy engine.
+// commit (commit.cc) and dd (dd.cc): qemu-img 7.2's, on the copy engine.
 absl::Status RunCommit(const std::vector<std::string>& args, Streams streams);
+absl::Status RunDd(const std::vector<std::string>& args, Streams streams);
 // rebase (rebase.cc): qemu-img rebase, safe and unsafe (-u) modes.
 absl::Status RunRebase(const std::vector<std::string>& args, Streams streams);
 // qemu-io's commands (io_command.cc). When a command fails it has printed

@@ -38,6 +38,7 @@ constexpr Command kCommands[] = {
     {"compare", imgtool::cli::RunCompare},
     {"convert", imgtool::cli::RunConvert},
     {"create", imgtool::cli::RunCreate},
+    {"dd", imgtool::cli::RunDd},
     {"info", imgtool::cli::RunInfo},
     {"io", imgtool::cli::RunIo},
     {"map", imgtool::cli::RunMap},
@@ -70,6 +71,9 @@ constexpr char kHelp[] =
     "SRC... DST\n"
     "  create [-q] [-f FMT] [-b BACKING [-F BACKING_FMT]] [-u] [-o OPTIONS] "
     "FILE [SIZE]\n"
+    "  dd [--image-opts] [-U] [-f FMT] [-O OUTPUT_FMT] [bs=BLOCK_SIZE] "
+    "[count=BLOCKS]\n"
+    "        [skip=BLOCKS] if=INPUT of=OUTPUT\n"
     "  info [-f FMT] [--output=human|json] [--backing-chain] [-U] FILE\n"
     "  io [-f FMT] [-r] [-n] [-t CACHE] [-U] -c CMD [-c CMD]... FILE\n"
     "  map [-f FMT] [--output=human|json] [--start-offset=OFFSET] "
