@@ -363,11 +363,19 @@ std::string ErrnoText(const absl::Status& status) {
 // are compared and each run of differing sectors is written into FILE.
 // The steps, their lengths and the writes are qemu-img's, so that progress
 // and the resulting file match; what differs is that ranges both chains
-// report as zeroes are not read.
+// report as zeroes are not read, a step's data extents are read in
+// parallel, and the next step is read while this one's differences are
+// written (when this step ends on a cluster boundary of FILE).
+// Not block::Copy: its rebase mode chunks by the old chain's block status,
+// counts progress by the bytes to write and writes zero runs as zeroes by
+// their content; qemu-img 7.2 steps by FILE's allocation, adds 100/steps %
+// per compared step and writes zeroes only past the old chain's end, so
+// the files and -p lines would differ.
 class SafeRebase {
  public:
   // `old_backing` and `new_backing` may be null (no old backing file;
-  // flatten). `prefix`: the new backing file is this node of FILE's chain.
+  // flatten). `new_in_chain`: `new_backing` is a node of FILE's backing
+  // chain (qemu-img's prefix_chain_bs).
   SafeRebase(io::BlockNode& file, io::BlockNode* old_backing,
              io::BlockNode* new_backing, bool new_in_chain, Progress& progress)
       : file_(file),

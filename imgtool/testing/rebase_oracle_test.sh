@@ -176,6 +176,8 @@ same_effect setup rebase -b mid.qcow2 -F qcow2 top.qcow2
 same_effect setup rebase -b new.raw -F raw top.qcow2
 same_effect setup rebase -b "" mid.qcow2
 same_effect setup rebase -b new.raw -F raw -f qcow2 base.qcow2
+# base.qcow2 is in top's chain: that node is used, whatever -F says.
+same_effect setup rebase -p -b base.qcow2 -F raw top.qcow2
 use len
 same_effect setup rebase -b long.raw -F raw ov_s.qcow2
 same_effect setup rebase -b short.raw -F raw ov_l.qcow2
@@ -193,6 +195,11 @@ same_effect setup rebase -b new.raw -F raw ov128.qcow2
 use rel
 same_effect setup rebase -b new.raw -F raw d/ov.qcow2
 same_effect setup rebase -b d/new.raw -F raw d/ov.qcow2
+# The backing file it has, named relative to d/: qemu-img's chain lookup
+# resolves the already resolved name again and misses it, so it opens the
+# file a second time (its walk and -p lines differ from a found one).
+same_effect setup rebase -p -b base.raw -F raw d/ov.qcow2
+same_effect setup rebase -p -b d/base.raw -F raw d/ov.qcow2
 same_effect setup rebase -b "" d/ov.qcow2
 same_effect setup rebase -u -b new.raw -F raw d/ov.qcow2
 same_effect setup rebase -b nothere.raw -F raw d/ov.qcow2
