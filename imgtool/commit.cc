@@ -147,6 +147,10 @@ io::Task<absl::Status> CommitData(io::BlockNode& top, io::BlockNode& base,
   settings.progress_counts_zero_ranges = true;
   settings.rate_limit_counts_zeroes = false;
   settings.num_workers = kWorkers;
+  // In guest order, so that a qcow2 base is laid out the same every time
+  // (the mirror job writes as its reads finish; out of order imgtool's
+  // concurrent allocations can also take a cluster more than qemu-img's).
+  settings.in_order = true;
   settings.max_chunk = block::kMirrorChunkSize;
   settings.rate_limit = a.rate_limit;
   settings.progress = progress;
@@ -196,7 +200,14 @@ absl::Status Commit(const CommitArgs& a, OpenedImage& image, int depth,
   progress.Print(100, 0);
   if (!a.drop && image.qcow2 != nullptr) {
     // Only once the base holds the data durably (flushed above).
-    RETURN_IF_ERROR(io::RunSync(*image.engine, image.qcow2->MakeEmpty()));
+    absl::Status emptied =
+        io::RunSync(*image.engine, image.qcow2->MakeEmpty());
+    if (!emptied.ok()) {
+      // QEMU's bdrv_make_empty error.
+      return WithMessage(emptied,
+                         absl::StrCat("Failed to empty ", image.display_name,
+                                      ": ", block::RequestError(emptied)));
+    }
   }
   (void)out;
   return absl::OkStatus();
