@@ -228,7 +228,7 @@ absl::Status Dd(const DdArgs& a, std::vector<OpenedImage>& images,
   io::BlockNode& in_node = *images.front().node;
 
   if (skip_past_end) {
-    streams.err << "imgtool: " << *a.input
+    streams.err << ProgramName() << ": " << *a.input
                 << ": cannot skip to specified offset\n";
     return absl::OkStatus();
   }
