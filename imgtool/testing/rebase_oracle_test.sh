@@ -229,6 +229,32 @@ same_effect setup rebase -b top.qcow2 -F qcow2 top.qcow2
 same_effect setup rebase -b mid.qcow2 -F qcow2 mid.qcow2
 same_error "$M/c1" rebase -x -b new.raw -F raw ov.qcow2
 
+echo "== locks"
+# A qcow2 new backing file another process writes: its lock keeps safe
+# rebase out unless -U (the file under a raw one would share writes).
+for d in la lb; do
+  mkdir -p "$WORK/$d"
+  cp -a --sparse=always "$M/c1/." "$WORK/$d/"
+  qemu-img convert -f raw -O qcow2 "$WORK/$d/new.raw" "$WORK/$d/new.qcow2"
+done
+qemu-io -f qcow2 -c 'sleep 20000' "$WORK/la/new.qcow2" >/dev/null 2>&1 &
+holder_a=$!
+qemu-io -f qcow2 -c 'sleep 20000' "$WORK/lb/new.qcow2" >/dev/null 2>&1 &
+holder_b=$!
+wait_until_locked "$WORK/la/new.qcow2"
+wait_until_locked "$WORK/lb/new.qcow2"
+same_output "$WORK/la" rebase -b new.qcow2 -F qcow2 ov.qcow2
+checks=$((checks + 1))
+run "$IMGTOOL" "$WORK/la" rebase -U -b new.qcow2 -F qcow2 ov.qcow2
+a_out=$OUT a_err=$ERR a_rc=$RC
+run qemu-img "$WORK/lb" rebase -U -b new.qcow2 -F qcow2 ov.qcow2
+diff_text "rebase -U (locked new backing file)" output \
+  "$a_out$a_err$a_rc" "$OUT$ERR$RC" &&
+  diff_text "rebase -U (locked new backing file)" "resulting image" \
+    "$(md5sum <"$WORK/la/ov.qcow2")" "$(md5sum <"$WORK/lb/ov.qcow2")"
+kill "$holder_a" "$holder_b" 2>/dev/null
+wait "$holder_a" "$holder_b" 2>/dev/null
+
 echo "== a safe rebase killed while it copies"
 K="$WORK/kill"
 mkdir -p "$K"
