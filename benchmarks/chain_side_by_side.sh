@@ -25,7 +25,8 @@
 # Before every run: sbs_settle (sync, fstrim) and the page cache dropped,
 # so "read" is what the run read from the loop device (its sectors-read
 # counter in /sys/block/loopN/stat, times 512): the bytes it had to fetch.
-# REPS runs per tool and case, alternating which tool goes first; medians.
+# One unmeasured run per case, then REPS runs per tool and case,
+# alternating which tool goes first; medians.
 # A command imgtool does not have yet is shown as "-".
 #
 # Targets (issue 16): imgtool's time at most 0.8 of qemu-img's in every
@@ -151,6 +152,10 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 results=()
 for case in $CASES; do
   a=() b=()
+  # One unmeasured run first: the first run of a case after the files were
+  # made took 2-3 times as long as the later ones, whichever tool it was
+  # (XFS sharing the freshly written extents on the first reflink copy).
+  run_case qemu-img "$case" >/dev/null
   for ((i = 0; i < REPS; i++)); do
     if ((i % 2 == 0)); then
       a+=("$(run_case "$IMGTOOL" "$case")"); b+=("$(run_case qemu-img "$case")")
