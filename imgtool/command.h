@@ -118,6 +118,9 @@ absl::Status RunRebase(const std::vector<std::string>& args, Streams streams);
 // its own error: the status then has an empty message, and main prints
 // nothing more (exit code 1).
 absl::Status RunIo(const std::vector<std::string>& args, Streams streams);
+// measure (measure.cc) and amend (amend.cc).
+absl::Status RunMeasure(const std::vector<std::string>& args, Streams streams);
+absl::Status RunAmend(const std::vector<std::string>& args, Streams streams);
 
 }  // namespace imgtool::cli
 

@@ -32,6 +32,7 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
+    {"amend", imgtool::cli::RunAmend},
     {"bench", imgtool::cli::RunBench},
     {"check", imgtool::cli::RunCheck},
     {"commit", imgtool::cli::RunCommit},
@@ -42,6 +43,7 @@ constexpr Command kCommands[] = {
     {"info", imgtool::cli::RunInfo},
     {"io", imgtool::cli::RunIo},
     {"map", imgtool::cli::RunMap},
+    {"measure", imgtool::cli::RunMeasure},
     {"rebase", imgtool::cli::RunRebase},
     {"resize", imgtool::cli::RunResize},
 };
@@ -55,6 +57,8 @@ constexpr char kHelp[] =
     "usage: imgtool [-h | --help | --version] COMMAND [COMMAND OPTIONS]\n"
     "\n"
     "Commands:\n"
+    "  amend [-f FMT] [-t CACHE] [-p] [-q] [--force] [--image-opts] -o OPTIONS "
+    "FILE\n"
     "  bench [-c COUNT] [-d DEPTH] [-f FMT] [--flush-interval=N] [-i AIO] "
     "[-n] [--no-drain]\n"
     "        [-o OFFSET] [--pattern=BYTE] [-q] [-s SIZE] [-S STEP] [-t CACHE] "
@@ -78,6 +82,8 @@ constexpr char kHelp[] =
     "  io [-f FMT] [-r] [-n] [-t CACHE] [-U] -c CMD [-c CMD]... FILE\n"
     "  map [-f FMT] [--output=human|json] [--start-offset=OFFSET] "
     "[--max-length=LENGTH] [-U] FILE\n"
+    "  measure [--output=human|json] [-O FMT] [-o OPTIONS] [--size SIZE |\n"
+    "        [--image-opts] [-f FMT] [-l SNAPSHOT] [-U] FILE]\n"
     "  rebase [-q] [-f FMT] [-t CACHE] [-T SRC_CACHE] [-p] [-u] [-U] "
     "-b BACKING\n"
     "        [-F BACKING_FMT] FILE\n"

@@ -207,6 +207,40 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   io::Task<absl::StatusOr<io::BlockStatus>> GetAllocationStatus(
       uint64_t offset, uint64_t max_length);
 
+  // What `qemu-img amend -o ...` changes in the image (QEMU 7.2's
+  // qcow2_amend_options); unset fields stay as they are.
+  struct AmendOptions {
+    std::optional<uint32_t> version;        // 2 (compat=0.10) or 3 (1.1)
+    std::optional<bool> lazy_refcounts;
+    std::optional<uint32_t> refcount_bits;  // a power of two, 1..64
+    uint64_t size = 0;                      // new virtual size; 0 = keep
+    // backing_file / backing_fmt as given: they must be what the image
+    // has already (QEMU 7.2 amends no backing file; rebase does).
+    std::optional<std::string> backing_file;
+    std::optional<std::string> backing_format;
+    // Progress of the step that has one (the upgrade's 2 steps, the
+    // downgrade's L1 entries): (done, total); may be null.
+    std::function<void(int64_t done, int64_t total)> progress;
+  };
+  // Applies `options` in QEMU 7.2's order: upgrade to version 3, refcount
+  // width, header rewrite (always, as QEMU does), backing file check, lazy
+  // refcounts, size (exact, as resize without preallocation, shrinking
+  // allowed), downgrade to version 2 (zero clusters become unallocated
+  // without a backing file, allocated zeroed data clusters with one or when
+  // preallocated; the dirty bit cleared first; compatible and autoclear bits
+  // dropped). A step that fails leaves the earlier ones done, as in QEMU.
+  // Errors (kInvalidArgument unless noted, QEMU's words): "Cannot amend the
+  // backing file\nYou can use 'imgtool rebase' instead."; "Lazy refcounts
+  // only supported with compatibility level 1.1 and above (use compat=1.1
+  // or greater)"; "Refcount widths other than 16 bits require
+  // compatibility level 1.1 or above (use compat=1.1 or greater)";
+  // kFailedPrecondition "compat=0.10 requires refcount_bits=16" and
+  // "Cannot downgrade an image with incompatible features 0x10 set"
+  // (QEMU's ENOTSUP); kUnimplemented for a change of the refcount width
+  // and for up- or downgrades of images with internal snapshots; the
+  // errors of Truncate and of the file.
+  io::Task<absl::Status> Amend(AmendOptions options);
+
   // The header as it is now (dirty and corrupt bits included).
   const format::Header& header() const { return header_; }
   uint64_t cluster_size() const { return cluster_size_; }
@@ -626,6 +660,12 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
                                          io::PreallocMode mode,
                                          bool mark_allocated);
   io::Task<absl::Status> Shrink(uint64_t new_size);
+  // Amend pieces (metadata lock held): QEMU's qcow2_mark_clean (flush,
+  // clear the dirty bit, rewrite the header) and the zero cluster
+  // expansion of a downgrade.
+  io::Task<absl::Status> MarkClean();
+  io::Task<absl::Status> ExpandZeroClusters(
+      const std::function<void(int64_t, int64_t)>& progress);
   io::Task<bool> DetectMetadataPreallocation();
 
   std::unique_ptr<io::BlockNode> file_;

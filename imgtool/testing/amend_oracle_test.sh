@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# Oracle test for amend: imgtool and qemu-img 7.2 amend copies of the same
+# qcow2 images; stdout, stderr, exit status and the resulting files must be
+# the same (byte for byte), and imgtool's results pass qemu-img check.
+# Usage: amend_oracle_test.sh PATH_TO_IMGTOOL
+set -u
+IMGTOOL=$(realpath "$1")
+WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/amend_oracle.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+if [[ -n "${TEST_SRCDIR:-}" ]]; then
+  source "$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing/oracle_lib.sh" || exit 1
+else
+  source "$(dirname "$0")/oracle_lib.sh" || exit 1
+fi
+
+if ! command -v qemu-img >/dev/null; then
+  echo "qemu-img not installed"
+  exit 1
+fi
+
+# The images (made in the current directory by qemu-img and qemu-io).
+v3() {  # data, a zero cluster, a preallocated zero cluster, a hole
+  mk img.qcow2 4M
+  qio -c 'write -P 1 0 128k' -c 'write -z 256k 64k' -c 'write -P 2 1M 64k' \
+    -c 'write -z 1M 64k' -c 'write -P 3 3M 4k' img.qcow2
+}
+v3_backed() {  # the same over a backing file (zero clusters hide it)
+  truncate -s 4M base.raw
+  qio -f raw -c 'write -P 0x61 0 4M' base.raw
+  mk -b base.raw -F raw img.qcow2 4M
+  qio -c 'write -P 1 0 64k' -c 'write -z 128k 128k' -c 'write -P 2 1M 64k' \
+    -c 'write -z 1M 64k' -c 'write -z -u 2M 64k' img.qcow2
+}
+v3_qcow2_backed() { mk base.qcow2 2M; mk -b base.qcow2 -F qcow2 img.qcow2 2M; }
+v3_lazy() {
+  mk -o lazy_refcounts=on img.qcow2 2M
+  qio -c 'write -P 4 0 100k' -c 'write -z 512k 64k' img.qcow2
+}
+v2() {
+  mk -o compat=0.10 img.qcow2 3M
+  qio -c 'write -P 5 64k 200k' img.qcow2
+}
+v2_small() { mk -o compat=0.10,cluster_size=512 img.qcow2 300k; qio -c 'write -P 1 0 1k' img.qcow2; }
+v3_small() { mk -o cluster_size=512 img.qcow2 300k; qio -c 'write -z 0 10k' -c 'write -P 1 20k 1k' img.qcow2; }
+v3_2m() { mk -o cluster_size=2M img.qcow2 8M; qio -c 'write -z 2M 2M' -c 'write -P 2 0 4k' img.qcow2; }
+extl2() { mk -o extended_l2=on img.qcow2 1M; }
+rc8() { mk -o refcount_bits=8 img.qcow2 1M; }
+empty() { mk img.qcow2 0; }
+raw() { truncate -s 1M img.raw; }
+
+# amend_case SETUP ARGS...: same_effect, then qemu-img check of every qcow2
+# file imgtool left behind.
+amend_case() {
+  same_effect "$@"
+  local f
+  for f in "$WORK"/effect.a/*.qcow2; do
+    [[ -e "$f" ]] || continue
+    qemu-img check -q "$f" >/dev/null 2>&1 ||
+      fail "$*: qemu-img check of imgtool's $(basename "$f") fails: $(qemu-img check "$f" 2>&1 | head -3)"
+  done
+}
+
+# --- compat both ways --------------------------------------------------------
+for setup in v3 v3_backed v3_qcow2_backed v3_lazy v3_small v3_2m empty; do
+  amend_case $setup amend -o compat=0.10 img.qcow2
+  amend_case $setup amend -o compat=v2 img.qcow2
+  amend_case $setup amend -o compat=1.1 img.qcow2
+done
+for setup in v2 v2_small; do
+  amend_case $setup amend -o compat=1.1 img.qcow2
+  amend_case $setup amend -o compat=v3 -f qcow2 img.qcow2
+  amend_case $setup amend -o compat=0.10 img.qcow2
+  amend_case $setup amend -o compat=1.1,lazy_refcounts=on img.qcow2
+done
+amend_case v3 amend -p -o compat=0.10 img.qcow2
+amend_case v3_backed amend -p -o compat=0.10 img.qcow2
+amend_case v2 amend -p -o compat=1.1 img.qcow2
+amend_case v3 amend -q -p -o compat=0.10 img.qcow2
+amend_case v3 amend -p -o lazy_refcounts=on img.qcow2
+amend_case extl2 amend -o compat=0.10 img.qcow2
+amend_case extl2 amend -p -o compat=0.10 img.qcow2
+amend_case rc8 amend -o compat=0.10 img.qcow2
+amend_case v3 amend -o compat=0.10,refcount_bits=8 img.qcow2
+amend_case v3 amend -o compat=0.10,lazy_refcounts=on img.qcow2
+amend_case v3 amend -o compat=1.0 img.qcow2
+
+# --- lazy refcounts ----------------------------------------------------------
+amend_case v3 amend -o lazy_refcounts=on img.qcow2
+amend_case v3_lazy amend -o lazy_refcounts=off img.qcow2
+amend_case v3_lazy amend -o lazy_refcounts=on img.qcow2
+amend_case v2 amend -o lazy_refcounts=on img.qcow2
+amend_case v2 amend -o lazy_refcounts=off img.qcow2
+amend_case v3 amend -o lazy_refcounts=maybe img.qcow2
+
+# --- size --------------------------------------------------------------------
+amend_case v3 amend -o size=8M img.qcow2
+amend_case v3 amend -o size=2M img.qcow2
+amend_case v3 amend -o size=1000 img.qcow2
+amend_case v3 amend -o size=0 img.qcow2
+amend_case v3_lazy amend -o size=1G,lazy_refcounts=off img.qcow2
+amend_case v2 amend -o size=5M,compat=1.1 img.qcow2
+amend_case v3 amend -o size=6M,compat=0.10 img.qcow2
+
+# --- backing file: only as it is ---------------------------------------------
+amend_case v3_backed amend -o backing_file=base.raw,backing_fmt=raw img.qcow2
+amend_case v3_backed amend -o backing_file=base.raw img.qcow2
+amend_case v3_backed amend -o backing_fmt=raw img.qcow2
+amend_case v3_backed amend -o backing_file=other.raw,backing_fmt=raw img.qcow2
+amend_case v3_backed amend -o backing_fmt=qcow2,backing_file=base.raw img.qcow2
+amend_case v3 amend -o backing_file=base.raw img.qcow2
+
+# --- refcount_bits -----------------------------------------------------------
+amend_case v3 amend -o refcount_bits=16 img.qcow2
+amend_case v3 amend -o refcount_bits=3 img.qcow2
+amend_case v3 amend -o refcount_bits=128 img.qcow2
+amend_case v3 amend -o refcount_bits=0 img.qcow2
+amend_case v3 amend -o refcount_bits=x img.qcow2
+amend_case rc8 amend -o refcount_bits=8 img.qcow2
+amend_case v2 amend -o refcount_bits=8 img.qcow2
+
+# --- options amend refuses ---------------------------------------------------
+for opt in cluster_size=4k extended_l2=on extended_l2=off preallocation=full \
+  compression_type=zstd encryption=on encrypt.format=luks nocow=on \
+  foo=bar cluster_size=4k,foo=bar cluster_size=3x; do
+  amend_case v3 amend -o "$opt" img.qcow2
+done
+amend_case v3 amend -o encrypt.state=active img.qcow2
+amend_case v3 amend -o data_file=x img.qcow2
+amend_case v3 amend -o data_file_raw=on img.qcow2
+amend_case v3 amend -o data_file_raw=off img.qcow2
+amend_case v3 amend -p -o cluster_size=4k img.qcow2
+amend_case v3 amend -p -o compat=9 img.qcow2
+
+# --- help, usage, other formats, bad input -----------------------------------
+amend_case v3 amend -o help img.qcow2
+amend_case v3 amend -f qcow2 -o help
+amend_case v3 amend -f qcow2 -o '?'
+amend_case v3 amend -f qcow2 -o compat=1.1,help
+amend_case v3 amend -p -f qcow2 -o help
+amend_case v3 amend -f raw -o help
+amend_case v3 amend -f foo -o help
+amend_case raw amend -o help img.raw
+amend_case raw amend -f raw -o compat=1.1 img.raw
+amend_case raw amend -o compat=1.1 img.raw
+amend_case v3 amend img.qcow2
+amend_case v3 amend -o compat=1.1
+amend_case v3 amend -o compat=1.1 img.qcow2 img.qcow2
+amend_case v3 amend -t bogus -o compat=1.1 img.qcow2
+amend_case v3 amend -t none -o compat=0.10 img.qcow2
+amend_case v3 amend -t writethrough -o lazy_refcounts=on img.qcow2
+amend_case v3 amend --force -o lazy_refcounts=on img.qcow2
+amend_case v3 amend -o , img.qcow2
+amend_case v3 amend -o 'compat=1.1,' img.qcow2
+amend_case v3 amend -o compat=1.1 missing.qcow2
+amend_case v3 amend -f raw -o compat=1.1 img.qcow2
+amend_case v3 amend --image-opts -o compat=0.10 driver=qcow2,file.filename=img.qcow2
+amend_case v3 amend -o compat=0.10 'json:{"driver":"qcow2","file":{"driver":"file","filename":"img.qcow2"}}'
+
+# --- an image another process has open ---------------------------------------
+L="$WORK/locked"
+mkdir -p "$L"
+(cd "$L" && v3)
+before=$(md5sum <"$L/img.qcow2")
+qemu-io -c 'sleep 8000' "$L/img.qcow2" >/dev/null 2>&1 &
+holder=$!
+wait_until_locked "$L/img.qcow2"
+same_output "$L" amend -o compat=0.10 img.qcow2
+same_output "$L" amend -o lazy_refcounts=on img.qcow2
+kill "$holder" 2>/dev/null
+wait "$holder" 2>/dev/null
+[[ "$(md5sum <"$L/img.qcow2")" == "$before" ]] ||
+  fail "the locked image was changed"
+
+# --- what imgtool refuses on purpose -----------------------------------------
+checks=$((checks + 1))
+R="$WORK/refused"
+mkdir -p "$R"
+(cd "$R" && v3)
+before=$(md5sum <"$R/img.qcow2")
+run "$IMGTOOL" "$R" amend -o refcount_bits=8 img.qcow2
+[[ $RC -eq 1 && "$ERR" == *"changing refcount_bits of an existing image is not supported yet"* ]] ||
+  fail "amend -o refcount_bits=8: rc $RC, $ERR"
+[[ "$(md5sum <"$R/img.qcow2")" == "$before" ]] ||
+  fail "the refused refcount_bits amend changed the image"
+run "$IMGTOOL" "$R" amend -o refcount_bits=64,compat=1.1 img.qcow2
+[[ $RC -eq 1 ]] || fail "amend -o refcount_bits=64: rc $RC"
+qemu-img check -q "$R/img.qcow2" || fail "refused amend left a bad image"
+
+finish
