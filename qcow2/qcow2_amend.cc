@@ -186,10 +186,22 @@ io::Task<absl::Status> Qcow2Node::Amend(AmendOptions o) {
     header_.autoclear_features = 0;
     CO_RETURN_IF_ERROR(co_await ExpandZeroClusters(o.progress));
     if (header_.incompatible_features & format::kIncompatibleCompressionType) {
-      co_return absl::UnimplementedError(absl::StrFormat(
-          "%s: downgrading an image with zstd compression is not supported "
-          "yet",
-          filename()));
+      // Version 2 has zlib only: fine while no cluster is compressed.
+      for (uint64_t i = 0; i < l1_.size(); ++i) {
+        if ((l1_[i] & format::kL1OffsetMask) == 0) continue;
+        CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await LoadL2(i));
+        for (uint64_t j = 0; j < l2_entries_; ++j) {
+          CO_ASSIGN_OR_RETURN(const ClusterType type,
+                              co_await Classify(GetEntry(l2, j), l2.offset(), j));
+          if (type == ClusterType::kCompressed) {
+            co_return absl::FailedPreconditionError(
+                "Cannot downgrade an image with zstd compression type and "
+                "existing compressed clusters");
+          }
+        }
+      }
+      header_.incompatible_features &= ~format::kIncompatibleCompressionType;
+      header_.compression_type = format::kCompressionZlib;
     }
     // The expanded L2 tables are durable before a version 2 header makes
     // their zero flags invalid.

@@ -235,8 +235,9 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // or greater)"; "Refcount widths other than 16 bits require
   // compatibility level 1.1 or above (use compat=1.1 or greater)";
   // kFailedPrecondition "compat=0.10 requires refcount_bits=16" and
-  // "Cannot downgrade an image with incompatible features 0x10 set"
-  // (QEMU's ENOTSUP); kUnimplemented for a change of the refcount width
+  // "Cannot downgrade an image with incompatible features 0x10 set",
+  // "Cannot downgrade an image with zstd compression type and existing
+  // compressed clusters" (QEMU's ENOTSUP); kUnimplemented for a change of the refcount width
   // and for up- or downgrades of images with internal snapshots; the
   // errors of Truncate and of the file.
   io::Task<absl::Status> Amend(AmendOptions options);

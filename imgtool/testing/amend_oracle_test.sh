@@ -46,6 +46,10 @@ v3_2m() { mk -o cluster_size=2M img.qcow2 8M; qio -c 'write -z 2M 2M' -c 'write 
 extl2() { mk -o extended_l2=on img.qcow2 1M; }
 rc8() { mk -o refcount_bits=8 img.qcow2 1M; }
 empty() { mk img.qcow2 0; }
+compressed() { mk img.qcow2 1M; qio -c 'write -c -P 1 0 64k' -c 'write -z 512k 64k' img.qcow2; }
+zstd() { mk -o compression_type=zstd img.qcow2 1M; qio -c 'write -P 1 0 64k' -c 'write -z 512k 64k' img.qcow2; }
+zstd_compressed() { zstd; qio -c 'write -c -P 2 128k 64k' img.qcow2; }
+prealloc() { mk -o preallocation=metadata img.qcow2 1M; qio -c 'write -z 0 128k' img.qcow2; }
 raw() { truncate -s 1M img.raw; }
 
 # amend_case SETUP ARGS...: same_effect, then qemu-img check of every qcow2
@@ -73,6 +77,9 @@ for setup in v2 v2_small; do
   amend_case $setup amend -o compat=1.1,lazy_refcounts=on img.qcow2
 done
 amend_case v3 amend -p -o compat=0.10 img.qcow2
+for setup in compressed zstd zstd_compressed prealloc; do
+  amend_case $setup amend -o compat=0.10 img.qcow2
+done
 amend_case v3_backed amend -p -o compat=0.10 img.qcow2
 amend_case v2 amend -p -o compat=1.1 img.qcow2
 amend_case v3 amend -q -p -o compat=0.10 img.qcow2
