@@ -46,6 +46,10 @@ v3_2m() { mk -o cluster_size=2M img.qcow2 8M; qio -c 'write -z 2M 2M' -c 'write 
 extl2() { mk -o extended_l2=on img.qcow2 1M; }
 rc8() { mk -o refcount_bits=8 img.qcow2 1M; }
 empty() { mk img.qcow2 0; }
+dirty() {  # lazy refcounts, writer killed: the dirty bit is set
+  mk -o lazy_refcounts=on img.qcow2 4M
+  qemu-io -c 'write -P 1 0 64k' -c 'write -z 1M 64k' -c 'sigraise 9' img.qcow2 >/dev/null 2>&1
+}
 compressed() { mk img.qcow2 1M; qio -c 'write -c -P 1 0 64k' -c 'write -z 512k 64k' img.qcow2; }
 zstd() { mk -o compression_type=zstd img.qcow2 1M; qio -c 'write -P 1 0 64k' -c 'write -z 512k 64k' img.qcow2; }
 zstd_compressed() { zstd; qio -c 'write -c -P 2 128k 64k' img.qcow2; }
@@ -98,6 +102,10 @@ amend_case v3_lazy amend -o lazy_refcounts=on img.qcow2
 amend_case v2 amend -o lazy_refcounts=on img.qcow2
 amend_case v2 amend -o lazy_refcounts=off img.qcow2
 amend_case v3 amend -o lazy_refcounts=maybe img.qcow2
+
+for opts in lazy_refcounts=off lazy_refcounts=on compat=0.10 compat=1.1 size=8M; do
+  amend_case dirty amend -o $opts img.qcow2
+done
 
 # --- size --------------------------------------------------------------------
 amend_case v3 amend -o size=8M img.qcow2
