@@ -55,6 +55,17 @@ m() { same_output "$S" measure "$@"; }
   mk -o compat=0.10 v2.qcow2 3M
   qio -c 'write -P 9 1M 1M' v2.qcow2
   mk empty.qcow2 0
+  # Data clusters whose host range is a hole in the file: counted unless
+  # the image looks metadata-preallocated (QEMU's recurse heuristic).
+  mk punched.qcow2 8M
+  qio -c 'write -P 1 0 4M' punched.qcow2
+  fallocate --punch-hole -o $((0x50000)) -l 65536 punched.qcow2
+  mk sparse-punched.qcow2 4M
+  qio -c 'write -P 1 0 128k' sparse-punched.qcow2
+  fallocate --punch-hole -o $((0x50000)) -l 65536 sparse-punched.qcow2
+  mk -o preallocation=metadata meta.qcow2 4M
+  qio -c 'write -P 1 1M 64k' meta.qcow2
+  mk -o preallocation=falloc falloc.qcow2 4M
 )
 
 # --- --size grid -------------------------------------------------------------
@@ -96,7 +107,8 @@ m --output=human --size 1G
 
 # --- Sources -----------------------------------------------------------------
 for f in sparse.raw mixed.raw odd.raw plain.qcow2 small.qcow2 sub.qcow2 \
-  over.qcow2 top.qcow2 v2.qcow2 empty.qcow2 base.raw base.qcow2; do
+  over.qcow2 top.qcow2 v2.qcow2 empty.qcow2 base.raw base.qcow2 \
+  punched.qcow2 sparse-punched.qcow2 meta.qcow2 falloc.qcow2; do
   m "$f"
   m -O qcow2 "$f"
   m --output=json -O qcow2 "$f"
