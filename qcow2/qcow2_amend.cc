@@ -86,10 +86,11 @@ io::Task<absl::Status> Qcow2Node::Amend(AmendOptions o) {
 
     // Upgrade first: later steps may need version 3.
     if (new_version > old_version) {
-      if (header_.nb_snapshots > 0) {
+      if (snapshot_extra_too_short_) {
+        // QEMU rewrites the snapshot table then.
         co_return absl::UnimplementedError(absl::StrFormat(
-            "%s: upgrading an image with internal snapshots is not "
-            "supported yet",
+            "%s: upgrading an image whose snapshots lack version 3's extra "
+            "data is not supported yet",
             filename()));
       }
       if (o.progress) o.progress(0, 2);

@@ -221,6 +221,7 @@ io::Task<absl::Status> Qcow2Node::LoadTables() {
 io::Task<absl::Status> Qcow2Node::LoadSnapshotTable() {
   snapshot_l1s_.clear();
   snapshots_bytes_ = 0;
+  snapshot_extra_too_short_ = false;
   if (header_.nb_snapshots == 0) co_return absl::OkStatus();
   // Entries are read one header at a time; the table's extent was checked
   // against the file by DecodeHeader only at its start.
@@ -237,6 +238,7 @@ io::Task<absl::Status> Qcow2Node::LoadSnapshotTable() {
     const uint16_t id_len = LoadBE16(fixed + 12);
     const uint16_t name_len = LoadBE16(fixed + 14);
     const uint32_t extra_size = LoadBE32(fixed + 36);
+    if (extra_size < 16) snapshot_extra_too_short_ = true;
     if (extra_size > 1024) {
       co_return absl::DataLossError("Too much extra metadata in snapshot table "
                                     "entry");

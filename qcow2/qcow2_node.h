@@ -238,8 +238,10 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // "Cannot downgrade an image with incompatible features 0x10 set",
   // "Cannot downgrade an image with zstd compression type and existing
   // compressed clusters" (QEMU's ENOTSUP); kUnimplemented for a change of the refcount width
-  // and for up- or downgrades of images with internal snapshots; the
-  // errors of Truncate and of the file.
+  // for downgrades of images with internal snapshots and upgrades of
+  // images whose snapshot table would need rewriting; the
+  // errors of Truncate and of the file. (An upgrade whose snapshots all
+  // carry version 3's extra data only rewrites the header, as in QEMU.)
   io::Task<absl::Status> Amend(AmendOptions options);
 
   // The header as it is now (dirty and corrupt bits included).
@@ -683,6 +685,9 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   absl::flat_hash_set<uint64_t> l2_offsets_;  // active L2 tables
   std::vector<SnapshotL1> snapshot_l1s_;
   uint64_t snapshots_bytes_ = 0;
+  // A snapshot entry has less extra data than version 3 requires (the
+  // 64-bit VM state size and the disk size: 16 bytes).
+  bool snapshot_extra_too_short_ = false;
   std::unique_ptr<Refcounts> refcounts_;
   std::unique_ptr<TableCache> l2_cache_;
 

@@ -44,6 +44,11 @@ v2_small() { mk -o compat=0.10,cluster_size=512 img.qcow2 300k; qio -c 'write -P
 v3_small() { mk -o cluster_size=512 img.qcow2 300k; qio -c 'write -z 0 10k' -c 'write -P 1 20k 1k' img.qcow2; }
 v3_2m() { mk -o cluster_size=2M img.qcow2 8M; qio -c 'write -z 2M 2M' -c 'write -P 2 0 4k' img.qcow2; }
 extl2() { mk -o extended_l2=on img.qcow2 1M; }
+# With an internal snapshot (made once: the snapshot's date is in the file).
+mkdir -p "$WORK/tmpl"
+(cd "$WORK/tmpl" && mk -o compat=0.10 img.qcow2 3M && qemu-img snapshot -c s1 img.qcow2 &&
+  qio -c 'write -P 6 0 64k' img.qcow2)
+v2_snap() { cp "$WORK/tmpl/img.qcow2" img.qcow2; }
 rc8() { mk -o refcount_bits=8 img.qcow2 1M; }
 empty() { mk img.qcow2 0; }
 dirty() {  # lazy refcounts, writer killed: the dirty bit is set
@@ -81,6 +86,8 @@ for setup in v2 v2_small; do
   amend_case $setup amend -o compat=1.1,lazy_refcounts=on img.qcow2
 done
 amend_case v3 amend -p -o compat=0.10 img.qcow2
+amend_case v2_snap amend -o compat=1.1 img.qcow2
+amend_case v2_snap amend -o compat=1.1,lazy_refcounts=on,size=5M img.qcow2
 for setup in compressed zstd zstd_compressed prealloc; do
   amend_case $setup amend -o compat=0.10 img.qcow2
 done
