@@ -134,17 +134,6 @@ std::string AmendHelp() {
   return text;
 }
 
-// qemu-img's check of each -o argument: not empty, no leading comma, an
-// even number of trailing commas (",," is an escaped comma).
-bool IsValidOptionList(const std::string& text) {
-  if (text.empty() || text[0] == ',') return false;
-  size_t trailing = 0;
-  while (trailing < text.size() && text[text.size() - 1 - trailing] == ',') {
-    ++trailing;
-  }
-  return trailing % 2 == 0;
-}
-
 // The items of the joined -o text, one by one (a key given twice is not an
 // error; the last value wins).
 absl::StatusOr<OptionList> ParseItems(const std::string& text) {

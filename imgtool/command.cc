@@ -2,6 +2,8 @@
 
 #include <getopt.h>
 
+#include <stdlib.h>
+
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -118,6 +120,39 @@ void PrintWarnings(absl::string_view warnings, std::ostream& err) {
   for (absl::string_view line : absl::StrSplit(warnings, '\n')) {
     if (!line.empty()) err << Prefix() << "warning: " << line << "\n";
   }
+}
+
+std::optional<std::string> CacheMode(const std::string& name) {
+  if (name == "off") return std::string("none");
+  if (name == "none" || name == "writeback" || name == "writethrough" ||
+      name == "directsync" || name == "unsafe") {
+    return name;
+  }
+  return std::nullopt;
+}
+
+bool IsValidOptionList(const std::string& text) {
+  if (text.empty() || text[0] == ',') return false;
+  size_t trailing = 0;
+  while (trailing < text.size() && text[text.size() - 1 - trailing] == ',') {
+    ++trailing;
+  }
+  return trailing % 2 == 0;
+}
+
+bool HasProtocol(const std::string& name) {
+  const size_t colon = name.find(':');
+  if (colon == std::string::npos) return false;
+  const size_t slash = name.find('/');
+  return slash == std::string::npos || colon < slash;
+}
+
+std::optional<std::string> RealPath(const std::string& path) {
+  char* resolved = realpath(path.c_str(), nullptr);
+  if (resolved == nullptr) return std::nullopt;
+  std::string out(resolved);
+  free(resolved);
+  return out;
 }
 
 absl::StatusOr<std::vector<std::string>> ParseOptions(

@@ -7,6 +7,7 @@
 #include <getopt.h>
 
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -72,6 +73,22 @@ absl::Status WithCorruptionEvent(absl::Status status,
 // argument, without a prefix) to `err` as qemu-img prints warnings:
 // "imgtool: warning: <line>" for each line.
 void PrintWarnings(absl::string_view warnings, std::ostream& err);
+
+// The cache modes QEMU's tools accept for -t and -T ("off" is "none"): the
+// mode's name as posix_file takes it, or nullopt for anything else.
+std::optional<std::string> CacheMode(const std::string& name);
+
+// qemu-img's check on each -o argument: not empty, no leading comma, an even
+// number of trailing commas (a lone trailing comma would be an escape).
+bool IsValidOptionList(const std::string& text);
+
+// Whether `name` has a protocol prefix as QEMU's path_has_protocol sees it
+// ("json:{...}", "nbd:..."): a ':' before any '/'.
+bool HasProtocol(const std::string& name);
+
+// realpath(3) of `path` (symlinks resolved, absolute), or nullopt if it
+// does not name an existing file.
+std::optional<std::string> RealPath(const std::string& path);
 
 // Parses the options of a command with getopt_long, qemu-img's way: options
 // and operands may be mixed, "--" ends the options, an unknown option is

@@ -82,29 +82,6 @@ struct CommitArgs {
   bool quiet = false;
 };
 
-// Cache modes QEMU accepts ("off" is "none").
-std::optional<std::string> CacheMode(const std::string& name) {
-  if (name == "off") return std::string("none");
-  if (name == "none" || name == "writeback" || name == "writethrough" ||
-      name == "directsync" || name == "unsafe") {
-    return name;
-  }
-  return std::nullopt;
-}
-
-bool HasProtocol(const std::string& name) {
-  const size_t colon = name.find(':');
-  const size_t slash = name.find('/');
-  return colon != std::string::npos && colon > 0 &&
-         (slash == std::string::npos || colon < slash);
-}
-
-std::optional<std::string> RealPath(const std::string& path) {
-  char resolved[PATH_MAX];
-  if (realpath(path.c_str(), resolved) == nullptr) return std::nullopt;
-  return std::string(resolved);
-}
-
 // QEMU's bdrv_find_backing_image: how many links down FILE's chain the
 // image `base` is (1: FILE's backing file), or 0. A relative `base` is
 // taken relative to the directory of each image naming a backing file, and

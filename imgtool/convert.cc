@@ -128,28 +128,6 @@ const struct option kLongOptions[] = {
     {nullptr, 0, nullptr, 0},
 };
 
-// Cache modes QEMU accepts ("off" is "none"); the name for posix_file, or
-// nullopt.
-std::optional<std::string> CacheMode(const std::string& name) {
-  if (name == "off") return std::string("none");
-  if (name == "none" || name == "writeback" || name == "writethrough" ||
-      name == "directsync" || name == "unsafe") {
-    return name;
-  }
-  return std::nullopt;
-}
-
-// qemu-img's check on each -o argument: not empty, no leading comma, an
-// even number of trailing commas.
-bool IsValidOptionList(const std::string& text) {
-  if (text.empty() || text[0] == ',') return false;
-  size_t trailing = 0;
-  while (trailing < text.size() && text[text.size() - 1 - trailing] == ',') {
-    ++trailing;
-  }
-  return trailing % 2 == 0;
-}
-
 // Applies one -o argument to the create options of a raw target. `size` is
 // checked but later replaced by the sources' total, as qemu-img does.
 absl::Status ApplyCreateOptions(const std::string& text,

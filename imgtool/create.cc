@@ -66,18 +66,6 @@ const struct option kLongOptions[] = {
     {nullptr, 0, nullptr, 0},
 };
 
-// qemu-img's check on each -o argument before anything else: not empty, no
-// leading comma, and an even number of trailing commas (",," is an escaped
-// comma).
-bool IsValidOptionList(const std::string& text) {
-  if (text.empty() || text[0] == ',') return false;
-  size_t trailing = 0;
-  while (trailing < text.size() && text[text.size() - 1 - trailing] == ',') {
-    ++trailing;
-  }
-  return trailing % 2 == 0;
-}
-
 // The values of the -o options after parsing, as printed on the
 // "Formatting" line (the last value of a key wins, as in qemu-img).
 struct CreateOptionValues {

@@ -75,17 +75,6 @@ uint64_t RoundUp(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 
-// qemu-img's check of each -o argument: not empty, no leading comma, an
-// even number of trailing commas (",," is an escaped comma).
-bool IsValidOptionList(const std::string& text) {
-  if (text.empty() || text[0] == ',') return false;
-  size_t trailing = 0;
-  while (trailing < text.size() && text[text.size() - 1 - trailing] == ',') {
-    ++trailing;
-  }
-  return trailing % 2 == 0;
-}
-
 // The items of an -o text, split at single commas (",," stays, an escaped
 // comma), parsed one by one so that a key given twice is not an error.
 std::vector<std::string> SplitItems(const std::string& text) {

@@ -115,17 +115,6 @@ const struct option kLongOptions[] = {
     {nullptr, 0, nullptr, 0},
 };
 
-// Cache modes QEMU accepts ("off" is "none"); the name for posix_file, or
-// nullopt.
-std::optional<std::string> CacheMode(const std::string& name) {
-  if (name == "off") return std::string("none");
-  if (name == "none" || name == "writeback" || name == "writethrough" ||
-      name == "directsync" || name == "unsafe") {
-    return name;
-  }
-  return std::nullopt;
-}
-
 struct RebaseArgs {
   std::string format;
   std::optional<std::string> backing;         // -b
@@ -147,23 +136,6 @@ uint64_t NodeLength(const io::BlockNode& node) {
     return node.size() / kSectorSize * kSectorSize;
   }
   return AlignUp(node.size(), kSectorSize);
-}
-
-// Whether `name` has a protocol prefix as QEMU's path_has_protocol sees it
-// ("json:{...}", "nbd:..."): a ':' before any '/'.
-bool HasProtocol(const std::string& name) {
-  const size_t colon = name.find(':');
-  if (colon == std::string::npos) return false;
-  const size_t slash = name.find('/');
-  return slash == std::string::npos || colon < slash;
-}
-
-std::optional<std::string> RealPath(const std::string& path) {
-  char* resolved = realpath(path.c_str(), nullptr);
-  if (resolved == nullptr) return std::nullopt;
-  std::string out(resolved);
-  free(resolved);
-  return out;
 }
 
 // QEMU's bdrv_find_backing_image(FILE, name): the node of FILE's backing
