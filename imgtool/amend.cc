@@ -138,17 +138,7 @@ std::string AmendHelp() {
 // error; the last value wins).
 absl::StatusOr<OptionList> ParseItems(const std::string& text) {
   OptionList list;
-  std::vector<std::string> items(1);
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == ',' && i + 1 < text.size() && text[i + 1] == ',') {
-      items.back() += ",,";
-      ++i;
-    } else if (text[i] == ',') {
-      items.emplace_back();
-    } else {
-      items.back() += text[i];
-    }
-  }
+  const std::vector<std::string> items = SplitOptionItems(text);
   for (const std::string& item : items) {
     ASSIGN_OR_RETURN(OptionList one, ParseOptionString(item));
     list.insert(list.end(), one.begin(), one.end());

@@ -140,6 +140,21 @@ bool IsValidOptionList(const std::string& text) {
   return trailing % 2 == 0;
 }
 
+std::vector<std::string> SplitOptionItems(const std::string& text) {
+  std::vector<std::string> items(1);
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == ',' && i + 1 < text.size() && text[i + 1] == ',') {
+      items.back() += ",,";
+      ++i;
+    } else if (text[i] == ',') {
+      items.emplace_back();
+    } else {
+      items.back() += text[i];
+    }
+  }
+  return items;
+}
+
 bool HasProtocol(const std::string& name) {
   const size_t colon = name.find(':');
   if (colon == std::string::npos) return false;

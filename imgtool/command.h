@@ -82,6 +82,11 @@ std::optional<std::string> CacheMode(const std::string& name);
 // number of trailing commas (a lone trailing comma would be an escape).
 bool IsValidOptionList(const std::string& text);
 
+// Splits an -o argument at its single commas (",," stays, as an escaped
+// comma inside a value), so that each item is parsed on its own and a key
+// given twice is not an error (the last value wins, as in qemu-img).
+std::vector<std::string> SplitOptionItems(const std::string& text);
+
 // Whether `name` has a protocol prefix as QEMU's path_has_protocol sees it
 // ("json:{...}", "nbd:..."): a ':' before any '/'.
 bool HasProtocol(const std::string& name);

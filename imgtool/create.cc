@@ -76,24 +76,6 @@ struct CreateOptionValues {
   std::optional<uint64_t> extent_size_hint;
 };
 
-// Splits an -o argument at its single commas (",," stays, as an escaped
-// comma inside a value). Each item is parsed on its own so that a key
-// given twice is not an error: as in qemu-img, the last value wins.
-std::vector<std::string> SplitOptionItems(const std::string& text) {
-  std::vector<std::string> items(1);
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == ',' && i + 1 < text.size() && text[i + 1] == ',') {
-      items.back() += ",,";
-      ++i;
-    } else if (text[i] == ',') {
-      items.emplace_back();
-    } else {
-      items.back() += text[i];
-    }
-  }
-  return items;
-}
-
 absl::StatusOr<OptionList> ParseOptionItems(const std::string& text) {
   OptionList list;
   for (const std::string& item : SplitOptionItems(text)) {

@@ -75,23 +75,6 @@ uint64_t RoundUp(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 
-// The items of an -o text, split at single commas (",," stays, an escaped
-// comma), parsed one by one so that a key given twice is not an error.
-std::vector<std::string> SplitItems(const std::string& text) {
-  std::vector<std::string> items(1);
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == ',' && i + 1 < text.size() && text[i + 1] == ',') {
-      items.back() += ",,";
-      ++i;
-    } else if (text[i] == ',') {
-      items.emplace_back();
-    } else {
-      items.back() += text[i];
-    }
-  }
-  return items;
-}
-
 // The create options of raw (and of the file protocol, which raw adds):
 // size, preallocation, nocow, extent_size_hint. Checked for their types
 // only; raw's measure uses none of them but size.
@@ -99,7 +82,7 @@ absl::StatusOr<std::optional<uint64_t>> ApplyRawOptions(
     const std::vector<std::string>& texts) {
   std::optional<uint64_t> size;
   for (const std::string& text : texts) {
-    for (const std::string& item : SplitItems(text)) {
+    for (const std::string& item : SplitOptionItems(text)) {
       ASSIGN_OR_RETURN(OptionList list, ParseOptionString(item));
       for (const auto& [key, value] : list) {
         if (key == "size") {
@@ -368,7 +351,7 @@ absl::Status RunMeasure(const std::vector<std::string>& args, Streams streams) {
   } else {
     Qcow2CreateValues values;
     for (const std::string& text : option_texts) {
-      for (const std::string& item : SplitItems(text)) {
+      for (const std::string& item : SplitOptionItems(text)) {
         // measure has no "-o help": it is an unknown option there.
         absl::StatusOr<OptionList> list = ParseOptionString(item);
         if (list.ok() && !list->empty() && list->front().first == "help") {

@@ -111,23 +111,6 @@ absl::StatusOr<uint64_t> ParseNumber(const std::string& name,
   return static_cast<uint64_t>(n);
 }
 
-// Splits an -o argument at its single commas (",," stays, as an escaped
-// comma inside a value), so that a key given twice is not an error.
-std::vector<std::string> SplitItems(const std::string& text) {
-  std::vector<std::string> items(1);
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == ',' && i + 1 < text.size() && text[i + 1] == ',') {
-      items.back() += ",,";
-      ++i;
-    } else if (text[i] == ',') {
-      items.emplace_back();
-    } else {
-      items.back() += text[i];
-    }
-  }
-  return items;
-}
-
 // Writes the qcow2 image onto the empty file `filename`.
 absl::Status WriteImage(const std::string& filename,
                         const qcow2::Qcow2CreateOptions& options,
@@ -151,7 +134,7 @@ absl::Status WriteImage(const std::string& filename,
 }  // namespace
 
 absl::Status Qcow2CreateValues::Apply(const std::string& text) {
-  for (const std::string& item : SplitItems(text)) {
+  for (const std::string& item : SplitOptionItems(text)) {
     ASSIGN_OR_RETURN(OptionList list, ParseOptionString(item));
     for (const auto& [key, value] : list) {
       if (key == "help") continue;
