@@ -1239,6 +1239,34 @@ TEST_F(FileNodeTest, BlockStatusInSmallStepsUsesTheCachedExtent) {
   EXPECT_EQ(st->length, (4u << 20) - 12345);
 }
 
+// Block status remembers where a hole ends (SEEK_DATA's answer, data) and
+// asks only SEEK_HOLE there next; a discard of that data forgets it.
+TEST_F(FileNodeTest, BlockStatusAfterAHoleSeesItsDataDiscarded) {
+  const std::string path = Path("hole_then_data.raw");
+  ASSERT_TRUE(Create(path, 1 << 20).ok());
+  WriteWithPwrite(path, 512 << 10, std::vector<uint8_t>(64 << 10, 1));
+  auto node = Open(path, "", false);
+  ASSERT_TRUE(node.ok()) << node.status();
+  FileNode& n = **node;
+  // (Create wrote the first 4 KiB.)
+  auto hole = Run(n.GetBlockStatus(64 << 10, n.size()));
+  ASSERT_TRUE(hole.ok());
+  EXPECT_TRUE(hole->zero);
+  EXPECT_EQ(hole->length, 448u << 10);
+  auto data = Run(n.GetBlockStatus(512 << 10, n.size()));
+  ASSERT_TRUE(data.ok());
+  EXPECT_TRUE(data->data);
+  EXPECT_EQ(data->length, 64u << 10);
+  // Again from the hole, then the data discarded: a hole now.
+  ASSERT_TRUE(Run(n.GetBlockStatus(128 << 10, n.size())).ok());
+  ASSERT_TRUE(Run(n.Discard(512 << 10, 64 << 10)).ok());
+  auto after = Run(n.GetBlockStatus(512 << 10, n.size()));
+  ASSERT_TRUE(after.ok());
+  EXPECT_FALSE(after->data);
+  EXPECT_TRUE(after->zero);
+  ASSERT_TRUE(Run(n.Close()).ok());
+}
+
 TEST_F(FileNodeTest, FlushAndCacheModes) {
   const std::string path = Path("flush.raw");
   ASSERT_TRUE(Create(path, 1 << 20).ok());
