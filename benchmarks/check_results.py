@@ -27,6 +27,8 @@ SUITES = {
                    lambda l: {"seconds", "IOPS", "bytes_from_backing"}),
     "engine": (["fs", "op", "engine", "depth", "tool"],
                lambda l: {"seconds", "IOPS", "MiB_per_s"}),
+    "chain": (["fs", "case", "tool"],
+              lambda l: {"seconds", "max_rss_bytes", "bytes_read"}),
 }
 AGGREGATES = {"mean", "median", "stddev", "cv"}
 GB_FIELDS = {"name", "family_index", "per_family_instance_index", "run_name",

@@ -53,6 +53,11 @@ SUITE_CHARTS = {
                         "metric": "seconds", "x_title": "preallocation"},
     "prealloc_filter": {"kind": "bar", "x": "write", "metric": "MiB_per_s",
                         "x_title": "write pattern"},
+    # ratio: (key, value) of the reference series; the caption gives every
+    # other series' ratio to it per bar (issue 16's targets: imgtool's
+    # time and peak RSS against qemu-img's)
+    "chain": {"kind": "bar", "x": "case", "metric": "seconds",
+              "x_title": "command", "ratio": ("tool", "qemu-img")},
 }
 
 # Shown first in the context table, then the others in file order.
@@ -160,6 +165,29 @@ def _series_for(cases_by_run, spec, labels, metric, skip, multi_run):
     return series
 
 
+def _ratio_text(series, labels, reference):
+    """`imgtool / qemu-img: rebase 0.76, commit 0.78` for each series that
+    is not the reference (a series whose group has key=value), per run;
+    empty without a reference series."""
+    key, value = reference
+    parts = []
+    for ref in series:
+        if ref["group"] != "%s:%s" % (key, value) and not ref[
+                "group"].endswith("/%s:%s" % (key, value)):
+            continue
+        for s in series:
+            if s is ref or s["run"] != ref["run"]:
+                continue
+            cells = []
+            for label, a, b in zip(labels, s["data"], ref["data"]):
+                if a is not None and b:
+                    cells.append("%s %.2f" % (label, a / b))
+            if cells:
+                parts.append("%s / %s: %s" % (s["label"], ref["label"],
+                                              ", ".join(cells)))
+    return "; ".join(parts)
+
+
 def _has_value(runs, metric):
     return any(_finite(c.metrics[metric].mean) for r in runs
                for c in r.cases if metric in c.metrics)
@@ -230,6 +258,10 @@ def build_model(suites):
                     by_metric[m] = {"series": series, "log": log}
                     if log:
                         by_metric[m]["y_min"] = _log_min(series)
+                    if spec.get("ratio"):
+                        by_metric[m]["ratios"] = _ratio_text(
+                            series, [results.human_value(spec["x"], v)
+                                     for v in x_values], spec["ratio"])
             title = suite if facet is None else "%s: %s:%s" % (
                 suite, spec["facet"], facet)
             chart_default = default if default in by_metric else (
@@ -295,6 +327,9 @@ def _table_html(t, shown):
                 up = bool(d) and d.startswith("+") and d != "+0%"
                 down = bool(d) and d.startswith("-") and d not in ("-0%",
                                                                    "--")
+                if d and d.endswith("x") and d != "1.00x":
+                    # a ratio (results.SUITE_RATIO): above or below 1
+                    up, down = float(d[:-1]) > 1, float(d[:-1]) < 1
                 if (up or down) and higher is not None:
                     cls = ' class="%s"' % ("better" if up == higher
                                            else "worse")

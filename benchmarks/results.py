@@ -48,12 +48,15 @@ _METRICS = {
     "allocated_bytes": ("MiB", 1 << 20, None),
     "bytes_from_backing": ("MiB", 1 << 20, False),
     "writes": ("writes", 1, None),
+    "max_rss_bytes": ("MiB", 1 << 20, False),
+    "bytes_read": ("MiB", 1 << 20, False),
 }
 
 
 # The order of metrics in reports: the user's figures first.
-_METRIC_ORDER = ["IOPS", "MiB_per_s", "seconds", "extents", "answers",
-                 "bytes_from_backing", "syscalls", "allocated_bytes"]
+_METRIC_ORDER = ["IOPS", "MiB_per_s", "seconds", "max_rss_bytes",
+                 "bytes_read", "extents", "answers", "bytes_from_backing",
+                 "syscalls", "allocated_bytes"]
 
 
 def order_metrics(metrics):
@@ -321,7 +324,7 @@ def expand(paths, base_dir):
 
 # Suites in the order of benchmarks/README.md; others follow, as found.
 SUITE_ORDER = ["hint", "create_prealloc", "prealloc_filter", "subcluster",
-               "engine"]
+               "engine", "chain"]
 
 
 def load_all(paths, base_dir=None):
@@ -477,7 +480,21 @@ SUITE_COLUMN_KEY = {
     "create_prealloc": "prealloc",
     "prealloc_filter": "filter",
     "engine": "tool",
+    "chain": "tool",
 }
+
+# Suites whose variant columns are compared as ratios against the first
+# column (the reference: the name's first-seen value, e.g. chain's
+# tool:qemu-img) rather than as percent changes: `0.80x` is 0.8 times the
+# reference's value (issue 16's targets are such ratios).
+SUITE_RATIO = frozenset(["chain"])
+
+
+def ratio(value, first):
+    """`0.80x`: value / first; `--` when first is 0."""
+    if first == 0:
+        return "--" if value != 0 else "1.00x"
+    return "%.2fx" % (value / first)
 
 
 def config_keys(runs):
@@ -598,7 +615,7 @@ def _stats(case, metric):
     return (stat, case.error)
 
 
-def _row(cells_stats, metric):
+def _row(cells_stats, metric, as_ratio=False):
     cells, diffs = [], []
     first = cells_stats[0][0]
     for i, (stat, error) in enumerate(cells_stats):
@@ -610,6 +627,8 @@ def _row(cells_stats, metric):
             cells.append(format_cell(stat, metric))
         if i == 0 or stat is None or first is None:
             diffs.append(None)
+        elif as_ratio:
+            diffs.append(ratio(stat.mean, first.mean))
         else:
             diffs.append(percent_change(stat.mean, first.mean))
     return cells, diffs
@@ -662,7 +681,11 @@ def _tables_by_key(suite, runs, metric, col_key):
                 rows.append(rest)
             cells[(rest, v)] = case
         values = sort_values(values)
+        as_ratio = suite in SUITE_RATIO
         legend = ["%s (%s)" % (run.path, run.label())]
+        if as_ratio and len(values) > 1:
+            legend.append("under each cell: its ratio to %s:%s" % (
+                col_key, human_value(col_key, values[0])))
         t = Table(suite, metric, "%s: %s" % (suite, metric_title(metric)),
                   ["%s:%s" % (col_key, human_value(col_key, v))
                    for v in values],
@@ -672,7 +695,7 @@ def _tables_by_key(suite, runs, metric, col_key):
             stats = [_stats(cells.get((rest, v)), metric) for v in values]
             if all(s is None and e is None for s, e in stats):
                 continue
-            row_cells, diffs = _row(stats, metric)
+            row_cells, diffs = _row(stats, metric, as_ratio)
             t.rows.append((rest, row_cells, diffs))
         tables.append(t)
     return tables

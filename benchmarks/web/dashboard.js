@@ -127,8 +127,11 @@
     m.series.forEach(function (s) {
       s.errors.forEach(function (e) { errors.push(e); });
     });
-    caption.textContent = errors.length ?
-        'Failed configurations: ' + errors.join('; ') : '';
+    // the ratios to the reference series (chain: imgtool / qemu-img)
+    caption.textContent = [
+      m.ratios || '',
+      errors.length ? 'Failed configurations: ' + errors.join('; ') : '',
+    ].filter(function (t) { return t !== ''; }).join('. ');
     var title = suite.metric_titles[metric];
     var unit = suite.metric_units[metric];
     var canvas = figure.querySelector('canvas');
