@@ -46,6 +46,8 @@ EXPECTED = {
     # lines: io_uring, threads, fio (ceiling) x 2 runs over depths 1..256 (9)
     "chart-engine-randread": (6, 54),
     "chart-engine-randwrite": (6, 54),
+    # bars (run2 only): qemu-img and imgtool over the 5 commands
+    "chart-chain": (2, 10),
 }
 
 
@@ -184,8 +186,9 @@ class DashboardTest(unittest.TestCase):
                                  ("suite-create_prealloc", "seconds"),
                                  ("suite-prealloc_filter", "MiB_per_s"),
                                  ("suite-subcluster", "IOPS"),
-                                 ("suite-engine", "IOPS")])
-        self.assertEqual(len(self.dom.tables), 4 + 3 + 4 + 4 + 3)
+                                 ("suite-engine", "IOPS"),
+                                 ("suite-chain", "seconds")])
+        self.assertEqual(len(self.dom.tables), 4 + 3 + 4 + 4 + 3 + 3)
 
     def test_tables_and_context_are_on_the_page(self):
         for text in ["<caption>hint: seconds (s, lower is better)",
@@ -225,6 +228,32 @@ class DashboardTest(unittest.TestCase):
         self.assertEqual(shown, ["extents"])
         self.assertEqual(len(dom.errors), 1)
         self.assertIn("probe error", dom.errors[0])
+
+    def test_chain_shows_ratios_to_qemu_img(self):
+        # the caption: imgtool's time per command as a ratio of qemu-img's
+        # (from the file's means), and the table's line under each cell
+        caption = self.dom.captions["chart-chain"]
+        self.assertRegex(
+            caption, r"^tool:imgtool / tool:qemu-img: rebase [0-9]+\.[0-9]{2}, "
+            r"flatten [0-9.]+, commit [0-9.]+, measure [0-9.]+, dd [0-9.]+$")
+        chain = dict(self.suites)["chain"][0]
+        ours = chain.case("fs:xfs/case:commit/tool:imgtool").metrics[
+            "seconds"].mean
+        theirs = chain.case("fs:xfs/case:commit/tool:qemu-img").metrics[
+            "seconds"].mean
+        self.assertIn("commit %.2f" % (ours / theirs), caption)
+        self.assertIn("<caption>chain: max_rss_bytes (MiB, lower is better)",
+                      self.page)
+        self.assertIn("under each cell: its ratio to tool:qemu-img",
+                      self.page)
+        dom = self.switch_metric("chain", "max_rss_bytes")
+        self.assertEqual(dom.errors, [])
+        fig = dom.figures["chart-chain"]
+        self.assertEqual((fig.get("data-metric"),
+                          fig.get("data-rendered-points")),
+                         ("max_rss_bytes", "10"))
+        self.assertRegex(dom.captions["chart-chain"],
+                         r"^tool:imgtool / tool:qemu-img: rebase [0-9.]+, ")
 
     def test_bytes_from_backing_in_mib(self):
         # switched to bytes_from_backing, the subcluster axis counts MiB
