@@ -8,7 +8,7 @@
 #       [-- extra Google Benchmark flags for every suite]
 #
 # Suites (all by default, in this order): hint create_prealloc prealloc_filter
-# subcluster engine chain. Defaults take about 13-18 minutes on 2 cores; --quick
+# subcluster engine chain. Defaults take about 15 minutes on 2 cores; --quick
 # is a smoke run of about 1-2 minutes (small sizes, 2 repetitions). DIR defaults to
 # ./bench-results (relative to where `bazel run` was called). Each file is
 # checked against the contract (check_results.py) after its suite ran.
