@@ -21,6 +21,7 @@
 #include "base/json_printer.h"
 #include "base/size.h"
 #include "base/status_macros.h"
+#include "block/objects.h"
 #include "google/protobuf/message.h"
 #include "posix_file/file_options.pb.h"
 #include "prealloc_filter/prealloc_filter.h"
@@ -354,6 +355,24 @@ absl::Status CheckUnsupportedKeys(const Driver& driver,
        node.children.count("backing") != 0)) {
     return absl::UnimplementedError(
         "Block format 'qcow2' option 'backing' is not supported yet");
+  }
+  // qcow2's encryption options name a secret (--object secret,id=...):
+  // one that was never defined is QEMU's error; a defined one still cannot
+  // be used, as imgtool has no qcow2 encryption.
+  if (driver.name == "qcow2") {
+    auto encrypt = node.children.find("encrypt");
+    if (encrypt != node.children.end()) {
+      auto secret = encrypt->second.values.find("key-secret");
+      if (secret != encrypt->second.values.end()) {
+        absl::StatusOr<std::string> found =
+            ObjectRegistry::Default().LookupSecret(secret->second);
+        if (!found.ok()) return found.status();
+        return absl::UnimplementedError(absl::StrCat(
+            "Block format 'qcow2' option 'encrypt.key-secret' is not "
+            "supported yet: imgtool cannot use secret '",
+            secret->second, "', it has no qcow2 encryption"));
+      }
+    }
   }
   for (const std::string& key : driver.unsupported_keys) {
     if (node.values.count(key) != 0 || node.children.count(key) != 0) {

@@ -32,6 +32,9 @@
 // 'vmdk' is not supported yet"; QEMU options imgtool does not implement
 // (qcow2's cache-size, raw's offset, ...) are kUnimplemented "Block format
 // 'qcow2' option 'cache-size' is not supported yet".
+// qcow2's `encrypt.key-secret=ID` is kNotFound "No secret with id 'ID'" if
+// no --object defined ID (block/objects.h), else kUnimplemented (imgtool
+// has no qcow2 encryption).
 // `backing=` (QEMU's deprecated form of "backing": null, with its warning)
 // opens a qcow2 node without its backing file; other backing overrides are
 // kUnimplemented (unknown options when backing files are not opened).

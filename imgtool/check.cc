@@ -203,9 +203,6 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
                        case kOutput:
                          output = arg;
                          break;
-                       case kObject:
-                         return absl::UnimplementedError(
-                             "--object is not supported yet");
                        case kImageOpts:
                          image_opts = true;
                          break;

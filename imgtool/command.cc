@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "block/objects.h"
 
 namespace imgtool::cli {
 namespace {
@@ -21,6 +22,7 @@ constexpr char kExitCodePayload[] = "imgtool/exit_code";
 constexpr char kPrefixEachLinePayload[] = "imgtool/prefix_each_line";
 constexpr char kUsagePayload[] = "imgtool/usage";
 constexpr char kCorruptionEventPayload[] = "imgtool/corruption_event";
+constexpr char kOutputPayload[] = "imgtool/output";
 
 std::string& MutableProgramName() {
   static std::string* name = new std::string("imgtool");
@@ -116,6 +118,19 @@ std::string FormatError(const absl::Status& status) {
   return text;
 }
 
+absl::Status StopWithOutput(std::string text) {
+  absl::Status status = WithExitCode(absl::CancelledError(), 0);
+  status.SetPayload(kOutputPayload, absl::Cord(std::move(text)));
+  return status;
+}
+
+std::optional<std::string> OutputOf(const absl::Status& status) {
+  if (auto payload = status.GetPayload(kOutputPayload); payload.has_value()) {
+    return std::string(*payload);
+  }
+  return std::nullopt;
+}
+
 void PrintWarnings(absl::string_view warnings, std::ostream& err) {
   for (absl::string_view line : absl::StrSplit(warnings, '\n')) {
     if (!line.empty()) err << Prefix() << "warning: " << line << "\n";
@@ -189,8 +204,9 @@ absl::StatusOr<std::vector<std::string>> ParseOptions(
   optind = 0;  // glibc: full re-initialisation, so Run can be called again.
   opterr = 0;
   for (;;) {
+    int long_index = -1;
     int c = getopt_long(argc, argv.data(), optstring.c_str(), long_options,
-                        nullptr);
+                        &long_index);
     if (c == -1) break;
     if (c == '?') {
       return UsageError(
@@ -200,6 +216,15 @@ absl::StatusOr<std::vector<std::string>> ParseOptions(
       return UsageError(
           absl::StrCat("missing argument for option '", argv[optind - 1], "'"),
           usage);
+    }
+    if (long_index >= 0 &&
+        std::strcmp(long_options[long_index].name, "object") == 0) {
+      absl::StatusOr<std::optional<std::string>> added =
+          block::ObjectRegistry::Default().AddFromCommandLine(
+              optarg != nullptr ? optarg : "");
+      if (!added.ok()) return added.status();
+      if (added->has_value()) return StopWithOutput(**std::move(added));
+      continue;
     }
     absl::Status st = on_option(c, optarg != nullptr ? optarg : "");
     if (!st.ok()) return st;

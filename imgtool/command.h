@@ -69,6 +69,13 @@ std::string FormatError(const absl::Status& status);
 absl::Status WithCorruptionEvent(absl::Status status,
                                  const absl::Status& cause);
 
+// A command that stops early and successfully after `text` was asked for
+// (--object help): main writes `text` to stdout and exits 0. The status is
+// not ok (kCancelled, empty message) so that the command returns at once.
+absl::Status StopWithOutput(std::string text);
+// The text of a StopWithOutput status, or nullopt for any other status.
+std::optional<std::string> OutputOf(const absl::Status& status);
+
 // Writes library warnings (lines written to a std::ostream* warnings
 // argument, without a prefix) to `err` as qemu-img prints warnings:
 // "imgtool: warning: <line>" for each line.
@@ -102,6 +109,11 @@ std::optional<std::string> RealPath(const std::string& path);
 // with each option's code (the short letter or the long option's `val`) and
 // its argument ("" if none) in command-line order; an error from it stops
 // the parse and is returned. Returns the operands in order.
+// QEMU's --object is handled here for every command whose table has a long
+// option named "object" (on_option never sees it): its argument is added
+// to block::ObjectRegistry::Default() as qemu-img adds it, in command-line
+// order, and its error (block/objects.h) stops the parse; `--object help`
+// stops it with StopWithOutput(the help text).
 // `short_options` is a getopt string without the leading ':' (added here).
 // Not thread-safe: getopt keeps global state.
 absl::StatusOr<std::vector<std::string>> ParseOptions(

@@ -320,9 +320,6 @@ absl::Status RunCompare(const std::vector<std::string>& args, Streams streams) {
                        case 'U':
                          a.force_share = true;
                          break;
-                       case kObject:
-                         return absl::UnimplementedError(
-                             "--object is not supported yet");
                        case kImageOpts:
                          a.image_opts = true;
                          break;

@@ -309,8 +309,6 @@ absl::Status ParseOption(int c, const std::string& arg, ConvertArgs& a,
     case 'q':
       a.quiet = true;
       break;
-    case kObject:
-      return absl::UnimplementedError("--object is not supported yet");
     case kImageOpts:
       a.image_opts = true;
       break;

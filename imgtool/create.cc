@@ -267,9 +267,6 @@ absl::Status RunCreate(const std::vector<std::string>& args, Streams streams) {
                 break;
               case 'q': quiet = true; break;
               case 'u': open_backing = false; break;
-              case kObject:
-                return absl::UnimplementedError(
-                    "--object is not supported yet");
             }
             return absl::OkStatus();
           }));

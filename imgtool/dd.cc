@@ -269,9 +269,6 @@ absl::Status RunDd(const std::vector<std::string>& args, Streams streams) {
                        case 'f': a.format = arg; break;
                        case 'O': a.output_format = arg; break;
                        case 'U': a.force_share = true; break;
-                       case kObject:
-                         return absl::UnimplementedError(
-                             "--object is not supported yet");
                        case kImageOpts: a.image_opts = true; break;
                      }
                      return absl::OkStatus();

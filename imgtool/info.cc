@@ -264,9 +264,6 @@ absl::Status RunInfo(const std::vector<std::string>& args, Streams streams) {
                        case 'U': spec.force_share = true; break;
                        case kOutput: output = arg; break;
                        case kBackingChain: backing_chain = true; break;
-                       case kObject:
-                         return absl::UnimplementedError(
-                             "--object is not supported yet");
                        case kImageOpts: spec.image_opts = true; break;
                      }
                      return absl::OkStatus();

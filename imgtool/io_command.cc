@@ -1374,9 +1374,6 @@ absl::Status RunIo(const std::vector<std::string>& args, Streams streams) {
                 return absl::UnimplementedError("-C is not supported yet");
               case 'T':
                 return absl::UnimplementedError("-T is not supported yet");
-              case kObject:
-                return absl::UnimplementedError(
-                    "--object is not supported yet");
             }
             return absl::OkStatus();
           }));

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <string_view>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -136,8 +137,13 @@ void PrintHelp() {
 int RunCommand(imgtool::cli::CommandFn run,
                const std::vector<std::string>& args) {
   const absl::Status status = run(args, {std::cout, std::cerr});
+  if (const std::optional<std::string> text = imgtool::cli::OutputOf(status);
+      text.has_value()) {
+    std::cout << *text;
+  }
   std::cout.flush();
-  if (!status.ok() && !status.message().empty()) {
+  if (!status.ok() && !status.message().empty() &&
+      !imgtool::cli::OutputOf(status).has_value()) {
     std::cerr << imgtool::cli::FormatError(status);
   }
   return imgtool::cli::ExitCodeOf(status);

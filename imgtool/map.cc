@@ -233,9 +233,6 @@ absl::Status RunMap(const std::vector<std::string>& args, Streams streams) {
               case 'h': help = true; break;
               case 'U': spec.force_share = true; break;
               case kOutput: output = arg; break;
-              case kObject:
-                return absl::UnimplementedError(
-                    "--object is not supported yet");
               case kImageOpts: spec.image_opts = true; break;
               case kStartOffset: {
                 ASSIGN_OR_RETURN(start_offset,

@@ -244,9 +244,6 @@ absl::Status RunMeasure(const std::vector<std::string>& args, Streams streams) {
                 break;
               case 'l': snapshot = arg; break;
               case 'U': spec.force_share = true; break;
-              case kObject:
-                return absl::UnimplementedError(
-                    "--object is not supported yet");
               case kImageOpts: spec.image_opts = true; break;
               case kOutput: {
                 ASSIGN_OR_RETURN(json, ParseOutputFormat(arg));

@@ -88,9 +88,6 @@ absl::Status RunResize(const std::vector<std::string>& args, Streams streams) {
                        case 'f': spec.format = arg; break;
                        case 'h': help = true; break;
                        case 'q': quiet = true; break;
-                       case kObject:
-                         return absl::UnimplementedError(
-                             "--object is not supported yet");
                        case kImageOpts: spec.image_opts = true; break;
                        case kPreallocation: {
                          ASSIGN_OR_RETURN(prealloc, io::ParsePreallocMode(arg));
