@@ -85,6 +85,68 @@ constexpr char kHelp[] =
     "\n"
     "Run 'imgtool io -c help' for the list of commands.\n";
 
+// qemu-io 7.2's own help text (`qemu-io -h`), printed under that name.
+constexpr char kQemuIoHelp[] =
+    "Usage: qemu-io [OPTIONS]... [-c STRING]... [file]\n"
+    "QEMU Disk exerciser\n"
+    "\n"
+    "  --object OBJECTDEF   define an object such as 'secret' for\n"
+    "                       passwords and/or encryption keys\n"
+    "  --image-opts         treat file as option string\n"
+    "  -c, --cmd STRING     execute command with its arguments\n"
+    "                       from the given string\n"
+    "  -f, --format FMT     specifies the block driver to use\n"
+    "  -r, --read-only      export read-only\n"
+    "  -s, --snapshot       use snapshot file\n"
+    "  -n, --nocache        disable host cache, short for -t none\n"
+    "  -C, --copy-on-read   enable copy-on-read\n"
+    "  -m, --misalign       misalign allocations for O_DIRECT\n"
+    "  -k, --native-aio     use kernel AIO implementation\n"
+    "                       (Linux only, prefer use of -i)\n"
+    "  -i, --aio=MODE       use AIO mode (threads, native or io_uring)\n"
+    "  -t, --cache=MODE     use the given cache mode for the image\n"
+    "  -d, --discard=MODE   use the given discard mode for the image\n"
+    "  -T, --trace [[enable=]<pattern>][,events=<file>][,file=<file>]\n"
+    "                       specify tracing options\n"
+    "                       see qemu-img(1) man page for full description\n"
+    "  -U, --force-share    force shared permissions\n"
+    "  -h, --help           display this help and exit\n"
+    "  -V, --version        output version information and exit\n"
+    "\n"
+    "See 'qemu-io -c help' for information on available commands.\n"
+    "\n"
+    "See <https://qemu.org/contribute/report-a-bug> for how to report bugs.\n"
+    "More information on the QEMU project at <https://qemu.org>.\n";
+
+// Under the name qemu-io, a command-line error is reported as qemu-io
+// reports it: glibc's getopt message, then the whole help on stdout (exit
+// 1, nothing more on stderr). `status` is ParseOptions' UsageError.
+absl::Status QemuIoUsageFailure(const absl::Status& status,
+                                std::ostream& out, std::ostream& err) {
+  const absl::string_view message = status.message();
+  std::string text;
+  auto quoted = [&](absl::string_view prefix) -> std::string {
+    absl::string_view word = message.substr(prefix.size());
+    if (!word.empty() && word.back() == '\'') word.remove_suffix(1);
+    return std::string(word);
+  };
+  if (absl::StartsWith(message, "unrecognized option '")) {
+    const std::string word = quoted("unrecognized option '");
+    text = absl::StartsWith(word, "--")
+               ? absl::StrCat("unrecognized option '", word, "'")
+               : absl::StrCat("invalid option -- '", word.substr(1), "'");
+  } else if (absl::StartsWith(message, "missing argument for option '")) {
+    const std::string word = quoted("missing argument for option '");
+    text = absl::StartsWith(word, "--")
+               ? absl::StrCat("option '", word, "' requires an argument")
+               : absl::StrCat("option requires an argument -- '",
+                              word.substr(1), "'");
+  }
+  if (!text.empty()) err << ProgramName() << ": " << text << "\n";
+  out << kQemuIoHelp;
+  return absl::InvalidArgumentError("");
+}
+
 enum LongOption { kImageOpts = 256, kObject };
 
 const struct option kLongOptions[] = {
@@ -1327,8 +1389,8 @@ absl::Status RunIo(const std::vector<std::string>& args, Streams streams) {
   std::string discard = "unmap";
   std::string aio;
   bool help = false;
-  ASSIGN_OR_RETURN(
-      std::vector<std::string> operands,
+  const bool as_qemu_io = ProgramName() == "qemu-io";
+  absl::StatusOr<std::vector<std::string>> parsed =
       ParseOptions(
           args, "c:f:rnt:d:i:kmUhsCT:", kLongOptions, kUsage,
           [&](int c, const std::string& arg) -> absl::Status {
@@ -1376,12 +1438,22 @@ absl::Status RunIo(const std::vector<std::string>& args, Streams streams) {
                 return absl::UnimplementedError("-T is not supported yet");
             }
             return absl::OkStatus();
-          }));
+          });
+  if (!parsed.ok()) {
+    if (as_qemu_io && absl::IsInvalidArgument(parsed.status()) &&
+        (absl::StartsWith(parsed.status().message(), "unrecognized option") ||
+         absl::StartsWith(parsed.status().message(), "missing argument"))) {
+      return QemuIoUsageFailure(parsed.status(), streams.out, streams.err);
+    }
+    return parsed.status();
+  }
+  std::vector<std::string> operands = *std::move(parsed);
   if (help) {
-    streams.out << kHelp;
+    streams.out << (as_qemu_io ? kQemuIoHelp : kHelp);
     return absl::OkStatus();
   }
   if (operands.size() > 1) {
+    if (as_qemu_io) return QemuIoUsageFailure(absl::OkStatus(), streams.out, streams.err);
     return UsageError("Expecting at most one image file name", kUsage);
   }
   if (spec.image_opts && !spec.format.empty()) {

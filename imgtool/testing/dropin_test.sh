@@ -28,7 +28,8 @@ done
 QEMU_IMG=$(command -v qemu-img)
 QEMU_IO=$(command -v qemu-io)
 
-# same TOOL STDIN ARGS...: the real TOOL and the installed one, run in
+# same TOOL STDIN ARGS...: the real TOOL and the installed one, both found
+# through PATH as callers run them (getopt's messages name argv[0]), run in
 # copies of one directory with STDIN as input, print the same stdout and
 # stderr and exit with the same code.
 same() {
@@ -41,9 +42,9 @@ same() {
   mkdir -p "$d/real" "$d/ours"
   truncate -s 1M "$d/real/img.raw"
   cp "$d/real/img.raw" "$d/ours/img.raw"
-  (cd "$d/real" && printf '%s' "$input" | "$real" "$@" >../real.out 2>../real.err)
+  (cd "$d/real" && printf '%s' "$input" | PATH="$(dirname "$real"):$PATH" "$tool" "$@" >../real.out 2>../real.err)
   local real_rc=$?
-  (cd "$d/ours" && printf '%s' "$input" | "$WORK/bin/$tool" "$@" >../ours.out 2>../ours.err)
+  (cd "$d/ours" && printf '%s' "$input" | PATH="$WORK/bin:$PATH" "$tool" "$@" >../ours.out 2>../ours.err)
   local ours_rc=$?
   [[ $real_rc == "$ours_rc" ]] ||
     fail "$tool $*: exit $ours_rc, $tool 7.2 exits $real_rc"
@@ -72,6 +73,15 @@ same qemu-io '' -c 'read 0 512' missing.raw
 same qemu-io '' -f raw -c 'read 2M 512' img.raw
 same qemu-io $'write -P 1 0 512\nread -P 2 0 512\nquit\n' -f raw img.raw
 same qemu-io '' -f raw -c frobnicate img.raw
+# qemu-io's own help, and its usage failures (getopt's message, the whole
+# help on stdout, exit 1).
+same qemu-io '' -h
+same qemu-io '' --help
+same qemu-io '' --frobnicate img.raw
+same qemu-io '' -x img.raw
+same qemu-io '' -c
+same qemu-io '' --cmd
+same qemu-io '' -f raw img.raw other.raw
 
 # --version: the first line callers parse.
 checks=$((checks + 1))
@@ -95,6 +105,11 @@ grep -q '^  convert ' <<<"$help" || fail "qemu-img --help lacks convert"
 grep -q 'imgtool' <<<"$(sed 1d <<<"$help")" &&
   fail "qemu-img --help names imgtool past its first line"
 grep -q "^usage: qemu-img " <<<"$help" || fail "qemu-img --help: no 'usage: qemu-img' line"
+for cmd in amend commit dd info measure rebase; do
+  grep -q "^  $cmd " <<<"$help" || fail "qemu-img --help lacks $cmd"
+done
+# libguestfs: `qemu-img --help | grep -sqE '\binfo\b.*-U\b'`.
+grep -sqE '\binfo\b.*-U\b' <<<"$help" || fail "qemu-img --help: no 'info ... -U'"
 
 # Run as imgtool (also through a link of another name), it stays imgtool.
 checks=$((checks + 1))
