@@ -338,6 +338,25 @@ absl::Status CreateQcow2File(const std::string& filename,
     }
   }
 
+  // backing-fmt is a QAPI BlockdevDriver, visited before the options
+  // above: a name qemu-img 7.2 (Debian's build) has no driver for fails
+  // first, whether or not the backing file is opened (-u).
+  static constexpr const char* kBlockdevDrivers[] = {
+      "blkdebug", "blklogwrites", "blkreplay", "blkverify", "bochs", "cloop",
+      "compress", "copy-before-write", "copy-on-read", "dmg", "file",
+      "snapshot-access", "ftp", "ftps", "gluster", "host_cdrom",
+      "host_device", "http", "https", "iscsi", "luks", "nbd", "nfs",
+      "null-aio", "null-co", "nvme", "parallels", "preallocate", "qcow",
+      "qcow2", "qed", "quorum", "raw", "rbd", "replication", "ssh",
+      "throttle", "vdi", "vhdx", "vmdk", "vpc", "vvfat"};
+  if (const std::string& fmt = options.backing_fmt();
+      !fmt.empty() &&
+      std::none_of(std::begin(kBlockdevDrivers), std::end(kBlockdevDrivers),
+                   [&](const char* d) { return fmt == d; })) {
+    late_error = absl::InvalidArgumentError(absl::StrCat(
+        "Parameter 'backing-fmt' does not accept value '", fmt, "'"));
+  }
+
   RETURN_IF_ERROR(CreateImageFile(filename, file_options, err));
   if (!late_error.has_value()) {
     absl::StatusOr<qcow2::CheckedCreateOptions> checked =
