@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "base/align.h"
 #include "base/errno_status.h"
@@ -21,6 +22,34 @@ namespace {
 
 // The largest single request (QEMU's BDRV_REQUEST_MAX_BYTES).
 constexpr uint64_t kMaxRequest = static_cast<uint64_t>(INT_MAX) & ~511ull;
+
+// Reads in flight per compared chunk (over the source and the reference).
+constexpr int kCompareReadsInFlight = 8;
+
+constexpr absl::string_view kCopyOpPayload = "imgtool.block.CopyOp";
+
+absl::Status Tagged(absl::Status status, CopyOp op) {
+  status.SetPayload(kCopyOpPayload,
+                    absl::Cord(std::string(1, static_cast<char>(op))));
+  return status;
+}
+
+// QEMU's bdrv_is_allocated on one node's own layer: block status that does
+// not cut a qcow2 node's data at holes of its file (want_zero false).
+// `offset` < node.size().
+io::Task<absl::StatusOr<io::BlockStatus>> OwnAllocation(io::BlockNode& node,
+                                                        uint64_t offset,
+                                                        uint64_t length) {
+  // Separate statements, never a conditional over two co_awaits: GCC 12
+  // destroys the temporaries of such an expression twice.
+  absl::StatusOr<io::BlockStatus> status;
+  if (auto* qcow2 = dynamic_cast<qcow2::Qcow2Node*>(&node)) {
+    status = co_await qcow2->GetAllocationStatus(offset, length);
+  } else {
+    status = co_await node.GetBlockStatus(offset, length);
+  }
+  co_return status;
+}
 
 uint64_t MonotonicNs() {
   struct timespec ts;
@@ -52,12 +81,39 @@ class Copier {
         limiter_(settings.rate_limit),
         waiting_(settings.num_workers) {
     for (const CopySource& s : sources_) total_ += s.length;
+    stepping_ = settings_.step_by_target_allocation;
+    comparing_ = stepping_ || settings_.reference != nullptr;
+    if (stepping_) {
+      settings_.in_order = true;
+      settings_.skip_target_allocated = true;
+      if (settings_.target_cluster_size > 1) {
+        target_unit_ = settings_.target_cluster_size;
+      } else if (auto* qcow2 = dynamic_cast<qcow2::Qcow2Node*>(&target_)) {
+        target_unit_ = qcow2->cluster_size();
+      }
+    }
+    if (comparing_ && !sources_.empty()) {
+      const io::BlockNode* node = sources_.front().node;
+      if (node != nullptr) source_end_ = AlignUp(node->size(), kSectorSize);
+      for (; node != nullptr && settings_.reference != nullptr;
+           node = node->backing()) {
+        if (node == settings_.reference) reference_in_source_chain_ = true;
+      }
+    }
+    if (settings_.reference != nullptr) {
+      reference_end_ = AlignUp(settings_.reference->size(), kSectorSize);
+    }
+    if (settings_.progress_per_step && total_ != 0) {
+      step_progress_ =
+          100.0f / static_cast<float>(
+                       total_ / std::min(total_, settings_.max_chunk));
+    }
   }
 
   // Counts the bytes to write so the progress can be shown as a fraction of
   // them, then copies.
   io::Task<absl::Status> Run() {
-    if (settings_.progress != nullptr) {
+    if (settings_.progress != nullptr && !settings_.progress_per_step) {
       uint64_t offset = 0;
       while (offset < total_) {
         CO_ASSIGN_OR_RETURN(uint64_t n, co_await NextChunk(offset));
@@ -119,6 +175,7 @@ class Copier {
     if (source.view == SourceView::kAboveBase) {
       co_return co_await MirrorChunk(source, offset, in_source, n);
     }
+    if (stepping_) co_return co_await StepChunk(source, offset);
     bool past_backing_end = false;
     if (settings_.target_backing_end.has_value()) {
       // Ranges before and after the end of the target's backing file are
@@ -134,8 +191,8 @@ class Copier {
       if (settings_.skip_target_allocated && offset < target_.size()) {
         CO_ASSIGN_OR_RETURN(
             io::BlockStatus own,
-            co_await StatusOrError(target_, offset,
-                                   std::min(n, target_.size() - offset)));
+            co_await AllocationOrError(target_, offset,
+                                       std::min(n, target_.size() - offset)));
         if (own.data || own.zero) {
           n = AlignUp(own.length, kSectorSize);
           status_ = ChunkKind::kSkip;
@@ -143,6 +200,20 @@ class Copier {
           co_return n;
         }
         n = std::min(n, own.length);
+      }
+      if (reference_in_source_chain_ && in_source < source.node->size()) {
+        CO_ASSIGN_OR_RETURN(
+            auto above,
+            co_await AllocatedAbove(
+                source.node, settings_.reference, in_source,
+                std::min(n, source.node->size() - in_source)));
+        n = std::min(n, above.second);
+        if (!above.first) {
+          n = AlignUp(n, kSectorSize);
+          status_ = ChunkKind::kSkip;
+          next_status_end_ = offset + n;
+          co_return n;
+        }
       }
       uint64_t count = n;
       ChunkKind kind = ChunkKind::kZero;
@@ -192,11 +263,65 @@ class Copier {
     co_return status;
   }
 
+  // Allocation in `node`'s own layer (OwnAllocation), with the copy's
+  // error text.
+  static io::Task<absl::StatusOr<io::BlockStatus>> AllocationOrError(
+      io::BlockNode& node, uint64_t offset, uint64_t length) {
+    absl::StatusOr<io::BlockStatus> status =
+        co_await OwnAllocation(node, offset, length);
+    if (!status.ok()) co_return BlockStatusError(status.status(), offset);
+    co_return status;
+  }
+
   static absl::Status BlockStatusError(const absl::Status& st,
                                        uint64_t offset) {
-    return WithMessage(st, absl::StrCat("error while reading block status at "
-                                        "offset ",
-                                        offset, ": ", st.message()));
+    return Tagged(
+        WithMessage(st, absl::StrCat("error while reading block status at "
+                                     "offset ",
+                                     offset, ": ", st.message())),
+        CopyOp::kBlockStatus);
+  }
+
+  // A step of qemu-img rebase's walk from target `offset` (see
+  // CopySettings::step_by_target_allocation): the steps the target
+  // allocates, or that nothing above the reference allocates, are skipped
+  // together, and the chunk goes on with the step to compare after them
+  // (cut at the source's and the reference's ends; skip_prefix_ is the
+  // length skipped first), so that a worker's chunk is never a skip only
+  // but at the end. Runs under mutex_.
+  io::Task<absl::StatusOr<uint64_t>> StepChunk(const CopySource& source,
+                                               uint64_t offset) {
+    uint64_t at = offset;
+    uint64_t n = 0;
+    for (; at < total_; at += n) {
+      n = std::min(settings_.max_chunk, total_ - at);
+      if (at < target_.size()) {
+        CO_ASSIGN_OR_RETURN(
+            io::BlockStatus own,
+            co_await AllocationOrError(target_, at,
+                                       std::min(n, target_.size() - at)));
+        n = own.length;
+        if (own.data || own.zero) continue;
+      }
+      if (reference_in_source_chain_) {
+        CO_ASSIGN_OR_RETURN(
+            auto above,
+            co_await AllocatedAbove(source.node, settings_.reference, at, n));
+        n = above.second;
+        if (!above.first) continue;
+      }
+      break;
+    }
+    next_status_end_ = 0;  // no reuse across chunks
+    if (at >= total_) {
+      status_ = ChunkKind::kSkip;
+      co_return total_ - offset;
+    }
+    if (at < source_end_) n = std::min(n, source_end_ - at);
+    if (at < reference_end_) n = std::min(n, reference_end_ - at);
+    status_ = ChunkKind::kData;
+    skip_prefix_ = at - offset;
+    co_return at - offset + n;
   }
 
   // Block status of a source range: through its whole backing chain, or
@@ -229,17 +354,25 @@ class Copier {
   // allocates nothing there.
   static io::Task<absl::StatusOr<std::pair<bool, uint64_t>>> AllocatedAbove(
       const CopySource& source, uint64_t offset, uint64_t length) {
+    co_return co_await AllocatedAbove(source.node, source.base, offset,
+                                      length);
+  }
+
+  // The same for the layers from `top` down to `base` (excluded).
+  static io::Task<absl::StatusOr<std::pair<bool, uint64_t>>> AllocatedAbove(
+      io::BlockNode* top, const io::BlockNode* base, uint64_t offset,
+      uint64_t length) {
     uint64_t n = length;
-    for (io::BlockNode* layer = source.node;
-         layer != nullptr && layer != source.base; layer = layer->backing()) {
+    for (io::BlockNode* layer = top; layer != nullptr && layer != base;
+         layer = layer->backing()) {
       if (offset >= layer->size()) continue;
       CO_ASSIGN_OR_RETURN(
           io::BlockStatus st,
-          co_await StatusOrError(*layer, offset,
-                                 std::min(length, layer->size() - offset)));
+          co_await AllocationOrError(*layer, offset,
+                                     std::min(length, layer->size() - offset)));
       if (st.data || st.zero) co_return std::make_pair(true, st.length);
       // Unallocated up to the layer's end: the rest of it is too.
-      if (layer == source.node || offset + st.length < layer->size()) {
+      if (layer == top || offset + st.length < layer->size()) {
         n = std::min(n, st.length);
       }
     }
@@ -425,49 +558,286 @@ class Copier {
     co_return absl::OkStatus();
   }
 
-  // Writes the sectors of `buf` that differ from `ref` (rebase's safe
-  // mode): runs of differing sectors, as data or (all-zero runs, unless
-  // zero_ranges_as_data) as zeroes.
+  // A compared chunk: the bytes read of the source (`buf`) and of the
+  // reference (`ref`), and the ranges of each that read as zeroes without
+  // being read (sorted, sector-aligned, relative to the chunk; their bytes
+  // in the buffers are not set).
+  struct Compared {
+    uint8_t* buf = nullptr;
+    uint8_t* ref = nullptr;  // null: no reference (zeroes)
+    std::vector<std::pair<uint64_t, uint64_t>> buf_zero;  // [begin, end)
+    std::vector<std::pair<uint64_t, uint64_t>> ref_zero;
+  };
+
+  // Whether `at` lies in one of `ranges` (walked forward with *index), and
+  // where that answer ends (at most `limit`).
+  static bool InZero(const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                     size_t* index, uint64_t at, uint64_t limit,
+                     uint64_t* end) {
+    while (*index < ranges.size() && ranges[*index].second <= at) ++*index;
+    if (*index == ranges.size()) {
+      *end = limit;
+      return false;
+    }
+    const auto& r = ranges[*index];
+    if (r.first <= at) {
+      *end = std::min(limit, r.second);
+      return true;
+    }
+    *end = std::min(limit, r.first);
+    return false;
+  }
+
+  // Writes the sectors of the chunk at target `offset` where the source
+  // differs from the reference (zeroes if there is none), chunk past the
+  // source node's end if `past_source_end`: each run of differing sectors
+  // (qemu-img's compare_buffers) as data or zeroes as the settings say.
+  // Ranges that both read as zeroes are skipped without looking at them;
+  // the source's zero ranges are zero-filled in `c.buf` only where a run
+  // written as data covers them.
   io::Task<absl::Status> WriteDifferences(uint64_t offset, uint64_t length,
-                                          const uint8_t* buf,
-                                          const uint8_t* ref) {
-    uint64_t done = 0;
-    while (done < length) {
-      const auto same = [&](uint64_t at) {
-        const uint64_t n = std::min(kSectorSize, length - at);
-        return std::memcmp(buf + at, ref + at, n) == 0;
-      };
-      const bool equal = same(done);
-      uint64_t n = kSectorSize;
-      while (done + n < length && same(done + n) == equal) n += kSectorSize;
-      n = std::min(n, length - done);
-      if (!equal) {
-        if (!settings_.zero_ranges_as_data && IsZero(buf + done, n)) {
-          CO_RETURN_IF_ERROR(co_await WriteZeroes(offset + done, n));
+                                          Compared& c, bool past_source_end) {
+    size_t bi = 0;
+    size_t ri = 0;
+    bool run_differs = false;
+    uint64_t run_start = 0;
+    uint64_t at = 0;
+    while (at < length) {
+      uint64_t buf_end = length;
+      uint64_t ref_end = length;
+      const bool bz = InZero(c.buf_zero, &bi, at, length, &buf_end);
+      const bool rz =
+          c.ref == nullptr || InZero(c.ref_zero, &ri, at, length, &ref_end);
+      const uint64_t seg_end = std::min(buf_end, ref_end);
+      while (at < seg_end) {
+        const uint64_t n = std::min(kSectorSize, seg_end - at);
+        bool differs;
+        if (bz && rz) {
+          differs = false;
+        } else if (bz) {
+          differs = !IsZero(c.ref + at, n);
+        } else if (rz) {
+          differs = !IsZero(c.buf + at, n);
         } else {
-          CO_RETURN_IF_ERROR(co_await WriteData(
-              offset + done, io::ConstIoVec(buf + done, n)));
+          differs = std::memcmp(c.buf + at, c.ref + at, n) != 0;
+        }
+        if (differs != run_differs) {
+          if (run_differs) {
+            CO_RETURN_IF_ERROR(co_await WriteRun(offset, run_start, at, c,
+                                                 past_source_end));
+          }
+          run_differs = differs;
+          run_start = at;
+        }
+        if (bz && rz) {
+          at = seg_end;  // equal throughout
+        } else {
+          at += n;
         }
       }
-      done += n;
+    }
+    if (run_differs) {
+      CO_RETURN_IF_ERROR(
+          co_await WriteRun(offset, run_start, length, c, past_source_end));
     }
     co_return absl::OkStatus();
   }
 
-  // With a reference: whether the reference chain reads zeroes over the
-  // whole range (then a zero chunk needs nothing).
-  io::Task<absl::StatusOr<bool>> ReferenceIsZero(uint64_t offset,
-                                                 uint64_t length) {
-    io::BlockNode& ref = *settings_.reference;
-    const uint64_t end = offset + length;
-    while (offset < end && offset < ref.size()) {
-      absl::StatusOr<io::ChainStatus> chain = co_await io::GetChainStatus(
-          ref, offset, std::min(end, ref.size()) - offset);
-      if (!chain.ok()) co_return BlockStatusError(chain.status(), offset);
-      if (!chain->status.zero) co_return false;
-      offset += chain->status.length;
+  // Writes the differing run [begin, end) of a compared chunk.
+  io::Task<absl::Status> WriteRun(uint64_t offset, uint64_t begin,
+                                  uint64_t end, Compared& c,
+                                  bool past_source_end) {
+    const uint64_t n = end - begin;
+    bool zeroes;
+    if (settings_.zeroes_only_past_source_end) {
+      zeroes = past_source_end;
+    } else {
+      zeroes = !settings_.zero_ranges_as_data;
+      size_t bi = 0;
+      for (uint64_t at = begin; at < end && zeroes;) {
+        uint64_t next = end;
+        if (!InZero(c.buf_zero, &bi, at, end, &next)) {
+          zeroes = IsZero(c.buf + at, next - at);
+        }
+        at = next;
+      }
     }
-    co_return true;
+    // Not a conditional over two co_awaits (GCC 12).
+    absl::Status st;
+    if (zeroes) {
+      st = co_await WriteZeroes(offset + begin, n);
+    } else {
+      // The source's zero ranges in the run, as bytes.
+      size_t bi = 0;
+      for (uint64_t at = begin; at < end;) {
+        uint64_t next = end;
+        if (InZero(c.buf_zero, &bi, at, end, &next)) {
+          std::memset(c.buf + at, 0, next - at);
+        }
+        at = next;
+      }
+      st = co_await WriteData(offset + begin, io::ConstIoVec(c.buf + begin, n));
+    }
+    if (!st.ok()) co_return WriteError(st, offset + begin);
+    co_return absl::OkStatus();
+  }
+
+  static absl::Status ReadError(const absl::Status& st, uint64_t offset,
+                                CopyOp op) {
+    return Tagged(WithMessage(st, absl::StrCat("error while reading at byte ",
+                                               offset, ": ",
+                                               RequestError(st))),
+                  op);
+  }
+
+  static absl::Status WriteError(const absl::Status& st, uint64_t offset) {
+    return Tagged(WithMessage(st, absl::StrCat("error while writing at byte ",
+                                               offset, ": ",
+                                               RequestError(st))),
+                  CopyOp::kWrite);
+  }
+
+  // One read of a compared chunk.
+  struct Extent {
+    io::BlockNode* node = nullptr;
+    uint64_t offset = 0;  // in `node`
+    uint64_t target_offset = 0;  // for the error message
+    io::IoVec buf;
+    CopyOp op = CopyOp::kRead;
+  };
+
+  // Adds the extents of `node`'s bytes [offset, offset + length) (target
+  // offset `target_offset`, landing in `buf`, which maps `offset` to
+  // `buf_offset` of the chunk) that its chain reports as data to
+  // `extents`, and the rest to `zero` (chunk-relative; a sector partly
+  // zero, partly data is zero-filled in `buf` and counts as data). Returns
+  // whether the whole range reads as zeroes.
+  static io::Task<absl::StatusOr<bool>> PlanReads(
+      io::BlockNode& node, uint64_t offset, uint64_t target_offset,
+      uint64_t length, uint8_t* buf, CopyOp op, std::vector<Extent>& extents,
+      std::vector<std::pair<uint64_t, uint64_t>>& zero) {
+    bool all_zero = true;
+    uint64_t done = 0;
+    while (done < length) {
+      const uint64_t at = offset + done;
+      uint64_t n = length - done;
+      bool is_zero = true;
+      if (at < node.size()) {
+        absl::StatusOr<io::ChainStatus> chain = co_await io::GetChainStatus(
+            node, at, std::min(n, node.size() - at));
+        if (!chain.ok()) {
+          co_return Tagged(
+              WithMessage(chain.status(),
+                          absl::StrCat("error while reading block status at "
+                                       "offset ",
+                                       at, ": ", chain.status().message())),
+              op);
+        }
+        n = std::min(n, chain->status.length);
+        is_zero = chain->status.zero || !chain->present;
+      }
+      if (is_zero) {
+        const uint64_t begin = AlignUp(done, kSectorSize);
+        const uint64_t end =
+            done + n == length ? done + n : AlignDown(done + n, kSectorSize);
+        if (begin < end) {
+          std::memset(buf + done, 0, begin - done);
+          std::memset(buf + end, 0, done + n - end);
+          if (!zero.empty() && zero.back().second == begin) {
+            zero.back().second = end;
+          } else {
+            zero.emplace_back(begin, end);
+          }
+        } else {
+          std::memset(buf + done, 0, n);
+        }
+      } else if (!extents.empty() && extents.back().node == &node &&
+                 extents.back().offset + extents.back().buf.size() == at) {
+        all_zero = false;  // one request for adjacent data
+        extents.back().buf = io::IoVec(extents.back().buf.data(),
+                                       extents.back().buf.size() + n);
+      } else {
+        all_zero = false;
+        extents.push_back(Extent{&node, at, target_offset + done,
+                                 io::IoVec(buf + done, n), op});
+      }
+      done += n;
+    }
+    co_return all_zero;
+  }
+
+  // One of ReadExtents' readers: reads extents[next++] until none are left
+  // or a read failed.
+  static io::Task<void> ReadExtentsWorker(const std::vector<Extent>& extents,
+                                          size_t& next, absl::Status& error) {
+    while (error.ok() && next < extents.size()) {
+      const Extent& e = extents[next++];
+      absl::Status st = co_await e.node->Read(e.offset, e.buf);
+      if (!st.ok() && error.ok()) error = ReadError(st, e.target_offset, e.op);
+    }
+  }
+
+  // Reads every extent, kCompareReadsInFlight at a time; the first error.
+  static io::Task<absl::Status> ReadExtents(
+      const std::vector<Extent>& extents) {
+    if (extents.size() == 1) {
+      const Extent& e = extents.front();
+      absl::Status st = co_await e.node->Read(e.offset, e.buf);
+      if (!st.ok()) co_return ReadError(st, e.target_offset, e.op);
+      co_return absl::OkStatus();
+    }
+    const int readers = static_cast<int>(
+        std::min<size_t>(kCompareReadsInFlight, extents.size()));
+    if (readers == 0) co_return absl::OkStatus();
+    size_t next = 0;
+    absl::Status error;
+    int running = readers;
+    io::Event done;
+    for (int i = 0; i < readers; ++i) {
+      io::Spawn(ReadExtentsWorker(extents, next, error), [&running, &done] {
+        if (--running == 0) done.Set();
+      });
+    }
+    co_await done.Wait();
+    co_return error;
+  }
+
+  // Reads a compared chunk at target `offset` from the source into c.buf
+  // and from the reference into c.ref (null: no reference), the ranges
+  // each chain reports as zeroes left out (see Compared). *nothing: both
+  // read as zeroes (so nothing differs).
+  io::Task<absl::Status> ReadCompared(uint64_t offset, uint64_t length,
+                                      Compared& c,
+                                      std::vector<Extent>& extents,
+                                      bool* nothing) {
+    extents.clear();
+    c.buf_zero.clear();
+    c.ref_zero.clear();
+    const CopySource& source = SourceAt(offset);
+    const uint64_t in_source = offset - source.start + source.node_offset;
+    bool source_zero = true;
+    if (source.node != nullptr && in_source < source_end_) {
+      CO_ASSIGN_OR_RETURN(
+          source_zero,
+          co_await PlanReads(*source.node, in_source, offset,
+                             std::min(length, source_end_ - in_source), c.buf,
+                             CopyOp::kRead, extents, c.buf_zero));
+    } else {
+      c.buf_zero.emplace_back(0, length);  // the chunk is cut there
+    }
+    bool ref_zero = true;
+    if (c.ref != nullptr && offset < reference_end_) {
+      CO_ASSIGN_OR_RETURN(
+          ref_zero,
+          co_await PlanReads(*settings_.reference, offset, offset,
+                             std::min(length, reference_end_ - offset), c.ref,
+                             CopyOp::kReadReference, extents, c.ref_zero));
+    } else if (c.ref != nullptr) {
+      c.ref_zero.emplace_back(0, length);
+    }
+    *nothing = source_zero && ref_zero;
+    if (*nothing) co_return absl::OkStatus();
+    co_return co_await ReadExtents(extents);
   }
 
   io::Task<void> Worker(int index) {
@@ -479,24 +849,40 @@ class Copier {
         std::max(settings_.max_chunk, settings_.compressed_cluster_size));
     io::AlignedBuffer ref_buffer = io::AlignedBuffer::Uninitialized(
         settings_.reference != nullptr ? buffer.size() : 0);
+    std::vector<Extent> extents;
+    Compared compared_chunk;
+    compared_chunk.buf = buffer.data();
+    if (settings_.reference != nullptr) compared_chunk.ref = ref_buffer.data();
     for (;;) {
       io::ScopedLock lock = co_await io::ScopedLock::Take(mutex_);
       if (!error_.ok() || next_offset_ >= total_) break;
+      if (stepping_ && next_offset_ % target_unit_ != 0) {
+        // The writes before may allocate the target's cluster here.
+        while (written_up_to_ != next_offset_ && error_.ok()) {
+          co_await WaitForTurn(index, next_offset_);
+        }
+        if (!error_.ok()) break;
+      }
       absl::StatusOr<uint64_t> chunk = co_await NextChunk(next_offset_);
       if (!chunk.ok()) {
         SetError(chunk.status());
         break;
       }
-      const uint64_t offset = next_offset_;
+      const uint64_t chunk_offset = next_offset_;
       ChunkKind kind = status_;
       uint64_t length = *chunk;
-      if ((settings_.zero_ranges_as_data || settings_.reference != nullptr) &&
+      // Stepping: the skipped steps before the compared one.
+      const uint64_t prefix = std::exchange(skip_prefix_, 0);
+      if ((settings_.zero_ranges_as_data || comparing_) &&
           kind == ChunkKind::kZero) {
         length = std::min(length, settings_.max_chunk);
       }
       // Other workers may look further while this one copies.
       next_offset_ += length;
       lock.Release();
+      const uint64_t chunk_end = chunk_offset + length;
+      const uint64_t offset = chunk_offset + prefix;
+      length -= prefix;
 
       if (CountsForProgress(kind) && allocated_sectors_ > 0) {
         allocated_done_ += length / kSectorSize;
@@ -504,46 +890,27 @@ class Copier {
             static_cast<float>(100.0 * allocated_done_ / allocated_sectors_),
             0);
       }
-      bool compare = false;
-      if (settings_.reference != nullptr && kind != ChunkKind::kSkip) {
-        // Rebase: what the reference reads decides what is written.
-        absl::StatusOr<bool> ref_zero = true;
-        if (kind == ChunkKind::kZero) {
-          ref_zero = co_await ReferenceIsZero(offset, length);
-        }
-        if (!ref_zero.ok()) {
-          SetError(ref_zero.status());
-        } else if (kind == ChunkKind::kZero && *ref_zero) {
-          kind = ChunkKind::kSkip;
-        } else {
-          absl::Status st = co_await settings_.reference->Read(
-              offset, io::IoVec(ref_buffer.data(), length));
-          if (!st.ok()) {
-            SetError(WithMessage(st, absl::StrCat("error while reading at byte ",
-                                                  offset, ": ",
-                                                  RequestError(st))));
-          }
-          if (kind == ChunkKind::kZero) std::memset(buffer.data(), 0, length);
-          compare = true;
-        }
-      }
-      if (kind == ChunkKind::kData) {
+      bool compared = false;  // a compared chunk (its progress step)
+      bool compare = false;   // ... with something to compare
+      if (comparing_ && kind != ChunkKind::kSkip) {
+        compared = true;
+        bool nothing = false;
+        absl::Status st = co_await ReadCompared(offset, length, compared_chunk,
+                                                extents, &nothing);
+        if (!st.ok()) SetError(std::move(st));
+        compare = !nothing;
+      } else if (kind == ChunkKind::kData) {
         absl::Status st = co_await ReadChunk(offset, length, buffer.data());
-        if (!st.ok()) {
-          SetError(WithMessage(st, absl::StrCat("error while reading at byte ",
-                                                offset, ": ",
-                                                RequestError(st))));
-        }
-      } else if (settings_.zero_ranges_as_data && kind == ChunkKind::kZero &&
-                 !compare) {
+        if (!st.ok()) SetError(ReadError(st, offset, CopyOp::kRead));
+      } else if (settings_.zero_ranges_as_data && kind == ChunkKind::kZero) {
         // -S 0 writes zero ranges as data; ranges left to the target's
         // backing file stay unallocated (qemu-img's convert_co_do_copy).
         std::memset(buffer.data(), 0, length);
         kind = ChunkKind::kData;
       }
       if (settings_.in_order) {
-        while (written_up_to_ != offset && error_.ok()) {
-          co_await WaitForTurn(index, offset);
+        while (written_up_to_ != chunk_offset && error_.ok()) {
+          co_await WaitForTurn(index, chunk_offset);
         }
       }
       if (error_.ok()) {
@@ -551,18 +918,21 @@ class Copier {
         // destroys the temporaries of such an expression twice.
         absl::Status st;
         if (compare) {
-          st = co_await WriteDifferences(offset, length, buffer.data(),
-                                         ref_buffer.data());
-        } else {
+          st = co_await WriteDifferences(
+              offset, length, compared_chunk,
+              SourceAt(offset).node == nullptr || offset >= source_end_);
+        } else if (!comparing_) {
           st = co_await WriteChunk(offset, length, buffer.data(), kind);
+          if (!st.ok()) st = WriteError(st, offset);
         }
         if (!st.ok()) {
-          SetError(WithMessage(st, absl::StrCat("error while writing at byte ",
-                                                offset, ": ",
-                                                RequestError(st))));
+          SetError(std::move(st));
+        } else if (compared && settings_.progress_per_step &&
+                   settings_.progress != nullptr) {
+          settings_.progress->Print(step_progress_, 100);
         }
       }
-      if (settings_.in_order) FinishWrite(offset + length);
+      if (settings_.in_order) FinishWrite(chunk_end);
     }
   }
 
@@ -594,7 +964,15 @@ class Copier {
 
   std::vector<CopySource> sources_;
   io::BlockNode& target_;
-  const CopySettings settings_;
+  CopySettings settings_;  // in_order, skip_target_allocated as stepping_ needs
+  bool stepping_ = false;    // settings_.step_by_target_allocation
+  bool comparing_ = false;   // chunks are compared with the reference
+  bool reference_in_source_chain_ = false;
+  uint64_t source_end_ = 0;     // comparing: the source node's size, 512-aligned
+  uint64_t reference_end_ = 0;  // the same for the reference
+  uint64_t target_unit_ = kSectorSize;  // stepping: the target's cluster size
+  float step_progress_ = 0;     // progress_per_step: percent per chunk
+  uint64_t skip_prefix_ = 0;    // StepChunk's skipped bytes; under mutex_
   RateLimiter limiter_;
   uint64_t not_before_ns_ = 0;  // rate limit: no write starts before
   uint64_t total_ = 0;
@@ -696,6 +1074,12 @@ uint64_t RateLimiter::Account(uint64_t bytes, uint64_t now_ns) {
   slice_end_ = slice_start_ +
                static_cast<uint64_t>(slices * static_cast<double>(slice_ns_));
   return slice_end_ > now_ns ? slice_end_ - now_ns : 0;
+}
+
+CopyOp FailedOp(const absl::Status& status) {
+  const auto op = status.GetPayload(kCopyOpPayload);
+  if (!op.has_value() || op->size() != 1) return CopyOp::kUnknown;
+  return static_cast<CopyOp>((*op)[0]);
 }
 
 io::Task<absl::Status> Copy(std::vector<CopySource> sources,

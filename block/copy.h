@@ -73,7 +73,8 @@ enum class SourceView {
 // `node`'s bytes [node_offset, node_offset + length). Several sources are
 // concatenated (convert).
 struct CopySource {
-  io::BlockNode* node = nullptr;  // not owned
+  // Not owned; null only with step_by_target_allocation (reads zeroes).
+  io::BlockNode* node = nullptr;
   uint64_t start = 0;             // target offset of its first byte
   uint64_t length = 0;            // bytes; past node->size() reads zeroes
   SourceView view = SourceView::kWholeChain;
@@ -134,33 +135,76 @@ struct CopySettings {
   uint64_t rate_limit = 0;
   bool rate_limit_counts_zeroes = true;
 
-  // Rebase's safe mode, with one source of view kWholeChain:
+  // Comparing with a reference (rebase's safe mode), for one source of
+  // view kWholeChain:
   //  - `reference`: what the target would read without the copy (the new
   //    backing chain, read through its whole chain; bytes past its size
-  //    read as zeroes). A source range is written only where it differs
-  //    from the reference, compared in 512-byte sectors: data chunks are
-  //    read from both; zero chunks are skipped where the reference's chain
-  //    reports zeroes too, else the reference is read and compared with
-  //    zeroes. The differing sectors are written as data (or, for runs of
-  //    zeroes, as zeroes unless zero_ranges_as_data).
+  //    read as zeroes). A chunk is written only where it differs from the
+  //    reference, compared in 512-byte sectors: the extents that each
+  //    chain reports as zeroes (holes, zero clusters, allocated nowhere,
+  //    past its end) are taken as zeroes without reading; the others are
+  //    read, up to 8 requests at once per chunk over both chains (buffers
+  //    of 2 * max_chunk bytes per worker with a reference). Each run
+  //    of differing sectors is written as data or (all-zero runs, unless
+  //    zero_ranges_as_data) as zeroes. When the reference is a node of the
+  //    source's backing chain, ranges no layer of the source above it
+  //    allocates read the same through both and are skipped unread.
   //  - `skip_target_allocated`: ranges that the target's own (top) layer
   //    allocates, as data or as zeroes, are skipped without reading
-  //    anything (the overlay's own data wins over any backing file).
-  // So `rebase -b NEW OVERLAY`: sources = {{old backing node, 0,
-  // overlay size, kWholeChain}}, reference = the new backing node (null
-  // with -b "": every range the old chain provides is copied, then with
-  // target_is_zero = false and zero_ranges_as_data as 7.2 writes them),
-  // target = the overlay, skip_target_allocated = true, min_sparse_sectors
-  // = 0; then rewrite the header once Copy() has returned ok and the
-  // target is flushed.
+  //    anything (the overlay's own data wins over any backing file). Asked
+  //    as QEMU's bdrv_is_allocated does (qcow2: GetAllocationStatus, which
+  //    does not cut data at the file's holes under preallocated metadata).
   io::BlockNode* reference = nullptr;
   bool skip_target_allocated = false;
+
+  // qemu-img 7.2 rebase's walk (its safe mode and -b ""), so that the
+  // target's clusters are allocated in the same order and -p prints the
+  // same records; implies comparing (with zeroes when `reference` is null),
+  // in-order writes and skip_target_allocated. The source's node may be
+  // null (no old backing file: it reads as zeroes). Chunks are steps of at
+  // most max_chunk bytes from the start, cut where the target's own
+  // allocation changes (bdrv_is_allocated), where allocation above the
+  // reference changes (reference in the source's chain) and at the ends
+  // of the source and reference nodes (their sizes rounded up to 512
+  // bytes). A step that starts inside a target cluster (target_cluster_size
+  // if set, else a qcow2 target's cluster size) is looked up only once the
+  // writes before it are done: they may have allocated that cluster, which
+  // the step then skips, as in qemu-img.
+  bool step_by_target_allocation = false;
+  // Progress without a counting pass: each compared chunk, once written,
+  // adds 100 / (total / min(total, max_chunk)) percent, whether it wrote
+  // anything or not (qemu-img rebase's local_progress).
+  bool progress_per_step = false;
+  // Comparing: differing runs are written as data, all-zero ones too,
+  // except in chunks past the end of the source node, which are written
+  // as zeroes (qemu-img rebase's buf_old_is_zero).
+  bool zeroes_only_past_source_end = false;
+
+  // So `rebase -b NEW OVERLAY`: sources = {{old backing node or null, 0,
+  // overlay length, kWholeChain}}, reference = the new backing node (null
+  // with -b ""), target = the overlay, step_by_target_allocation,
+  // progress_per_step and zeroes_only_past_source_end set,
+  // zero_writes_may_unmap false, max_chunk 2 MiB; then rewrite the header
+  // once Copy() has returned ok and the target is flushed.
 
   // Progress records (block/progress.h), or null: the bytes to write are
   // counted first (one block status pass), then each chunk taken adds its
   // share. The caller prints the 0 and 100 records and ends the line.
   Progress* progress = nullptr;
 };
+
+// What a failed copy was doing, for callers that word its errors their own
+// way (rebase): kBlockStatus (block status asked to pick the chunks),
+// kRead (the sources, block status of a compared chunk included),
+// kReadReference, kWrite; kUnknown for other statuses.
+enum class CopyOp : char {
+  kUnknown = 0,
+  kBlockStatus = 'b',
+  kRead = 'r',
+  kReadReference = 'f',
+  kWrite = 'w',
+};
+CopyOp FailedOp(const absl::Status& status);
 
 // Copies the sources into `target` as `settings` say. Errors: see the file
 // comment. With a compressed target, ends with its compressed write of 0

@@ -2,7 +2,9 @@
 
 #include <time.h>
 
+#include <coroutine>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -67,6 +69,19 @@ class FakeNode final : public io::BlockNode {
   // "r<offset>+<len>", "w<offset>+<len>", "z<offset>+<len>" per request.
   const std::vector<std::string>& log() const { return log_; }
   void FailReadsAt(uint64_t offset) { fail_read_at_ = offset; }
+  // Writes stay in flight (suspended, other requests going on) until
+  // ResumeOneWrite() completes the oldest one.
+  void DeferWrites() { defer_writes_ = true; }
+  bool ResumeOneWrite() {
+    if (deferred_.empty()) return false;
+    const std::coroutine_handle<> h = deferred_.front();
+    deferred_.pop_front();
+    io::Resume(h);
+    return true;
+  }
+  // Writes allocate whole units of this many sectors (qcow2's clusters,
+  // the rest copied from the backing node) rather than the sectors written.
+  void AllocateInUnits(uint64_t sectors) { unit_sectors_ = sectors; }
 
  protected:
   io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override {
@@ -81,6 +96,7 @@ class FakeNode final : public io::BlockNode {
   }
   io::Task<absl::Status> DoWrite(uint64_t offset,
                                  io::ConstIoVec data) override {
+    if (defer_writes_) co_await Deferred{this};
     log_.push_back(absl::StrCat("w", offset, "+", data.size()));
     std::copy(data.begin(), data.end(), bytes_.begin() + offset);
     Mark(offset, data.size(), kData);
@@ -111,16 +127,45 @@ class FakeNode final : public io::BlockNode {
 
  private:
   void Mark(uint64_t offset, uint64_t length, State state) {
-    for (uint64_t s = offset / kS; s < (offset + length + kS - 1) / kS; ++s) {
-      layout_[s] = state;
+    uint64_t first = offset / kS;
+    uint64_t end = (offset + length + kS - 1) / kS;
+    if (unit_sectors_ > 1) {
+      // Copy-on-write of the rest of each unit touched.
+      const std::vector<uint8_t> old = Contents();
+      first = first / unit_sectors_ * unit_sectors_;
+      end = std::min<uint64_t>((end + unit_sectors_ - 1) / unit_sectors_ *
+                                   unit_sectors_,
+                               layout_.size());
+      for (uint64_t s = first; s < end; ++s) {
+        if (s * kS < offset || s * kS >= offset + length) {
+          std::copy_n(old.begin() + s * kS, kS, bytes_.begin() + s * kS);
+          layout_[s] = kData;
+        } else {
+          layout_[s] = state;
+        }
+      }
+      return;
     }
+    for (uint64_t s = first; s < end; ++s) layout_[s] = state;
   }
 
   std::string layout_;
   std::vector<uint8_t> bytes_;
   FakeNode* backing_;
   std::vector<std::string> log_;
+  struct Deferred {
+    FakeNode* node;
+    bool await_ready() const { return false; }
+    void await_suspend(std::coroutine_handle<> h) {
+      node->deferred_.push_back(h);
+    }
+    void await_resume() {}
+  };
+
   std::optional<uint64_t> fail_read_at_;
+  uint64_t unit_sectors_ = 1;
+  bool defer_writes_ = false;
+  std::deque<std::coroutine_handle<>> deferred_;
 };
 
 absl::Status RunCopy(std::vector<CopySource> sources, io::BlockNode& target,
@@ -129,6 +174,19 @@ absl::Status RunCopy(std::vector<CopySource> sources, io::BlockNode& target,
       io::testing::RunInline(Copy(std::move(sources), target, settings));
   if (!st.has_value()) return absl::InternalError("copy did not finish");
   return *st;
+}
+
+// The settings of qemu-img rebase's walk (CopySettings's "So `rebase...").
+CopySettings RebaseSettings(io::BlockNode* reference, uint64_t step) {
+  CopySettings settings;
+  settings.reference = reference;
+  settings.step_by_target_allocation = true;
+  settings.progress_per_step = true;
+  settings.zeroes_only_past_source_end = true;
+  settings.zero_writes_may_unmap = false;
+  settings.min_sparse_sectors = 0;
+  settings.max_chunk = step;
+  return settings;
 }
 
 CopySource Whole(FakeNode& node, uint64_t start = 0) {
@@ -335,6 +393,117 @@ TEST(CopyTest, ReferenceWithDataOverOldZeroesWritesZeroes) {
   settings.reference = &ref;
   ASSERT_TRUE(RunCopy({Whole(old_base)}, target, settings).ok());
   EXPECT_EQ(Writes(target), (std::vector<std::string>{"z0+512"}));
+}
+
+TEST(CopyTest, StepsSkipAClusterTheStepBeforeAllocated) {
+  // Steps of 3 sectors over a target allocating 4-sector clusters: the
+  // write of step [0, 3) allocates sector 3 too, so the next step starts
+  // at 4 (qemu-img rebase's walk), even with 4 workers looking ahead.
+  FakeNode old_base("old", "dddddddd", 1);
+  FakeNode target("overlay", "........", 0, &old_base);
+  target.AllocateInUnits(4);
+  target.DeferWrites();  // the other workers run while a write is going
+  CopySettings settings = RebaseSettings(nullptr, 3 * kS);
+  settings.target_cluster_size = 4 * kS;
+  settings.num_workers = 4;
+  std::ostringstream out;
+  Progress progress(true, 0.0f, out);
+  settings.progress = &progress;
+  std::optional<absl::Status> result;
+  io::Spawn(Copy({Whole(old_base)}, target, settings),
+            [&result](absl::Status st) { result = std::move(st); });
+  while (!result.has_value() && target.ResumeOneWrite()) {
+  }
+  ASSERT_TRUE(result.has_value());
+  ASSERT_TRUE(result->ok()) << *result;
+  EXPECT_EQ(Writes(target),
+            (std::vector<std::string>{"w0+1536", "w2048+1536"}));
+  EXPECT_EQ(target.layout(), "dddddddd");
+  EXPECT_EQ(target.Contents(), old_base.Contents());
+  // 100 / (8 / 3) = 50 % per compared step.
+  EXPECT_EQ(out.str(), "    (50.00/100%)\r    (100.00/100%)\r");
+}
+
+TEST(CopyTest, StepsWriteDifferingZeroDataAsDataAndZeroesPastTheSourceEnd) {
+  // The source (2 sectors, the first one all zero bytes) is shorter than
+  // the target; the reference has data everywhere.
+  FakeNode old_base("old", "dd", 0);
+  FakeNode ref("new", "dddd", 0x20);
+  FakeNode target("overlay", "....", 0, &old_base);
+  CopySettings settings = RebaseSettings(&ref, 4 * kS);
+  ASSERT_TRUE(RunCopy({CopySource{&old_base, 0, 4 * kS,
+                                  SourceView::kWholeChain, nullptr}},
+                      target, settings)
+                  .ok());
+  EXPECT_EQ(Writes(target),
+            (std::vector<std::string>{"w0+1024", "z1024+1024"}));
+}
+
+TEST(CopyTest, StepsWithoutASourceNodeCompareZeroes) {
+  FakeNode ref("new", "d.", 0x20);
+  FakeNode target("overlay", "..", 0);
+  CopySettings settings = RebaseSettings(&ref, 4 * kS);
+  ASSERT_TRUE(RunCopy({CopySource{nullptr, 0, 2 * kS,
+                                  SourceView::kWholeChain, nullptr}},
+                      target, settings)
+                  .ok());
+  EXPECT_EQ(Writes(target), (std::vector<std::string>{"z0+512"}));
+  EXPECT_EQ(ref.log(), (std::vector<std::string>{"r0+512"}));
+}
+
+TEST(CopyTest, StepsWithoutAReferenceWriteTheNonZeroSectorsOnly) {
+  // Flatten: sector 0 is data of zero bytes, sector 2 a hole.
+  FakeNode old_base("old", "dd.dzz", 0);
+  FakeNode target("overlay", "......", 0, &old_base);
+  CopySettings settings = RebaseSettings(nullptr, 16 * kS);
+  ASSERT_TRUE(RunCopy({Whole(old_base)}, target, settings).ok());
+  EXPECT_EQ(Writes(target),
+            (std::vector<std::string>{"w512+512", "w1536+512"}));
+  // Holes and zero clusters are not read.
+  EXPECT_EQ(old_base.log(),
+            (std::vector<std::string>{"r0+1024", "r1536+512"}));
+}
+
+TEST(CopyTest, StepsSkipWhatNothingAboveAReferenceInTheChainAllocates) {
+  // Rebase onto `base`, already below `mid` in the chain: only the sector
+  // mid allocates is compared; the rest is never read.
+  FakeNode base("base", "dddd", 1);
+  FakeNode mid("mid", "d...", 0x40, &base);
+  FakeNode target("overlay", "....", 0, &mid);
+  CopySettings settings = RebaseSettings(&base, 4 * kS);
+  std::ostringstream out;
+  Progress progress(true, 0.0f, out);
+  settings.progress = &progress;
+  ASSERT_TRUE(RunCopy({Whole(mid)}, target, settings).ok());
+  EXPECT_EQ(Writes(target), (std::vector<std::string>{"w0+512"}));
+  EXPECT_EQ(mid.log(), (std::vector<std::string>{"r0+512"}));
+  EXPECT_EQ(base.log(), (std::vector<std::string>{"r0+512"}));
+  EXPECT_EQ(out.str(), "    (100.00/100%)\r");
+}
+
+TEST(CopyTest, StepsSkipWhatTheTargetAllocates) {
+  FakeNode old_base("old", "dddd", 1);
+  FakeNode ref("new", "....", 0);
+  FakeNode target("overlay", ".zd.", 0x70, &old_base);
+  CopySettings settings = RebaseSettings(&ref, 4 * kS);
+  ASSERT_TRUE(RunCopy({Whole(old_base)}, target, settings).ok());
+  EXPECT_EQ(Writes(target), (std::vector<std::string>{"w0+512", "w1536+512"}));
+  EXPECT_EQ(old_base.log(), (std::vector<std::string>{"r0+512", "r1536+512"}));
+}
+
+TEST(CopyTest, FailedOpTellsWhatFailed) {
+  FakeNode old_base("old", "dd", 1);
+  FakeNode ref("new", "dd", 2);
+  FakeNode target("overlay", "..", 0, &old_base);
+  ref.FailReadsAt(kS);
+  absl::Status st =
+      RunCopy({Whole(old_base)}, target, RebaseSettings(&ref, 4 * kS));
+  EXPECT_EQ(FailedOp(st), CopyOp::kReadReference);
+  EXPECT_EQ(st.message(), "error while reading at byte 0: Input/output error");
+  old_base.FailReadsAt(0);
+  st = RunCopy({Whole(old_base)}, target, RebaseSettings(&ref, 4 * kS));
+  EXPECT_EQ(FailedOp(st), CopyOp::kRead);
+  EXPECT_EQ(FailedOp(absl::InternalError("x")), CopyOp::kUnknown);
 }
 
 TEST(CopyTest, ReadErrorNamesTheByteAndStrerror) {

@@ -82,33 +82,6 @@ struct CommitArgs {
   bool quiet = false;
 };
 
-// QEMU's bdrv_find_backing_image: how many links down FILE's chain the
-// image `base` is (1: FILE's backing file), or 0. A relative `base` is
-// taken relative to the directory of each image naming a backing file, and
-// compared with that backing file's name by canonical path; names with a
-// protocol prefix are compared as they are.
-int FindBase(io::BlockNode& top, const std::string& base) {
-  int depth = 0;
-  for (io::BlockNode* layer = &top; layer->backing() != nullptr;
-       layer = layer->backing()) {
-    ++depth;
-    const auto* q = dynamic_cast<const qcow2::Qcow2Node*>(layer);
-    if (q == nullptr) continue;
-    const std::string& full = q->full_backing_filename();
-    if (HasProtocol(base) || HasProtocol(q->backing_filename())) {
-      if (base == q->backing_filename() || base == full) return depth;
-      continue;
-    }
-    const std::optional<std::string> wanted =
-        RealPath(ResolveBackingFilename(layer->filename(), base));
-    const std::optional<std::string> have = RealPath(full);
-    if (wanted.has_value() && have.has_value() && *wanted == *have) {
-      return depth;
-    }
-  }
-  return 0;
-}
-
 // The copy into the base (its size first), then the base flushed.
 io::Task<absl::Status> CommitData(io::BlockNode& top, io::BlockNode& base,
                                   const CommitArgs& a,
@@ -258,7 +231,8 @@ absl::Status RunCommit(const std::vector<std::string>& args, Streams streams) {
     lookup.read_only = true;
     lookup.force_share = true;
     ASSIGN_OR_RETURN(OpenedImage chain, OpenImage(lookup, streams.err));
-    depth = FindBase(*chain.node, *a.base);
+    depth = 0;  // not found
+    FindBackingImage(*chain.node, *a.base, &depth);
     RETURN_IF_ERROR(CloseImage(chain));
   }
   spec.writable_backing_depth = depth;

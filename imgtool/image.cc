@@ -1,5 +1,6 @@
 #include "imgtool/image.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -130,6 +131,33 @@ absl::Status CloseImage(OpenedImage& image) {
 uint64_t VirtualSize(const OpenedImage& image) {
   if (image.qcow2 != nullptr) return image.node->size() / 512 * 512;
   return AlignUp(image.node->size(), 512);
+}
+
+io::BlockNode* FindBackingImage(io::BlockNode& top, const std::string& name,
+                                int* depth) {
+  int level = 0;
+  for (io::BlockNode* curr = &top; curr->backing() != nullptr;
+       curr = curr->backing()) {
+    ++level;
+    const auto* q = dynamic_cast<const qcow2::Qcow2Node*>(curr);
+    if (q == nullptr) continue;
+    io::BlockNode* below = curr->backing();
+    const std::string& full = q->full_backing_filename();
+    bool found = false;
+    if (HasProtocol(name) || HasProtocol(q->backing_filename())) {
+      found = name == q->backing_filename() || name == full;
+    } else {
+      const std::optional<std::string> wanted =
+          RealPath(ResolveBackingFilename(curr->filename(), name));
+      const std::optional<std::string> have = RealPath(full);
+      found = wanted.has_value() && have.has_value() && *wanted == *have;
+    }
+    if (found) {
+      if (depth != nullptr) *depth = level;
+      return below;
+    }
+  }
+  return nullptr;
 }
 
 }  // namespace imgtool::cli

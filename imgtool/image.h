@@ -140,6 +140,17 @@ bool IsRelativeFilename(const std::string& name);
 std::string ResolveBackingFilename(const std::string& image,
                                    const std::string& backing);
 
+// QEMU's bdrv_find_backing_image(top, name): the node of top's backing
+// chain (below `top`) that `name` designates, or null. Compared level by
+// level as QEMU does: names with a protocol prefix (on either side) as
+// strings, with the stored backing name and its resolved form; otherwise
+// a relative `name` is resolved against the directory of the image naming
+// that level's backing file, and both sides are canonicalized (realpath;
+// a level where either does not exist is skipped). If found and `depth` is
+// not null, *depth is how many links down it is (1: top's backing file).
+io::BlockNode* FindBackingImage(io::BlockNode& top, const std::string& name,
+                                int* depth = nullptr);
+
 }  // namespace imgtool::cli
 
 #endif  // IMGTOOL_IMGTOOL_IMAGE_H_
