@@ -24,7 +24,7 @@ namespace {
 constexpr uint64_t kMaxRequest = static_cast<uint64_t>(INT_MAX) & ~511ull;
 
 // Reads in flight per compared chunk (over the source and the reference).
-constexpr int kCompareReadsInFlight = 8;
+constexpr int kCompareReadsInFlight = 16;
 
 constexpr absl::string_view kCopyOpPayload = "imgtool.block.CopyOp";
 

@@ -143,7 +143,7 @@ struct CopySettings {
   //    reference, compared in 512-byte sectors: the extents that each
   //    chain reports as zeroes (holes, zero clusters, allocated nowhere,
   //    past its end) are taken as zeroes without reading; the others are
-  //    read, up to 8 requests at once per chunk over both chains (buffers
+  //    read, up to 16 requests at once per chunk over both chains (buffers
   //    of 2 * max_chunk bytes per worker with a reference). Each run
   //    of differing sectors is written as data or (all-zero runs, unless
   //    zero_ranges_as_data) as zeroes. When the reference is a node of the
