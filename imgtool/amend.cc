@@ -1,8 +1,8 @@
 // imgtool amend [-f FMT] [-t CACHE] [-p] [-q] [--force] -o OPTIONS FILE:
 // changes options of an existing qcow2 image as qemu-img 7.2's amend does
-// (qcow2::Qcow2Node::Amend): compat=0.10|1.1, lazy_refcounts, size;
-// backing_file/backing_fmt only as they are; refcount_bits is refused (not
-// implemented); options only create takes are refused with qemu-img's hint.
+// (qcow2::Qcow2Node::Amend): compat=0.10|1.1, lazy_refcounts, size,
+// refcount_bits; backing_file/backing_fmt only as they are; options only
+// create takes are refused with qemu-img's hint.
 #include <getopt.h>
 
 #include <algorithm>
@@ -42,7 +42,8 @@ constexpr char kHelp[] =
     "FILE\n"
     "Changes options of an existing qcow2 image.\n"
     "  -o OPTIONS            compat=0.10|1.1, lazy_refcounts=on|off, "
-    "size=SIZE;\n"
+    "size=SIZE,\n"
+    "                        refcount_bits=1|2|4|8|16|32|64;\n"
     "                        backing_file/backing_fmt only as they are (use "
     "rebase);\n"
     "                        '-o help' lists the amendable options\n"

@@ -1,19 +1,80 @@
 // Qcow2Node::Amend: `qemu-img amend` for qcow2 (QEMU 7.2's
-// qcow2_amend_options, qcow2_upgrade, qcow2_downgrade and
-// qcow2_expand_zero_clusters).
+// qcow2_amend_options, qcow2_upgrade, qcow2_downgrade,
+// qcow2_expand_zero_clusters, qcow2_change_refcount_order and
+// qcow2_write_snapshots).
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
+#include <memory>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/numeric/bits.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "io/aligned_buffer.h"
+#include "qcow2/bytes.h"
 #include "qcow2/format/l2_entry.h"
+#include "qcow2/format/refcount.h"
 #include "qcow2/qcow2_node.h"
 
 namespace imgtool::qcow2 {
 
 using format::ClusterType;
 using format::L2Entry;
+
+namespace {
+
+constexpr uint64_t kNbSnapshotsOffset = 60;  // header: nb_snapshots, then
+                                             // snapshots_offset
+constexpr uint64_t kSnapshotHeaderBytes = 40;
+constexpr uint32_t kSnapshotExtraV3Bytes = 24;  // vm_state_size_large,
+                                                // disk_size, icount
+
+uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+
+// qcow2_amend_helper_cb: the progress of the amend's operations (upgrade,
+// refcount width change, downgrade) as one line, each operation's work
+// size projected onto those still to come.
+class AmendProgress {
+ public:
+  AmendProgress(std::function<void(int64_t, int64_t)> out, int64_t operations)
+      : out_(std::move(out)), operations_(operations) {}
+
+  // The callback of operation `op` (any distinct number per operation).
+  std::function<void(int64_t, int64_t)> For(int op) {
+    if (!out_) return nullptr;
+    return [this, op](int64_t offset, int64_t work) { Report(op, offset, work); };
+  }
+
+ private:
+  void Report(int op, int64_t offset, int64_t work) {
+    if (op != last_op_) {
+      if (last_op_ != 0) {
+        offset_completed_ += last_work_;
+        ++completed_;
+      }
+      last_op_ = op;
+    }
+    last_work_ = work;
+    const int64_t current = offset_completed_ + work;
+    const int64_t projected =
+        current * (operations_ - completed_ - 1) / (completed_ + 1);
+    out_(offset_completed_ + offset, current + projected);
+  }
+
+  std::function<void(int64_t, int64_t)> out_;
+  const int64_t operations_;
+  int last_op_ = 0;
+  int64_t offset_completed_ = 0;
+  int64_t last_work_ = 0;
+  int64_t completed_ = 0;
+};
+
+}  // namespace
 
 io::Task<absl::Status> Qcow2Node::MarkClean() {
   if (!header_.dirty()) co_return absl::OkStatus();
@@ -23,54 +84,448 @@ io::Task<absl::Status> Qcow2Node::MarkClean() {
   co_return co_await WriteHeader();
 }
 
+io::Task<absl::StatusOr<bool>> Qcow2Node::ExpandZeroClustersInL2(
+    absl::Span<uint8_t> l2, uint64_t l2_offset, uint64_t l2_refcount) {
+  bool changed = false;
+  for (uint64_t j = 0; j < l2_entries_; ++j) {
+    const L2Entry old = format::LoadL2Entry(l2, j, /*extended_l2=*/false);
+    CO_ASSIGN_OR_RETURN(const ClusterType type,
+                        co_await Classify(old, l2_offset, j));
+    if (type != ClusterType::kZeroPlain && type != ClusterType::kZeroAlloc) {
+      continue;
+    }
+    uint64_t host = old.host_offset();
+    if (type == ClusterType::kZeroPlain) {
+      if (!has_backing_file()) {
+        // Unallocated reads as zeroes without a backing file.
+        format::StoreL2Entry(l2, j, /*extended_l2=*/false, L2Entry{});
+        changed = true;
+        continue;
+      }
+      CO_ASSIGN_OR_RETURN(host, co_await refcounts_->Allocate(cluster_size_));
+      if (l2_refcount > 1) {
+        // Every L1 table sharing this L2 table refers to the new cluster.
+        absl::Status raised = co_await refcounts_->Update(
+            host, cluster_size_, l2_refcount - 1, /*decrease=*/false);
+        if (!raised.ok()) {
+          (void)co_await refcounts_->Free(host, cluster_size_);
+          co_return raised;
+        }
+      }
+    }
+    absl::Status zeroed = co_await CheckOverlapOrFail(host, cluster_size_, 0);
+    if (zeroed.ok()) {
+      zeroed = co_await file_->WriteZeroes(host, cluster_size_,
+                                           io::WriteZeroesFlags{});
+    }
+    if (!zeroed.ok()) {
+      if (type == ClusterType::kZeroPlain) {
+        (void)co_await refcounts_->Free(host, cluster_size_);
+      }
+      co_return zeroed;
+    }
+    ++write_gen_;
+    L2Entry e;
+    e.word = host | (l2_refcount == 1 ? format::kCopiedFlag : 0);
+    format::StoreL2Entry(l2, j, /*extended_l2=*/false, e);
+    changed = true;
+  }
+  co_return changed;
+}
+
 io::Task<absl::Status> Qcow2Node::ExpandZeroClusters(
+    const std::vector<SnapshotRecord>& snapshots,
     const std::function<void(int64_t, int64_t)>& progress) {
-  const int64_t total = static_cast<int64_t>(l1_.size());
+  int64_t total = static_cast<int64_t>(l1_.size());
+  for (const SnapshotRecord& sn : snapshots) total += sn.l1_size;
+  int64_t visited = 0;
   for (uint64_t i = 0; i < l1_.size(); ++i) {
     if ((l1_[i] & format::kL1OffsetMask) != 0) {
       CO_ASSIGN_OR_RETURN(TableCache::Ref l2, co_await LoadL2(i));
       CO_ASSIGN_OR_RETURN(const uint64_t l2_refcount,
                           co_await refcounts_->Get(l2.offset() >> cluster_bits_));
-      for (uint64_t j = 0; j < l2_entries_; ++j) {
-        const L2Entry old = GetEntry(l2, j);
-        CO_ASSIGN_OR_RETURN(const ClusterType type,
-                            co_await Classify(old, l2.offset(), j));
-        if (type != ClusterType::kZeroPlain && type != ClusterType::kZeroAlloc) {
-          continue;
-        }
-        if (l2_refcount != 1) {
-          co_return absl::UnimplementedError(absl::StrFormat(
-              "%s: downgrading an image with shared L2 tables is not "
-              "supported yet",
-              filename()));
-        }
-        uint64_t host = old.host_offset();
-        if (type == ClusterType::kZeroPlain) {
-          if (!has_backing_file()) {
-            // Unallocated reads as zeroes without a backing file.
-            SetEntry(l2, j, L2Entry{});
-            continue;
-          }
-          CO_ASSIGN_OR_RETURN(host, co_await refcounts_->Allocate(cluster_size_));
-        }
-        CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, cluster_size_, 0));
-        absl::Status zeroed =
-            co_await file_->WriteZeroes(host, cluster_size_, io::WriteZeroesFlags{});
-        if (!zeroed.ok()) {
-          if (type == ClusterType::kZeroPlain) {
-            (void)co_await refcounts_->Free(host, cluster_size_);
-          }
-          co_return zeroed;
-        }
-        ++write_gen_;
-        L2Entry e;
-        e.word = host | format::kCopiedFlag;
-        SetEntry(l2, j, e);
-      }
+      CO_ASSIGN_OR_RETURN(
+          const bool changed,
+          co_await ExpandZeroClustersInL2(l2.data(), l2.offset(), l2_refcount));
+      if (changed) l2_cache_->MarkDirty(l2);
     }
-    if (progress) progress(static_cast<int64_t>(i) + 1, total);
+    ++visited;
+    if (progress) progress(visited, total);
+  }
+  if (snapshots.empty()) co_return absl::OkStatus();
+
+  // Snapshot L1 tables may point to the active L2 tables just changed:
+  // they are read from the file, so the cache goes there first.
+  CO_RETURN_IF_ERROR(co_await FlushAll());
+  io::AlignedBuffer l2(cluster_size_);
+  for (const SnapshotRecord& sn : snapshots) {
+    io::AlignedBuffer l1(uint64_t{sn.l1_size} * 8);
+    if (sn.l1_size > 0) {
+      CO_RETURN_IF_ERROR(co_await file_->Read(sn.l1_offset, l1.span()));
+    }
+    for (uint32_t i = 0; i < sn.l1_size; ++i) {
+      const uint64_t l2_offset =
+          LoadBE64(l1.data() + uint64_t{i} * 8) & format::kL1OffsetMask;
+      if (l2_offset != 0) {
+        if ((l2_offset & (cluster_size_ - 1)) != 0) {
+          co_return co_await SignalCorruption(absl::StrFormat(
+              "L2 table offset %#x unaligned (L1 index: %#x)", l2_offset, i));
+        }
+        CO_ASSIGN_OR_RETURN(const uint64_t l2_refcount,
+                            co_await refcounts_->Get(l2_offset >> cluster_bits_));
+        CO_RETURN_IF_ERROR(co_await file_->Read(l2_offset, l2.span()));
+        CO_ASSIGN_OR_RETURN(
+            const bool changed,
+            co_await ExpandZeroClustersInL2(l2.span(), l2_offset, l2_refcount));
+        if (changed) {
+          CO_RETURN_IF_ERROR(
+              co_await WriteMetadata(l2_offset, l2.span(), kOverlapActiveL2));
+          l2_cache_->Discard(l2_offset);
+        }
+      }
+      ++visited;
+      if (progress) progress(visited, total);
+    }
   }
   co_return absl::OkStatus();
+}
+
+io::Task<absl::StatusOr<std::vector<Qcow2Node::SnapshotRecord>>>
+Qcow2Node::ReadSnapshotRecords(uint64_t* table_bytes) {
+  std::vector<SnapshotRecord> records;
+  uint64_t pos = header_.snapshots_offset;
+  uint64_t end = pos;
+  for (uint32_t i = 0; i < header_.nb_snapshots; ++i) {
+    pos = RoundUp(pos, 8);
+    uint8_t fixed[kSnapshotHeaderBytes];
+    CO_RETURN_IF_ERROR(
+        co_await file_->Read(pos, io::IoVec(fixed, sizeof(fixed))));
+    SnapshotRecord r;
+    r.l1_offset = LoadBE64(fixed);
+    r.l1_size = LoadBE32(fixed + 8);
+    const uint16_t id_len = LoadBE16(fixed + 12);
+    const uint16_t name_len = LoadBE16(fixed + 14);
+    r.date_sec = LoadBE32(fixed + 16);
+    r.date_nsec = LoadBE32(fixed + 20);
+    r.vm_clock_nsec = LoadBE64(fixed + 24);
+    r.vm_state_size = LoadBE32(fixed + 32);
+    r.extra_size = LoadBE32(fixed + 36);
+    if (r.extra_size > 1024) {
+      co_return absl::DataLossError(
+          "Too much extra metadata in snapshot table entry");
+    }
+    pos += sizeof(fixed);
+    r.extra.resize(r.extra_size);
+    std::string strings(uint64_t{id_len} + name_len, '\0');
+    if (r.extra_size > 0) {
+      CO_RETURN_IF_ERROR(co_await file_->Read(
+          pos, io::IoVec(r.extra.data(), r.extra.size())));
+    }
+    pos += r.extra_size;
+    if (!strings.empty()) {
+      CO_RETURN_IF_ERROR(co_await file_->Read(
+          pos, io::IoVec(reinterpret_cast<uint8_t*>(strings.data()),
+                         strings.size())));
+    }
+    pos += strings.size();
+    end = pos;
+    r.id = strings.substr(0, id_len);
+    r.name = strings.substr(id_len);
+    if (r.extra_size >= 8) r.vm_state_size = LoadBE64(r.extra.data());
+    r.disk_size = r.extra_size >= 16 ? LoadBE64(r.extra.data() + 8) : header_.size;
+    if (r.extra_size >= 24) r.icount = LoadBE64(r.extra.data() + 16);
+    records.push_back(std::move(r));
+  }
+  *table_bytes = end - header_.snapshots_offset;
+  co_return records;
+}
+
+io::Task<absl::Status> Qcow2Node::RewriteSnapshotTable(
+    const std::vector<SnapshotRecord>& records, uint64_t old_table_bytes) {
+  uint64_t bytes = 0;
+  for (const SnapshotRecord& r : records) {
+    bytes = RoundUp(bytes, 8) + kSnapshotHeaderBytes +
+            std::max(kSnapshotExtraV3Bytes, r.extra_size) + r.id.size() +
+            r.name.size();
+  }
+  if (bytes > (uint64_t{64} << 20)) {
+    co_return absl::ResourceExhaustedError("Snapshot table too large");
+  }
+  CO_ASSIGN_OR_RETURN(const uint64_t table_offset,
+                      co_await refcounts_->Allocate(bytes));
+  CO_RETURN_IF_ERROR(co_await FlushAll());
+  CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(table_offset, bytes, 0));
+  uint64_t pos = table_offset;
+  for (const SnapshotRecord& r : records) {
+    pos = RoundUp(pos, 8);
+    const uint32_t extra_size = std::max(kSnapshotExtraV3Bytes, r.extra_size);
+    std::vector<uint8_t> entry(kSnapshotHeaderBytes + extra_size, 0);
+    uint8_t* h = entry.data();
+    StoreBE64(h, r.l1_offset);
+    StoreBE32(h + 8, r.l1_size);
+    h[12] = static_cast<uint8_t>(r.id.size() >> 8);
+    h[13] = static_cast<uint8_t>(r.id.size());
+    h[14] = static_cast<uint8_t>(r.name.size() >> 8);
+    h[15] = static_cast<uint8_t>(r.name.size());
+    StoreBE32(h + 16, r.date_sec);
+    StoreBE32(h + 20, r.date_nsec);
+    StoreBE64(h + 24, r.vm_clock_nsec);
+    // A VM state too large for 32 bits reads as none to old readers.
+    StoreBE32(h + 32, r.vm_state_size <= 0xffffffffu
+                          ? static_cast<uint32_t>(r.vm_state_size)
+                          : 0);
+    StoreBE32(h + 36, extra_size);
+    uint8_t* extra = h + kSnapshotHeaderBytes;
+    StoreBE64(extra, r.vm_state_size);
+    StoreBE64(extra + 8, r.disk_size);
+    StoreBE64(extra + 16, r.icount);
+    if (r.extra_size > kSnapshotExtraV3Bytes) {
+      std::copy(r.extra.begin() + kSnapshotExtraV3Bytes, r.extra.end(),
+                extra + kSnapshotExtraV3Bytes);
+    }
+    entry.insert(entry.end(), r.id.begin(), r.id.end());
+    entry.insert(entry.end(), r.name.begin(), r.name.end());
+    CO_RETURN_IF_ERROR(co_await file_->Write(pos, entry));
+    pos += entry.size();
+  }
+  // The new table and its refcounts are durable before the header points
+  // to them.
+  CO_RETURN_IF_ERROR(co_await FlushAll());
+  uint8_t field[12];
+  StoreBE32(field, static_cast<uint32_t>(records.size()));
+  StoreBE64(field + 4, table_offset);
+  CO_RETURN_IF_ERROR(co_await WriteHeaderField(kNbSnapshotsOffset,
+                                               io::ConstIoVec(field, 12)));
+  const uint64_t old_offset = header_.snapshots_offset;
+  header_.nb_snapshots = static_cast<uint32_t>(records.size());
+  header_.snapshots_offset = table_offset;
+  CO_RETURN_IF_ERROR(co_await LoadSnapshotTable());
+  if (old_table_bytes > 0) {
+    CO_RETURN_IF_ERROR(co_await refcounts_->Free(old_offset, old_table_bytes));
+    // QEMU passes the snapshot table's free down as a discard: the
+    // clusters that became free read as zeroes afterwards.
+    const uint64_t mask = cluster_size_ - 1;
+    uint64_t start = 0, end = 0;
+    for (uint64_t c = old_offset & ~mask; c < old_offset + old_table_bytes;
+         c += cluster_size_) {
+      CO_ASSIGN_OR_RETURN(const uint64_t rc,
+                          co_await refcounts_->Get(c >> cluster_bits_));
+      if (rc != 0) continue;
+      if (end != c) {
+        if (end > start) (void)co_await file_->Discard(start, end - start);
+        start = c;
+      }
+      end = c + cluster_size_;
+    }
+    if (end > start) (void)co_await file_->Discard(start, end - start);
+  }
+  co_return absl::OkStatus();
+}
+
+struct Qcow2Node::RefcountWalk {
+  uint32_t refcount_order = 0;
+  uint64_t entries_per_block = 0;
+  std::vector<uint64_t> table;  // new refcount block offsets (0 = none)
+  uint64_t table_index = 0;     // the new block being filled
+  io::AlignedBuffer block;      // its contents (write walk)
+  bool allocated = false;       // the walk allocated a block
+};
+
+io::Task<absl::Status> Qcow2Node::FinishNewRefblock(RefcountWalk& w,
+                                                    bool write, bool empty) {
+  const uint64_t index = w.table_index;
+  if (write) {
+    if (index < w.table.size() && w.table[index] != 0) {
+      co_return co_await WriteMetadata(w.table[index], w.block.span(), 0);
+    }
+    if (!empty) {
+      co_return absl::InternalError(
+          "qcow2: refcount block without an allocation");
+    }
+    co_return absl::OkStatus();
+  }
+  if (empty) co_return absl::OkStatus();
+  if (index >= w.table.size()) {
+    const uint64_t size = RoundUp(index + 1, cluster_size_ / 8);
+    if (size * 8 > format::kMaxRefcountTableBytes) {
+      co_return absl::UnimplementedError(
+          "This operation would make the refcount table grow beyond the "
+          "maximum size supported by QEMU, aborting");
+    }
+    w.table.resize(size, 0);
+  }
+  if (w.table[index] == 0) {
+    CO_ASSIGN_OR_RETURN(w.table[index],
+                        co_await refcounts_->Allocate(cluster_size_));
+    w.allocated = true;
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::WalkRefcounts(
+    RefcountWalk& w, bool write, int64_t walk_index, int64_t walks,
+    const std::function<void(int64_t, int64_t)>& progress) {
+  const uint32_t old_order = refcounts_->refcount_order();
+  const uint64_t old_entries = refcounts_->entries_per_block();
+  const uint32_t new_bits = uint32_t{1} << w.refcount_order;
+  auto bytes_of = [&w](uint64_t entries) {
+    return (entries << w.refcount_order) / 8;
+  };
+  uint64_t new_index = 0;
+  bool empty = true;
+  // The old table may grow while blocks are allocated: its size is read
+  // anew at every entry, as QEMU does.
+  for (uint64_t i = 0; i < refcounts_->table().size(); ++i) {
+    const int64_t table_size = static_cast<int64_t>(refcounts_->table().size());
+    if (progress) {
+      progress(walk_index * table_size + static_cast<int64_t>(i),
+               walks * table_size);
+    }
+    TableCache::Ref block;
+    if (refcounts_->table()[i] != 0) {
+      CO_ASSIGN_OR_RETURN(block, co_await refcounts_->Block(i));
+    }
+    uint64_t j = 0;
+    while (j < old_entries) {
+      if (new_index >= w.entries_per_block) {
+        CO_RETURN_IF_ERROR(co_await FinishNewRefblock(w, write, empty));
+        ++w.table_index;
+        new_index = 0;
+        empty = true;
+      }
+      if (!block) {
+        // No block: all refcounts 0. Entry counts are multiples of 64 here
+        // (blocks are at least 512 bytes), so whole bytes.
+        const uint64_t n =
+            std::min(old_entries - j, w.entries_per_block - new_index);
+        if (write) {
+          std::memset(w.block.data() + bytes_of(new_index), 0, bytes_of(n));
+        }
+        new_index += n;
+        j += n;
+        continue;
+      }
+      const uint64_t refcount = format::GetRefcount(block.data(), j, old_order);
+      if (new_bits < 64 && (refcount >> new_bits) != 0) {
+        const uint64_t offset = ((i * old_entries) + j) << cluster_bits_;
+        co_return absl::InvalidArgumentError(absl::StrFormat(
+            "Cannot decrease refcount entry width to %d bits: Cluster at "
+            "offset %#x has a refcount of %d",
+            new_bits, offset, refcount));
+      }
+      if (write) {
+        format::SetRefcount(w.block.span(), new_index, w.refcount_order,
+                            refcount);
+      }
+      ++new_index;
+      empty = empty && refcount == 0;
+      ++j;
+    }
+  }
+  if (new_index > 0) {
+    if (write) {
+      std::memset(w.block.data() + bytes_of(new_index), 0,
+                  bytes_of(w.entries_per_block - new_index));
+    }
+    CO_RETURN_IF_ERROR(co_await FinishNewRefblock(w, write, empty));
+    ++w.table_index;
+  }
+  if (progress) {
+    const int64_t table_size = static_cast<int64_t>(refcounts_->table().size());
+    progress((walk_index + 1) * table_size, walks * table_size);
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Qcow2Node::ChangeRefcountOrder(
+    uint32_t refcount_order,
+    const std::function<void(int64_t, int64_t)>& progress) {
+  RefcountWalk w;
+  w.refcount_order = refcount_order;
+  w.entries_per_block = format::RefcountEntriesPerBlock(cluster_bits_,
+                                                        refcount_order);
+  w.block = io::AlignedBuffer(cluster_size_);
+  int64_t walk_index = 0;
+  uint64_t table_offset = 0;
+  uint64_t allocated_table_entries = 0;
+  absl::Status st;
+  // Allocate the new blocks and table in the old refcounts, walking again
+  // until a walk allocates nothing (the allocations change refcounts).
+  do {
+    w.allocated = false;
+    w.table_index = 0;
+    const int64_t walks = std::max<int64_t>(walk_index + 2, 3);
+    st = co_await WalkRefcounts(w, /*write=*/false, walk_index++, walks,
+                                progress);
+    if (!st.ok()) break;
+    if (w.allocated) {
+      if (table_offset != 0) {
+        (void)co_await refcounts_->Free(table_offset,
+                                        allocated_table_entries * 8);
+      }
+      absl::StatusOr<uint64_t> offset =
+          co_await refcounts_->Allocate(w.table.size() * 8);
+      if (!offset.ok()) {
+        table_offset = 0;
+        st = offset.status();
+        break;
+      }
+      table_offset = *offset;
+      allocated_table_entries = w.table.size();
+    }
+  } while (w.allocated);
+
+  if (st.ok()) {
+    w.table_index = 0;
+    st = co_await WalkRefcounts(w, /*write=*/true, walk_index, walk_index + 1,
+                                progress);
+  }
+  if (st.ok()) {
+    io::AlignedBuffer table(w.table.size() * 8);
+    for (uint64_t i = 0; i < w.table.size(); ++i) {
+      StoreBE64(table.data() + i * 8, w.table[i]);
+    }
+    st = co_await WriteMetadata(table_offset, table.span(), 0);
+  }
+  if (st.ok()) st = co_await refcounts_->WriteDirty();
+  if (st.ok()) st = co_await SyncFile();
+  const format::Header old_header = header_;
+  if (st.ok()) {
+    // The switch: one header write names the new width and table.
+    header_.refcount_order = refcount_order;
+    header_.refcount_table_offset = table_offset;
+    header_.refcount_table_clusters =
+        static_cast<uint32_t>((w.table.size() * 8) >> cluster_bits_);
+    st = co_await WriteHeader();
+    if (!st.ok()) header_ = old_header;
+  }
+  // What is freed: on success the old blocks and table (counted in the new
+  // refcounts), else the new ones (in the old refcounts).
+  std::vector<uint64_t> blocks;
+  uint64_t free_table_offset = 0;
+  uint64_t free_table_bytes = 0;
+  if (st.ok()) {
+    blocks = refcounts_->table();
+    free_table_offset = refcounts_->table_offset();
+    free_table_bytes = refcounts_->table_bytes();
+    auto fresh = std::make_unique<Refcounts>(
+        static_cast<MetadataIo&>(*this), cluster_bits_, refcount_order,
+        table_offset, header_.refcount_table_clusters, std::move(w.table),
+        config_.refcount_cache_tables);
+    fresh->TakeHintsFrom(*refcounts_);
+    refcounts_ = std::move(fresh);
+  } else {
+    blocks = std::move(w.table);
+    free_table_offset = table_offset;
+    free_table_bytes = blocks.size() * 8;
+  }
+  for (const uint64_t block : blocks) {
+    if (block != 0) (void)co_await refcounts_->Free(block, cluster_size_);
+  }
+  if (free_table_offset != 0) {
+    (void)co_await refcounts_->Free(free_table_offset, free_table_bytes);
+  }
+  co_return st;
 }
 
 io::Task<absl::Status> Qcow2Node::Amend(AmendOptions o) {
@@ -78,43 +533,49 @@ io::Task<absl::Status> Qcow2Node::Amend(AmendOptions o) {
     co_return absl::FailedPreconditionError(
         absl::StrFormat("%s: image is read-only", filename()));
   }
+  std::optional<AmendProgress> progress;
   {
     auto lock = co_await io::ScopedLock::Take(meta_lock_);
     CO_RETURN_IF_ERROR(CheckUsable());
     const uint32_t old_version = header_.version;
     const uint32_t new_version = o.version.value_or(old_version);
 
+    const bool refcount_change = o.refcount_bits.has_value() &&
+                                 *o.refcount_bits != header_.refcount_bits();
+    progress.emplace(o.progress, int64_t{new_version != old_version} +
+                                     int64_t{refcount_change});
+
     // Upgrade first: later steps may need version 3.
     if (new_version > old_version) {
+      const auto upgrade_progress = progress->For(1);
+      if (upgrade_progress) upgrade_progress(0, 2);
       if (snapshot_extra_too_short_) {
-        // QEMU rewrites the snapshot table then.
-        co_return absl::UnimplementedError(absl::StrFormat(
-            "%s: upgrading an image whose snapshots lack version 3's extra "
-            "data is not supported yet",
-            filename()));
+        // Version 3 needs every snapshot's 64-bit VM state size and disk
+        // size: the table is written anew with them.
+        uint64_t table_bytes = 0;
+        CO_ASSIGN_OR_RETURN(std::vector<SnapshotRecord> records,
+                            co_await ReadSnapshotRecords(&table_bytes));
+        CO_RETURN_IF_ERROR(co_await RewriteSnapshotTable(records, table_bytes));
       }
-      if (o.progress) o.progress(0, 2);
-      if (o.progress) o.progress(1, 2);
+      if (upgrade_progress) upgrade_progress(1, 2);
       header_.version = 3;
       header_.refcount_order = format::kV2RefcountOrder;
       if (absl::Status st = co_await WriteHeader(); !st.ok()) {
         header_.version = old_version;
         co_return st;
       }
-      if (o.progress) o.progress(2, 2);
+      if (upgrade_progress) upgrade_progress(2, 2);
     }
 
-    if (o.refcount_bits.has_value() &&
-        *o.refcount_bits != header_.refcount_bits()) {
+    if (refcount_change) {
       if (new_version < 3 && *o.refcount_bits != 16) {
         co_return absl::InvalidArgumentError(
             "Refcount widths other than 16 bits require compatibility level "
             "1.1 or above (use compat=1.1 or greater)");
       }
-      co_return absl::UnimplementedError(absl::StrFormat(
-          "%s: changing refcount_bits of an existing image is not supported "
-          "yet",
-          filename()));
+      CO_RETURN_IF_ERROR(co_await ChangeRefcountOrder(
+          static_cast<uint32_t>(absl::countr_zero(*o.refcount_bits)),
+          progress->For(2)));
     }
 
     // No external data file: its raw bit never stays.
@@ -168,11 +629,18 @@ io::Task<absl::Status> Qcow2Node::Amend(AmendOptions o) {
       co_return absl::FailedPreconditionError(
           "compat=0.10 requires refcount_bits=16");
     }
+    // Snapshots another size than the image, or with a VM state too
+    // large for version 2's field, would lose that to version 2 readers.
+    std::vector<SnapshotRecord> snapshots;
     if (header_.nb_snapshots > 0) {
-      co_return absl::UnimplementedError(absl::StrFormat(
-          "%s: downgrading an image with internal snapshots is not "
-          "supported yet",
-          filename()));
+      uint64_t table_bytes = 0;
+      CO_ASSIGN_OR_RETURN(snapshots, co_await ReadSnapshotRecords(&table_bytes));
+      for (const SnapshotRecord& sn : snapshots) {
+        if (sn.vm_state_size > 0xffffffffu || sn.disk_size != header_.size) {
+          co_return absl::FailedPreconditionError(
+              "Internal snapshots prevent downgrade of image");
+        }
+      }
     }
     CO_RETURN_IF_ERROR(co_await MarkClean());
     const uint64_t incompatible =
@@ -185,7 +653,7 @@ io::Task<absl::Status> Qcow2Node::Amend(AmendOptions o) {
     header_.compatible_features = 0;
     config_.lazy_refcounts = false;
     header_.autoclear_features = 0;
-    CO_RETURN_IF_ERROR(co_await ExpandZeroClusters(o.progress));
+    CO_RETURN_IF_ERROR(co_await ExpandZeroClusters(snapshots, progress->For(3)));
     if (header_.incompatible_features & format::kIncompatibleCompressionType) {
       // Version 2 has zlib only: fine while no cluster is compressed.
       for (uint64_t i = 0; i < l1_.size(); ++i) {

@@ -222,26 +222,33 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
     // downgrade's L1 entries): (done, total); may be null.
     std::function<void(int64_t done, int64_t total)> progress;
   };
-  // Applies `options` in QEMU 7.2's order: upgrade to version 3, refcount
-  // width, header rewrite (always, as QEMU does), backing file check, lazy
-  // refcounts, size (exact, as resize without preallocation, shrinking
-  // allowed), downgrade to version 2 (zero clusters become unallocated
-  // without a backing file, allocated zeroed data clusters with one or when
-  // preallocated; the dirty bit cleared first; compatible and autoclear bits
-  // dropped). A step that fails leaves the earlier ones done, as in QEMU.
+  // Applies `options` in QEMU 7.2's order: upgrade to version 3 (the
+  // snapshot table rewritten when an entry lacks version 3's extra data),
+  // refcount width (new refcount blocks and table allocated and written,
+  // one header write switches to them, the old ones freed: a crash leaves
+  // leaked clusters at worst), header rewrite (always, as QEMU does),
+  // backing file check, lazy refcounts, size (exact, as resize without
+  // preallocation, shrinking allowed), downgrade to version 2 (zero
+  // clusters of the active and every snapshot's L2 tables become
+  // unallocated without a backing file, allocated zeroed data clusters
+  // with one or when preallocated; the dirty bit cleared first; compatible
+  // and autoclear bits dropped; the snapshot table kept as it is). The
+  // progress reports the operations as one line, as QEMU's
+  // qcow2_amend_helper_cb does. A step that fails leaves the earlier ones
+  // done, as in QEMU.
   // Errors (kInvalidArgument unless noted, QEMU's words): "Cannot amend the
   // backing file\nYou can use 'imgtool rebase' instead."; "Lazy refcounts
   // only supported with compatibility level 1.1 and above (use compat=1.1
   // or greater)"; "Refcount widths other than 16 bits require
   // compatibility level 1.1 or above (use compat=1.1 or greater)";
-  // kFailedPrecondition "compat=0.10 requires refcount_bits=16" and
-  // "Cannot downgrade an image with incompatible features 0x10 set",
-  // "Cannot downgrade an image with zstd compression type and existing
-  // compressed clusters" (QEMU's ENOTSUP); kUnimplemented for a change of the refcount width
-  // for downgrades of images with internal snapshots and upgrades of
-  // images whose snapshot table would need rewriting; the
-  // errors of Truncate and of the file. (An upgrade whose snapshots all
-  // carry version 3's extra data only rewrites the header, as in QEMU.)
+  // "Cannot decrease refcount entry width to N bits: Cluster at offset 0x..
+  // has a refcount of M" (nothing changed then);
+  // kFailedPrecondition "compat=0.10 requires refcount_bits=16",
+  // "Internal snapshots prevent downgrade of image" (a snapshot of another
+  // size or with a VM state over 4 GiB), "Cannot downgrade an image with
+  // incompatible features 0x10 set", "Cannot downgrade an image with zstd
+  // compression type and existing compressed clusters" (QEMU's ENOTSUP);
+  // the errors of Truncate and of the file.
   io::Task<absl::Status> Amend(AmendOptions options);
 
   // The header as it is now (dirty and corrupt bits included).
@@ -667,8 +674,57 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // clear the dirty bit, rewrite the header) and the zero cluster
   // expansion of a downgrade.
   io::Task<absl::Status> MarkClean();
+  // A snapshot table entry (qcow2 spec, "Snapshots"), with QEMU 7.2's
+  // defaults for what its extra data lacks (qcow2_read_snapshots).
+  struct SnapshotRecord {
+    uint64_t l1_offset = 0;
+    uint32_t l1_size = 0;  // entries
+    uint32_t date_sec = 0;
+    uint32_t date_nsec = 0;
+    uint64_t vm_clock_nsec = 0;
+    uint32_t extra_size = 0;           // extra data bytes as stored
+    std::vector<uint8_t> extra;        // those bytes
+    uint64_t vm_state_size = 0;        // 64-bit field if present, else 32
+    uint64_t disk_size = 0;            // the image's size if absent
+    uint64_t icount = ~uint64_t{0};    // -1 if absent
+    std::string id;
+    std::string name;
+  };
+  // Reads the whole snapshot table; `*table_bytes`: its length, from the
+  // first entry to the end of the last name (unpadded).
+  io::Task<absl::StatusOr<std::vector<SnapshotRecord>>> ReadSnapshotRecords(
+      uint64_t* table_bytes);
+  // qcow2_write_snapshots: writes `records` (every entry with at least
+  // version 3's 24 bytes of extra data) to newly allocated clusters,
+  // points the header at them (synced) and frees the old table, punching
+  // a hole where a cluster became free (QEMU's pass-discard-snapshot).
+  io::Task<absl::Status> RewriteSnapshotTable(
+      const std::vector<SnapshotRecord>& records, uint64_t old_table_bytes);
+  // Zero clusters in the active L1's and every snapshot's L2 tables become
+  // unallocated (no backing file) or zeroed data clusters
+  // (qcow2_expand_zero_clusters); progress counts L1 entries.
   io::Task<absl::Status> ExpandZeroClusters(
+      const std::vector<SnapshotRecord>& snapshots,
       const std::function<void(int64_t, int64_t)>& progress);
+  // expand_zero_clusters_in_l1's work on one L2 table `l2` (at file offset
+  // `l2_offset`, refcount `l2_refcount`): returns whether it changed.
+  io::Task<absl::StatusOr<bool>> ExpandZeroClustersInL2(absl::Span<uint8_t> l2,
+                                                        uint64_t l2_offset,
+                                                        uint64_t l2_refcount);
+  // Refcount width change (qcow2_change_refcount_order): new refcount
+  // blocks and table are allocated (in the old refcounts) and written, then
+  // one header write switches to them, then the old ones are freed.
+  struct RefcountWalk;
+  io::Task<absl::Status> ChangeRefcountOrder(
+      uint32_t refcount_order,
+      const std::function<void(int64_t, int64_t)>& progress);
+  // One walk_over_reftable pass; `write`: fill and write the new blocks
+  // (else allocate them). `walk`/`walks` place it in the progress.
+  io::Task<absl::Status> WalkRefcounts(
+      RefcountWalk& walk, bool write, int64_t walk_index, int64_t walks,
+      const std::function<void(int64_t, int64_t)>& progress);
+  io::Task<absl::Status> FinishNewRefblock(RefcountWalk& walk, bool write,
+                                           bool empty);
   io::Task<bool> DetectMetadataPreallocation();
 
   std::unique_ptr<io::BlockNode> file_;

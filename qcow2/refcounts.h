@@ -116,6 +116,25 @@ class Refcounts {
   io::Task<absl::Status> WriteDirty() { return cache_.WriteDirty(); }
   bool dirty() const { return cache_.HasDirty(); }
 
+  // The refcount block of refcount table entry `table_index`, read if
+  // needed, or an empty Ref if the entry is 0. kDataLoss (image marked
+  // corrupt) if the entry is unaligned or points past the end of the file.
+  io::Task<absl::StatusOr<TableCache::Ref>> Block(uint64_t table_index) {
+    return LoadBlock(table_index);
+  }
+
+  // Takes over `old`'s allocation hints (the first-free cluster index and
+  // where compressed data is packed next): for a Refcounts that replaces
+  // `old` on the same image, so that allocations continue as QEMU's, whose
+  // hints live in the image state and survive a refcount width change.
+  void TakeHintsFrom(const Refcounts& old) {
+    free_cluster_index_ = old.free_cluster_index_;
+    free_byte_offset_ = old.free_byte_offset_;
+  }
+
+  uint32_t refcount_order() const { return refcount_order_; }
+  // Refcount entries in one refcount block.
+  uint64_t entries_per_block() const { return uint64_t{1} << block_bits_; }
   uint64_t table_offset() const { return table_offset_; }
   uint64_t table_bytes() const { return table_.size() * 8; }
   uint32_t table_clusters() const {
