@@ -1,7 +1,8 @@
 // qemu-img's progress line for `-p` (convert, compare, commit, the copy
 // engine of block/copy.h): records "    (12.34/100%)\r", the last one
 // followed by "\n" (End()), printed when the value moved by more than
-// `min_skip` points, or is 0 or 100, computed in single precision as
+// `min_skip` points either way (amend's operations each start low), or is
+// 0 or 100, computed in single precision as
 // qemu-img does so the same lines appear (vdsm, CDI and Proxmox parse them).
 // Not thread-safe; used from the command's thread.
 #ifndef IMGTOOL_BLOCK_PROGRESS_H_
@@ -25,7 +26,8 @@ class Progress {
     float current = max == 0 ? value : current_ + value / 100 * max;
     if (current > 100) current = 100;
     current_ = current;
-    if (current > last_print_ + min_skip_ || current == 100 || current == 0) {
+    if (current > last_print_ + min_skip_ ||
+        current < last_print_ - min_skip_ || current == 100 || current == 0) {
       last_print_ = current_;
       if (enabled_) {
         char line[64];

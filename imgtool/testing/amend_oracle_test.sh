@@ -68,7 +68,12 @@ amend_case() {
   local f
   for f in "$WORK"/effect.a/*.qcow2; do
     [[ -e "$f" ]] || continue
+    # qemu-img 7.2 itself leaves some images unclean (a downgrade sets
+    # OFLAG_COPIED on a zero cluster expanded in place that snapshots
+    # share): then qemu-img's own result must be just as unclean.
     qemu-img check -q "$f" >/dev/null 2>&1 ||
+      [[ "$(cd "$WORK/effect.a" && qemu-img check "$(basename "$f")" 2>&1)" == \
+         "$(cd "$WORK/effect.b" && qemu-img check "$(basename "$f")" 2>&1)" ]] ||
       fail "$*: qemu-img check of imgtool's $(basename "$f") fails: $(qemu-img check "$f" 2>&1 | head -3)"
   done
 }
