@@ -390,18 +390,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  g_imgtool = absl::GetFlag(FLAGS_imgtool);
-  if (g_imgtool.empty()) {
-    const char* runfiles = std::getenv("RUNFILES_DIR");
-    g_imgtool = absl::StrCat(runfiles != nullptr ? std::string(runfiles)
-                                                 : program + ".runfiles",
-                             "/imgtool/imgtool/imgtool");
-  }
-  if (access(g_imgtool.c_str(), X_OK) != 0) {
-    std::fprintf(stderr, "chain_bench: %s: not an executable (--imgtool)\n",
-                 g_imgtool.c_str());
-    return 1;
-  }
+  g_imgtool = ImgtoolBinary(program, absl::GetFlag(FLAGS_imgtool));
   // Room for the files (base, base2 and top share their extents), a run's
   // copies and the dd output.
   const std::vector<SuiteMount> mounts =

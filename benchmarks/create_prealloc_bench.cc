@@ -144,18 +144,7 @@ int main(int argc, char** argv) {
       "full on XFS, ext4, ext4 without extents (root). Result file contract: "
       "benchmarks/README.md");
   g_image_size = (Quick() ? 32 : absl::GetFlag(FLAGS_image_mib)) << 20;
-  g_imgtool = absl::GetFlag(FLAGS_imgtool);
-  if (g_imgtool.empty()) {
-    const char* runfiles = std::getenv("RUNFILES_DIR");
-    g_imgtool = absl::StrCat(runfiles != nullptr ? std::string(runfiles)
-                                                 : program + ".runfiles",
-                             "/imgtool/imgtool/imgtool");
-  }
-  if (access(g_imgtool.c_str(), X_OK) != 0) {
-    std::fprintf(stderr, "create_prealloc_bench: %s: not an executable (--imgtool)\n",
-                 g_imgtool.c_str());
-    return 1;
-  }
+  g_imgtool = ImgtoolBinary(program, absl::GetFlag(FLAGS_imgtool));
   if (g_image_size < (1u << 20)) {
     std::fprintf(stderr, "create_prealloc_bench: --image_mib must be >= 1\n");
     return 1;

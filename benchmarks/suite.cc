@@ -37,6 +37,23 @@ std::string BenchName(absl::string_view suite,
   return name;
 }
 
+std::string ImgtoolBinary(const std::string& program,
+                          const std::string& flag_value) {
+  std::string path = flag_value;
+  if (path.empty()) {
+    const char* runfiles = std::getenv("RUNFILES_DIR");
+    path = absl::StrCat(runfiles != nullptr ? std::string(runfiles)
+                                            : program + ".runfiles",
+                        "/imgtool/imgtool/imgtool");
+  }
+  if (access(path.c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "%s: %s: not an executable (--imgtool)\n",
+                 program.c_str(), path.c_str());
+    std::exit(1);
+  }
+  return path;
+}
+
 std::string InitSuite(int argc, char** argv, absl::string_view usage) {
   // Default --benchmark_min_time before the user's flags, so theirs win: so
   // small that the first iteration always suffices, so each repetition is

@@ -66,6 +66,13 @@ absl::StatusOr<uint64_t> AllocatedBytes(const std::string& path);
 absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv,
                                        bool merge_stderr = false);
 
+// The imgtool binary a suite runs: `flag_value` if not empty, else
+// imgtool/imgtool in the runfiles (RUNFILES_DIR, or "<program>.runfiles").
+// If it is not executable, prints "<program>: <path>: not an executable
+// (--imgtool)" and exits 1.
+std::string ImgtoolBinary(const std::string& program,
+                          const std::string& flag_value);
+
 // Runs the registered benchmarks and shuts Google Benchmark down.
 void RunSuite();
 
