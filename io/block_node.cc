@@ -1,9 +1,12 @@
 #include "io/block_node.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "base/errno_status.h"
 #include "base/status_macros.h"
 
 namespace imgtool::io {
@@ -15,7 +18,128 @@ bool Overflows(uint64_t offset, uint64_t length) {
   return offset + length < offset || offset + length > (uint64_t{1} << 63);
 }
 
+// QEMU 7.2's BlkdebugEvent names, in the enum's order.
+constexpr absl::string_view kBlkdebugEventNames[kBlkdebugEventCount] = {
+    "l1_update",
+    "l1_grow_alloc_table",
+    "l1_grow_write_table",
+    "l1_grow_activate_table",
+    "l2_load",
+    "l2_update",
+    "l2_update_compressed",
+    "l2_alloc_cow_read",
+    "l2_alloc_write",
+    "read_aio",
+    "read_backing_aio",
+    "read_compressed",
+    "write_aio",
+    "write_compressed",
+    "vmstate_load",
+    "vmstate_save",
+    "cow_read",
+    "cow_write",
+    "reftable_load",
+    "reftable_grow",
+    "reftable_update",
+    "refblock_load",
+    "refblock_update",
+    "refblock_update_part",
+    "refblock_alloc",
+    "refblock_alloc_hookup",
+    "refblock_alloc_write",
+    "refblock_alloc_write_blocks",
+    "refblock_alloc_write_table",
+    "refblock_alloc_switch_table",
+    "cluster_alloc",
+    "cluster_alloc_bytes",
+    "cluster_free",
+    "flush_to_os",
+    "flush_to_disk",
+    "pwritev_rmw_head",
+    "pwritev_rmw_after_head",
+    "pwritev_rmw_tail",
+    "pwritev_rmw_after_tail",
+    "pwritev",
+    "pwritev_zero",
+    "pwritev_done",
+    "empty_image_prepare",
+    "l1_shrink_write_table",
+    "l1_shrink_free_l2_clusters",
+    "cor_write",
+    "cluster_alloc_space",
+    "none",
+};
+
+// A status whose message is strerror(error_number) alone, with the errno.
+absl::Status DebugError(int error_number) {
+  return WithMessage(ErrnoStatus("", "debug", error_number),
+                     std::strerror(error_number));
+}
+
 }  // namespace
+
+absl::string_view BlkdebugEventName(BlkdebugEvent event) {
+  const int i = static_cast<int>(event);
+  if (i < 0 || i >= kBlkdebugEventCount) return "";
+  return kBlkdebugEventNames[i];
+}
+
+std::optional<BlkdebugEvent> ParseBlkdebugEvent(absl::string_view name) {
+  for (int i = 0; i < kBlkdebugEventCount; ++i) {
+    if (kBlkdebugEventNames[i] == name) return static_cast<BlkdebugEvent>(i);
+  }
+  return std::nullopt;
+}
+
+BlockNode* BlockNode::FindDebugNode() {
+  BlockNode* node = this;
+  while (node != nullptr && !node->HandlesDebugEvents()) {
+    node = node->primary_child();
+  }
+  return node;
+}
+
+absl::Status BlockNode::DebugBreakpoint(absl::string_view event,
+                                        absl::string_view tag) {
+  BlockNode* node = FindDebugNode();
+  if (node == nullptr) return DebugError(ENOTSUP);
+  std::optional<BlkdebugEvent> parsed = ParseBlkdebugEvent(event);
+  if (!parsed.has_value()) return DebugError(ENOENT);
+  return node->DoDebugBreakpoint(*parsed, tag);
+}
+
+absl::Status BlockNode::DebugRemoveBreakpoint(absl::string_view tag) {
+  BlockNode* node = FindDebugNode();
+  if (node == nullptr) return DebugError(ENOTSUP);
+  return node->DoDebugRemoveBreakpoint(tag);
+}
+
+absl::Status BlockNode::DebugResume(absl::string_view tag) {
+  BlockNode* node = FindDebugNode();
+  if (node == nullptr) return DebugError(ENOTSUP);
+  return node->DoDebugResume(tag);
+}
+
+bool BlockNode::DebugIsSuspended(absl::string_view tag) {
+  BlockNode* node = FindDebugNode();
+  return node != nullptr && node->DoDebugIsSuspended(tag);
+}
+
+Task<void> BlockNode::DoDebugEvent(BlkdebugEvent) { co_return; }
+
+absl::Status BlockNode::DoDebugBreakpoint(BlkdebugEvent, absl::string_view) {
+  return DebugError(ENOTSUP);
+}
+
+absl::Status BlockNode::DoDebugRemoveBreakpoint(absl::string_view) {
+  return DebugError(ENOTSUP);
+}
+
+absl::Status BlockNode::DoDebugResume(absl::string_view) {
+  return DebugError(ENOTSUP);
+}
+
+bool BlockNode::DoDebugIsSuspended(absl::string_view) { return false; }
 
 absl::StatusOr<PreallocMode> ParsePreallocMode(const std::string& name) {
   if (name == "off") return PreallocMode::kOff;

@@ -10,11 +10,14 @@
 #ifndef IMGTOOL_IO_BLOCK_NODE_H_
 #define IMGTOOL_IO_BLOCK_NODE_H_
 
+#include <coroutine>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "io/task.h"
 
@@ -45,6 +48,86 @@ struct BlockStatus {
   bool offset_valid = false;   // host_offset means something
   uint64_t host_offset = 0;    // where the range's bytes are in `file`
   const class BlockNode* file = nullptr;  // node holding the bytes, if any
+};
+
+// The debug events of QEMU 7.2's blkdebug (qapi/block-core.json,
+// BlkdebugEvent; the same names and order): points in a driver's work where
+// a blkdebug node below can inject errors, change state or suspend the
+// request. Raised with BlockNode::DebugEvent.
+enum class BlkdebugEvent : int {
+  kL1Update,
+  kL1GrowAllocTable,
+  kL1GrowWriteTable,
+  kL1GrowActivateTable,
+  kL2Load,
+  kL2Update,
+  kL2UpdateCompressed,
+  kL2AllocCowRead,
+  kL2AllocWrite,
+  kReadAio,
+  kReadBackingAio,
+  kReadCompressed,
+  kWriteAio,
+  kWriteCompressed,
+  kVmstateLoad,
+  kVmstateSave,
+  kCowRead,
+  kCowWrite,
+  kReftableLoad,
+  kReftableGrow,
+  kReftableUpdate,
+  kRefblockLoad,
+  kRefblockUpdate,
+  kRefblockUpdatePart,
+  kRefblockAlloc,
+  kRefblockAllocHookup,
+  kRefblockAllocWrite,
+  kRefblockAllocWriteBlocks,
+  kRefblockAllocWriteTable,
+  kRefblockAllocSwitchTable,
+  kClusterAlloc,
+  kClusterAllocBytes,
+  kClusterFree,
+  kFlushToOs,
+  kFlushToDisk,
+  kPwritevRmwHead,
+  kPwritevRmwAfterHead,
+  kPwritevRmwTail,
+  kPwritevRmwAfterTail,
+  kPwritev,
+  kPwritevZero,
+  kPwritevDone,
+  kEmptyImagePrepare,
+  kL1ShrinkWriteTable,
+  kL1ShrinkFreeL2Clusters,
+  kCorWrite,
+  kClusterAllocSpace,
+  kNone,
+};
+inline constexpr int kBlkdebugEventCount =
+    static_cast<int>(BlkdebugEvent::kNone) + 1;
+
+// QEMU's name of `event` ("l1_update", "l1_grow_alloc_table",
+// "refblock_alloc_write", ...: the QAPI names, with '_' where QEMU 2.x's
+// config files had '.').
+absl::string_view BlkdebugEventName(BlkdebugEvent event);
+// The event named `name` (exactly one of the names above), or nullopt.
+std::optional<BlkdebugEvent> ParseBlkdebugEvent(absl::string_view name);
+
+// What BlockNode::DebugEvent returns: co_await it. Ready at once (no
+// coroutine frame) when the node does not handle debug events.
+class [[nodiscard]] DebugEventAwaitable {
+ public:
+  DebugEventAwaitable() = default;
+  explicit DebugEventAwaitable(Task<void> task) : task_(std::move(task)) {}
+  bool await_ready() const noexcept { return !task_.has_value(); }
+  bool await_suspend(std::coroutine_handle<> awaiting) noexcept {
+    return task_->await_suspend(awaiting);
+  }
+  void await_resume() {}
+
+ private:
+  std::optional<Task<void>> task_;
 };
 
 class BlockNode {
@@ -103,7 +186,67 @@ class BlockNode {
   // are returned here, never hidden in a destructor.
   virtual Task<absl::Status> Close() = 0;
 
+  // --- Debug events and breakpoints (QEMU's bdrv_debug_*; blkdebug) ---
+  //
+  // A driver raises an event on the node it is about to do I/O on, as QEMU's
+  // BLKDBG_EVENT(child, event): the qcow2 driver on its `file` child before
+  // it writes an L2 table there (`co_await file().DebugEvent(
+  // BlkdebugEvent::kL2Update)`), io on the node a request is written to.
+  // Only a node that handles debug events (HandlesDebugEvents(): blkdebug)
+  // acts on it: an inject-error rule arms itself so that the node's next
+  // matching request fails, a set-state rule changes its state, a
+  // breakpoint suspends the calling coroutine until DebugResume. Every other
+  // node ignores it, without looking at its children, exactly as QEMU 7.2's
+  // bdrv_debug_event does (so an event raised on a qcow2 node over blkdebug
+  // is not seen by the blkdebug node; only the events qcow2 raises on its
+  // file are). Never fails.
+  DebugEventAwaitable DebugEvent(BlkdebugEvent event) {
+    if (!HandlesDebugEvents()) return DebugEventAwaitable();
+    return DebugEventAwaitable(DoDebugEvent(event));
+  }
+
+  // The breakpoint operations of qemu-io's break, remove_break, resume and
+  // wait_break (QEMU's bdrv_debug_breakpoint/_remove_breakpoint/_resume/
+  // _is_suspended). Each acts on the first node that handles debug events
+  // going down from this one through primary_child() (QEMU's
+  // bdrv_find_debug_node); if there is none, the first three return
+  // kUnimplemented "Operation not supported" and DebugIsSuspended false.
+  // Error messages are exactly strerror's text (qemu-io prints "Could not
+  // set breakpoint: <message>"), and StatusErrno() gives the errno.
+  //
+  // Sets a one-shot breakpoint: the next request that raises `event` on the
+  // debug node is suspended under `tag` (blkdebug prints "blkdebug:
+  // Suspended request '<tag>'"). kNotFound "No such file or directory" if
+  // `event` is not an event name (ParseBlkdebugEvent).
+  absl::Status DebugBreakpoint(absl::string_view event, absl::string_view tag);
+  // Removes every breakpoint with `tag` and resumes every request suspended
+  // under it. kNotFound "No such file or directory" if there was neither.
+  absl::Status DebugRemoveBreakpoint(absl::string_view tag);
+  // Resumes one request suspended under `tag` (it runs until its next
+  // suspension before this returns). kNotFound "No such file or directory"
+  // if none is.
+  absl::Status DebugResume(absl::string_view tag);
+  // Whether a request is suspended under `tag`.
+  bool DebugIsSuspended(absl::string_view tag);
+
+  // The child that breakpoint operations go down to when this node does not
+  // handle them (QEMU's bdrv_primary_bs): a filter's filtered child, a
+  // format's `file`; null for protocol nodes (the default). A filter or
+  // format driver overrides only this. Not owned by the caller.
+  virtual BlockNode* primary_child() const { return nullptr; }
+
  protected:
+  // A driver that handles debug events (blkdebug) returns true here and
+  // overrides the five Do* below; the defaults handle nothing.
+  virtual bool HandlesDebugEvents() const { return false; }
+  virtual Task<void> DoDebugEvent(BlkdebugEvent event);
+  // `event` already parsed. Errors as the public functions.
+  virtual absl::Status DoDebugBreakpoint(BlkdebugEvent event,
+                                         absl::string_view tag);
+  virtual absl::Status DoDebugRemoveBreakpoint(absl::string_view tag);
+  virtual absl::Status DoDebugResume(absl::string_view tag);
+  virtual bool DoDebugIsSuspended(absl::string_view tag);
+
   BlockNode(std::string filename, bool read_only)
       : filename_(std::move(filename)), read_only_(read_only) {}
 
@@ -118,6 +261,9 @@ class BlockNode {
       uint64_t offset, uint64_t max_length) = 0;
 
  private:
+  // The node breakpoint operations act on (see DebugBreakpoint), or null.
+  BlockNode* FindDebugNode();
+
   std::string filename_;
   bool read_only_;
 };

@@ -113,6 +113,7 @@ class PreallocFilterNode : public io::BlockNode {
 
   // The node below. Owned by the filter.
   io::BlockNode& file() const { return *file_; }
+  io::BlockNode* primary_child() const override { return file_.get(); }
   // False: pure pass-through (read-only, or the file is shared).
   bool active() const { return active_; }
 

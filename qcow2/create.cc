@@ -36,6 +36,7 @@ class BorrowedNode final : public io::BlockNode {
     return target_.AllocatedSize();
   }
   io::Task<absl::Status> Close() override { return target_.Flush(); }
+  io::BlockNode* primary_child() const override { return &target_; }
 
  protected:
   io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override {

@@ -268,6 +268,8 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   bool extended_l2() const { return header_.extended_l2(); }
   bool dirty() const { return header_.dirty(); }
   io::BlockNode& file() const { return *file_; }
+  // `file` (QEMU's primary child of a qcow2 node).
+  io::BlockNode* primary_child() const override { return file_.get(); }
 
  protected:
   io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override;
