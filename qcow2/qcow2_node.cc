@@ -502,7 +502,10 @@ io::Task<absl::Status> Qcow2Node::PrepareFirstWrite() {
 // ---- Flushing -----------------------------------------------------------------
 
 io::Task<absl::Status> Qcow2Node::PrepareL2Write() {
-  if (refcounts_->dirty()) {
+  // While the dirty bit is set (lazy refcounts) the refcounts on disk need
+  // not be accurate, so L2 tables do not wait for them (QEMU sets the cache
+  // dependency only when qcow2_need_accurate_refcounts).
+  if (refcounts_->dirty() && !header_.dirty()) {
     CO_RETURN_IF_ERROR(co_await refcounts_->WriteDirty());
     co_return co_await SyncFile();
   }
@@ -594,6 +597,14 @@ io::Task<absl::Status> Qcow2Node::FlushAll() {
 io::Task<absl::Status> Qcow2Node::DoFlush() {
   if (read_only()) co_return absl::OkStatus();
   auto lock = co_await io::ScopedLock::Take(meta_lock_);
+  if (header_.dirty()) {
+    // As QEMU's qcow2_write_caches: with the dirty bit set only the L2
+    // tables are written; the refcounts reach the file when the image is
+    // marked clean (Close), so a crash leaves what `check -r` repairs.
+    CO_RETURN_IF_ERROR(CheckUsable());
+    CO_RETURN_IF_ERROR(co_await l2_cache_->WriteDirty());
+    co_return co_await SyncFile();
+  }
   co_return co_await FlushAll();
 }
 
