@@ -1,23 +1,41 @@
-// imgtool io [-f FMT] [--image-opts] [-t CACHE] [-n] [-r] [-U] [-d DISCARD]
-// [-i AIO] [-c CMD]... [FILE]: the qemu-io look-alike. Opens one image and
-// runs each -c command in order (or the lines of standard input if there is
-// no -c), printing what qemu-io 7.2 prints: "wrote N/N bytes at offset O"
-// plus a timing line, hex dumps, pattern verification failures, allocation
-// maps. A failing command prints its error (qemu-io's wording, mostly on
-// stdout) and the next command still runs; the exit status is 1 if any
-// command failed. aio_* requests stay in flight while later commands run and
-// print their completion lines when they finish (at the latest at aio_flush
-// or when the image is closed).
+// imgtool io [-f FMT] [--image-opts] [-t CACHE] [-n] [-r] [-s] [-U]
+// [-d DISCARD] [-i AIO] [-c CMD]... [FILE]: the qemu-io 7.2 look-alike.
+// Opens FILE (if given) and runs each -c command in order, or the lines of
+// standard input after a "qemu-io> " prompt each if there is no -c,
+// printing what qemu-io 7.2 prints: "wrote N/N bytes at offset O" plus a
+// timing line, hex dumps, pattern verification failures, allocation maps,
+// qemu-io's help texts. A failing command prints its error (qemu-io's
+// wording, mostly on stdout) and the next command still runs; the exit
+// status is 1 if any command failed. aio_* requests stay in flight while
+// later commands run and print their completion lines when they finish (at
+// the latest at aio_flush, close or exit).
+//
+// Images: `open [-rsCnkU] [-t cache] [-d discard] [-o options] [path]`
+// opens one (several opens and closes per run; one image at a time),
+// `close` closes it, `reopen [-r|-w] [-c cache] [-o options]` closes it and
+// opens it again with the changed settings after QEMU's checks (generic
+// options change, driver options only if the driver takes them, driver and
+// node-name never). -s (snapshot mode, QEMU's snapshot=on) opens the image
+// read-only as the backing file of a temporary qcow2 overlay in $TMPDIR or
+// /var/tmp, deleted once open, so writes never reach the image. In the
+// writethrough and directsync cache modes (qemu-io's default is
+// writethrough) each write is followed by a flush of the image, as QEMU's
+// BlockBackend does without a write cache.
 //
 // Everything goes through the generic io::BlockNode interface and
 // io::GetChainStatus, so formats with a backing chain work unchanged.
+// Not done: -C (copy-on-read: refused with "not supported yet"), the
+// breakpoint commands (break, wait_break, resume, remove_break fail with
+// ENOTSUP as on a graph without blkdebug), read -b / write -b (vmstate).
 #include <getopt.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -37,15 +55,20 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/types/span.h"
 #include "base/errno_status.h"
+#include "base/options.h"
 #include "base/size.h"
 #include "base/status_macros.h"
+#include "block/registry.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
+#include "imgtool/io_help.h"
+#include "imgtool/qcow2_create.h"
 #include "io/block_node.h"
 #include "io/chain_status.h"
 #include "io/engine.h"
@@ -291,6 +314,92 @@ bool AllBytesAre(absl::Span<const uint8_t> data, uint8_t byte) {
                      [byte](uint8_t b) { return b == byte; });
 }
 
+
+// ---------------------------------------------------------------------------
+// Opening images (the command line's image, `open`, `reopen`, -s).
+
+// How to open an image: the command line's settings or an `open` command's.
+struct OpenRequest {
+  ImageSpec spec;
+  // The path as qemu-io names it in "can't open device PATH: ..."; empty
+  // for --image-opts and for `open -o ...` without a path ("can't open:").
+  std::string name;
+  bool snapshot = false;       // -s: writes go to a temporary overlay
+  bool copy_on_read = false;   // -C
+  bool discard_ignored = false;  // -d ignore
+};
+
+// Sets the dotted `key` ("file.align") of `tree` to `value`, replacing a
+// child or value of the same name.
+void SetOption(NodeOptions& tree, absl::string_view key,
+               const std::string& value) {
+  std::vector<std::string> parts = absl::StrSplit(key, '.');
+  NodeOptions* node = &tree;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    node->values.erase(parts[i]);
+    node = &node->children[parts[i]];
+  }
+  node->children.erase(parts.back());
+  node->values[parts.back()] = value;
+}
+
+// The option string ("driver=qcow2,file.filename=x") that rebuilds `tree`;
+// commas in values are doubled.
+void FlattenOptions(const NodeOptions& tree, const std::string& prefix,
+                    std::string* out) {
+  for (const auto& [key, value] : tree.values) {
+    if (!out->empty()) *out += ',';
+    absl::StrAppend(out, prefix, key, "=",
+                    absl::StrReplaceAll(value, {{",", ",,"}}));
+  }
+  for (const auto& [key, child] : tree.children) {
+    FlattenOptions(child, absl::StrCat(prefix, key, "."), out);
+  }
+}
+
+std::string FlattenOptions(const NodeOptions& tree) {
+  std::string out;
+  FlattenOptions(tree, "", &out);
+  return out;
+}
+
+// The options of `open -o OPTIONS [PATH]`: PATH opened as the command line
+// opens it (a format's `file` child, probed if no driver), with OPTIONS
+// laid over it; a protocol driver (driver=file) takes PATH as its own
+// filename, as QEMU's bdrv_fill_options does.
+absl::StatusOr<NodeOptions> OpenCommandOptions(const std::string& path,
+                                               const std::string& options) {
+  ASSIGN_OR_RETURN(OptionList list, ParseOptionString(options));
+  NodeOptions tree;
+  if (!path.empty()) {
+    ASSIGN_OR_RETURN(tree, block::ImageOptions(path, "", false));
+  }
+  for (const auto& [key, value] : list) {
+    if (key != "driver") continue;
+    const block::Driver* driver = block::FindDriver(value);
+    if (driver != nullptr && driver->kind == block::DriverKind::kProtocol &&
+        !path.empty() && !absl::StartsWith(path, "json:")) {
+      tree = NodeOptions();
+      tree.values["filename"] = path;
+    }
+  }
+  for (const auto& [key, value] : list) SetOption(tree, key, value);
+  return tree;
+}
+
+// A temporary file name for -s's overlay, as QEMU's get_tmp_filename picks
+// one: $TMPDIR or /var/tmp, "vl.XXXXXX". The file is created empty.
+absl::StatusOr<std::string> TemporaryFile() {
+  const char* dir = std::getenv("TMPDIR");
+  std::string name =
+      absl::StrCat(dir != nullptr && *dir != '\0' ? dir : "/var/tmp",
+                   "/vl.XXXXXX");
+  const int fd = mkstemp(name.data());
+  if (fd < 0) return ErrnoStatus(name, "Could not get temporary filename", errno);
+  close(fd);
+  return name;
+}
+
 // ---------------------------------------------------------------------------
 // Requests.
 
@@ -307,9 +416,13 @@ struct Request {
 };
 
 // Runs one request against `node` the way qemu's BlockBackend checks it:
-// a range past `image_length` (the 512-rounded length) fails with EIO.
+// a range past `image_length` (the 512-rounded length) fails with EIO. With
+// `write_through` (the writethrough and directsync cache modes: QEMU's
+// BlockBackend without a write cache) every write is followed by a flush of
+// the node, as QEMU emulates FUA for drivers such as qcow2: their metadata
+// caches reach the file after each write.
 io::Task<absl::Status> RunRequest(io::BlockNode* node, uint64_t image_length,
-                                  Request r) {
+                                  Request r, bool write_through) {
   if (r.offset > image_length || image_length - r.offset < r.bytes) {
     co_return ErrnoStatus(node->filename(), "request", EIO);
   }
@@ -344,7 +457,9 @@ io::Task<absl::Status> RunRequest(io::BlockNode* node, uint64_t image_length,
       if (absl::IsUnimplemented(status)) status = absl::OkStatus();
       co_return status;
   }
-  if (status.ok() && r.fua) status = co_await node->Flush();
+  if (status.ok() && (r.fua || write_through)) {
+    status = co_await node->Flush();
+  }
   co_return status;
 }
 
@@ -395,42 +510,36 @@ struct CommandDef {
   bool (Session::*run)(const CommandDef& def, std::vector<std::string>& words);
 };
 
+std::string OneLineHelp(absl::string_view name, const CommandDef& def);
+
 class Session {
  public:
   explicit Session(Streams streams) : streams_(streams) {}
 
-  absl::Status Open(const ImageSpec& spec, bool discard_ignored) {
-    discard_ignored_ = discard_ignored;
-    absl::StatusOr<OpenedImage> image = OpenImage(spec, streams_.err);
-    if (!image.ok()) {
-      // qemu-io words it "can't open device F: <cause>" ("can't open:
-      // <cause>" for --image-opts), without the "Could not open 'F': "
-      // that qemu-img puts before the cause.
-      absl::string_view cause = image.status().message();
-      absl::ConsumePrefix(
-          &cause, absl::StrCat("Could not open '", spec.filename, "': "));
-      return absl::Status(
-          image.status().code(),
-          spec.image_opts
-              ? absl::StrCat("can't open: ", cause)
-              : absl::StrCat("can't open device ", spec.filename, ": ",
-                             cause));
-    }
-    image_ = *std::move(image);
-    return absl::OkStatus();
-  }
+  // Opens the image `request` describes; no image may be open. Errors are
+  // qemu-io's text after "qemu-io: ": "can't open device PATH: <cause>", or
+  // "can't open: <cause>" where qemu-io has no path to name.
+  absl::Status Open(const OpenRequest& request);
 
   // Runs one command line. Returns false once `quit` ran.
   bool Execute(const std::string& line);
 
   // Waits for the aio requests, prints their completions and closes the
-  // image; returns the close error.
+  // image (if one is open); returns the close error.
   absl::Status Close() {
     if (image_.node == nullptr) return absl::OkStatus();
     DrainAio();
     streams_.out.flush();
-    return CloseImage(image_);
+    absl::Status st = CloseImage(image_);
+    image_ = OpenedImage();
+    driver_dropped_ = false;
+    corruption_reported_ = false;
+    return st;
   }
+
+  // --image-opts on the command line: `open PATH` then parses PATH as
+  // options, and `open -o` is refused.
+  void set_image_opts(bool image_opts) { image_opts_ = image_opts; }
 
   bool failed() const { return failed_; }
 
@@ -453,6 +562,15 @@ class Session {
   bool CmdSleep(const CommandDef& def, std::vector<std::string>& words);
   bool CmdHelp(const CommandDef& def, std::vector<std::string>& words);
   bool CmdQuit(const CommandDef& def, std::vector<std::string>& words);
+  bool CmdOpen(const CommandDef& def, std::vector<std::string>& words);
+  bool CmdClose(const CommandDef& def, std::vector<std::string>& words);
+  bool CmdReopen(const CommandDef& def, std::vector<std::string>& words);
+  bool CmdSigraise(const CommandDef& def, std::vector<std::string>& words);
+  bool CmdAbort(const CommandDef& def, std::vector<std::string>& words);
+  bool CmdBreak(const CommandDef& def, std::vector<std::string>& words);
+  bool CmdWaitBreak(const CommandDef& def, std::vector<std::string>& words);
+  bool CmdResume(const CommandDef& def, std::vector<std::string>& words);
+  bool CmdRemoveBreak(const CommandDef& def, std::vector<std::string>& words);
 
  private:
   std::ostream& out() { return streams_.out; }
@@ -460,6 +578,11 @@ class Session {
   io::BlockNode& node() { return *image_.node; }
   io::Engine& engine() { return *image_.engine; }
   uint64_t ImageLength() const { return VirtualSize(image_); }
+  // QEMU's BlockBackend has no write cache in these modes.
+  bool WriteThrough() const {
+    return current_.spec.cache == "writethrough" ||
+           current_.spec.cache == "directsync";
+  }
 
   // Drives the engine until `task` is done, printing the completions of aio
   // requests as they finish (qemu-io's event loop runs while it waits).
@@ -520,7 +643,7 @@ class Session {
   // --- argument helpers (each prints qemu-io's message and returns false).
 
   bool Usage(const CommandDef& def) {
-    out() << def.name << " " << def.args << " -- " << def.oneline << "\n";
+    out() << OneLineHelp(def.name, def);
     return false;
   }
 
@@ -642,7 +765,8 @@ class Session {
       return false;
     }
     const Clock::time_point start = Clock::now();
-    absl::Status st = Wait(RunRequest(&node(), ImageLength(), r));
+    absl::Status st =
+        Wait(RunRequest(&node(), ImageLength(), r, WriteThrough()));
     *seconds = Seconds(Clock::now() - start);
     if (!st.ok()) {
       const std::string why = FailureText(st);
@@ -847,8 +971,19 @@ class Session {
 
   void SubmitAio(std::shared_ptr<AioRequest> aio, const char* op);
 
+  // -s: opens `spec`'s image read-only as the backing file of a new
+  // temporary qcow2 overlay (deleted once open), which takes the writes.
+  absl::StatusOr<OpenedImage> OpenSnapshot(const ImageSpec& spec);
+
+  // A qemu-io error line on stderr ("qemu-io: <message>").
+  void Error(absl::string_view message) {
+    err() << ProgramName() << ": " << message << "\n";
+  }
+
   Streams streams_;
   OpenedImage image_;
+  OpenRequest current_;  // how image_ was opened
+  bool image_opts_ = false;
   bool discard_ignored_ = false;
   bool failed_ = false;
   bool quit_ = false;
@@ -860,8 +995,14 @@ class Session {
   std::string aio_output_;  // completion lines not printed yet
 };
 
+// qemu-io 7.2's commands that need no running VM, sorted by name as its
+// `help` lists them. `args` is null where qemu-io has none (its one-line
+// help then has no second space: "close -- ..."; map's is "", hence
+// "map  -- ..."). Commands without `needs_image` run with no image open.
 constexpr CommandDef kCommands[] = {
-    {"aio_flush", nullptr, 0, 0, false, true, "",
+    {"abort", nullptr, 0, 0, false, false, nullptr,
+     "simulate a program crash using abort(3)", &Session::CmdAbort},
+    {"aio_flush", nullptr, 0, 0, false, true, nullptr,
      "completes all outstanding aio requests", &Session::CmdAioFlush},
     {"aio_read", nullptr, 2, -1, false, true,
      "[-Ciqv] [-P pattern] off len [len..]",
@@ -871,19 +1012,27 @@ constexpr CommandDef kCommands[] = {
      "asynchronously writes a number of bytes", &Session::CmdAioWrite},
     {"alloc", "a", 1, 2, false, true, "offset [count]",
      "checks if offset is allocated in the file", &Session::CmdAlloc},
+    {"break", nullptr, 2, 2, false, true, "event tag",
+     "sets a breakpoint on event and tags the stopped request as tag",
+     &Session::CmdBreak},
+    {"close", "c", 0, 0, false, true, nullptr, "close the current open file",
+     &Session::CmdClose},
     {"discard", "d", 2, -1, true, true, "[-Cq] off len",
      "discards a number of bytes at a specified offset", &Session::CmdDiscard},
-    {"flush", "f", 0, 0, false, true, "",
+    {"flush", "f", 0, 0, false, true, nullptr,
      "flush all in-core file state to disk", &Session::CmdFlush},
     {"help", "?", 0, 1, false, false, "[command]",
      "help for one or all commands", &Session::CmdHelp},
-    {"info", "i", 0, 0, false, true, "",
+    {"info", "i", 0, 0, false, true, nullptr,
      "prints information about the current file", &Session::CmdInfo},
-    {"length", "l", 0, 0, false, true, "",
+    {"length", "l", 0, 0, false, true, nullptr,
      "gets the length of the current file", &Session::CmdLength},
     {"map", nullptr, 0, 0, false, true, "",
      "prints the allocated areas of a file", &Session::CmdMap},
-    {"quit", "q", 0, 0, false, false, "", "exit the program",
+    {"open", "o", 1, -1, false, false,
+     "[-rsCnkU] [-t cache] [-d discard] [-o options] [path]",
+     "open the file specified by path", &Session::CmdOpen},
+    {"quit", "q", 0, 0, false, false, nullptr, "exit the program",
      &Session::CmdQuit},
     {"read", "r", 2, -1, false, true,
      "[-abCqv] [-P pattern [-s off] [-l len]] off len",
@@ -891,10 +1040,21 @@ constexpr CommandDef kCommands[] = {
     {"readv", nullptr, 2, -1, false, true,
      "[-Cqv] [-P pattern] off len [len..]",
      "reads a number of bytes at a specified offset", &Session::CmdReadv},
-    {"sleep", nullptr, 1, 1, false, false, "",
+    {"remove_break", nullptr, 1, 1, false, true, "tag",
+     "remove a breakpoint by tag", &Session::CmdRemoveBreak},
+    {"reopen", nullptr, 0, -1, false, true,
+     "[(-r|-w)] [-c cache] [-o options]",
+     "reopens an image with new options", &Session::CmdReopen},
+    {"resume", nullptr, 1, 1, false, true, "tag",
+     "resumes the request tagged as tag", &Session::CmdResume},
+    {"sigraise", nullptr, 1, 1, false, false, "signal", "raises a signal",
+     &Session::CmdSigraise},
+    {"sleep", nullptr, 1, 1, false, false, nullptr,
      "waits for the given value in milliseconds", &Session::CmdSleep},
     {"truncate", "t", 1, 3, true, true, "[-m prealloc_mode] off",
      "truncates the current file at the given offset", &Session::CmdTruncate},
+    {"wait_break", nullptr, 1, 1, false, true, "tag",
+     "waits for the suspension of a request", &Session::CmdWaitBreak},
     {"write", "w", 2, -1, true, true,
      "[-bcCfnquz] [-P pattern | -s source_file] off len",
      "writes a number of bytes at a specified offset", &Session::CmdWrite},
@@ -902,6 +1062,13 @@ constexpr CommandDef kCommands[] = {
      "[-Cfq] [-P pattern] off len [len..]",
      "writes a number of bytes at a specified offset", &Session::CmdWritev},
 };
+
+// qemu-io's one-line help of `def`, under the name it was called by.
+std::string OneLineHelp(absl::string_view name, const CommandDef& def) {
+  return def.args == nullptr
+             ? absl::StrCat(name, " -- ", def.oneline, "\n")
+             : absl::StrCat(name, " ", def.args, " -- ", def.oneline, "\n");
+}
 
 const CommandDef* FindCommand(absl::string_view name) {
   for (const CommandDef& def : kCommands) {
@@ -920,6 +1087,8 @@ bool Session::Execute(const std::string& line) {
   const int argc = static_cast<int>(words.size()) - 1;
   if (def == nullptr) {
     err() << "command \"" << words[0] << "\" not found\n";
+  } else if (def->needs_image && image_.node == nullptr) {
+    err() << "no file open, try 'help open'\n";
   } else if (argc < def->min_args ||
              (def->max_args >= 0 && argc > def->max_args)) {
     err() << "bad argument count " << argc << " to " << words[0]
@@ -932,8 +1101,6 @@ bool Session::Execute(const std::string& line) {
       err() << "between " << def->min_args << " and " << def->max_args
             << " arguments\n";
     }
-  } else if (def->needs_image && image_.node == nullptr) {
-    err() << "no file open, try 'help open'\n";
   } else if (def->writes && image_.node->read_only()) {
     err() << ProgramName() << ": Block node is read-only\n";
   } else {
@@ -1075,7 +1242,7 @@ void Session::SubmitAio(std::shared_ptr<AioRequest> aio, const char* op) {
   aio->start = Clock::now();
   if (!aio->buffer.empty()) aio->request.buffer = absl::MakeSpan(aio->buffer);
   io::Task<absl::Status> task =
-      RunRequest(&node(), ImageLength(), aio->request);
+      RunRequest(&node(), ImageLength(), aio->request, WriteThrough());
   io::Spawn(std::move(task), [this, aio, op, write](absl::Status st) {
     --aio_in_flight_;
     const double seconds = Seconds(Clock::now() - aio->start);
@@ -1364,12 +1531,10 @@ bool Session::CmdHelp(const CommandDef&, std::vector<std::string>& words) {
       out() << "command " << words[1] << " not found\n";
       return false;
     }
-    out() << def->name << " " << def->args << " -- " << def->oneline << "\n";
+    out() << OneLineHelp(words[1], *def) << QemuIoCommandHelp(def->name);
     return true;
   }
-  for (const CommandDef& def : kCommands) {
-    out() << def.name << " " << def.args << " -- " << def.oneline << "\n";
-  }
+  for (const CommandDef& def : kCommands) out() << OneLineHelp(def.name, def);
   out() << "\nUse 'help commandname' for extended help.\n";
   return true;
 }
@@ -1379,10 +1544,433 @@ bool Session::CmdQuit(const CommandDef&, std::vector<std::string>&) {
   return true;
 }
 
+absl::Status Session::Open(const OpenRequest& request) {
+  const ImageSpec& spec = request.spec;
+  const auto cant_open = [&](absl::StatusCode code, absl::string_view cause) {
+    return absl::Status(
+        code, request.name.empty()
+                  ? absl::StrCat("can't open: ", cause)
+                  : absl::StrCat("can't open device ", request.name, ": ",
+                                 cause));
+  };
+  if (spec.force_share && !spec.read_only) {
+    return cant_open(absl::StatusCode::kInvalidArgument,
+                     "force-share=on can only be used with read-only images");
+  }
+  if (spec.aio == io::EngineKind::kNative && spec.cache != "none" &&
+      spec.cache != "directsync") {
+    return cant_open(
+        absl::StatusCode::kInvalidArgument,
+        "aio=native was specified, but it requires cache.direct=on, which "
+        "was not specified.");
+  }
+  if (request.copy_on_read) {
+    // QEMU checks this before it opens anything.
+    if (spec.read_only) {
+      return cant_open(absl::StatusCode::kInvalidArgument,
+                       "Can't use copy-on-read on read-only device");
+    }
+    return cant_open(absl::StatusCode::kUnimplemented,
+                     "copy-on-read (-C) is not supported yet");
+  }
+  absl::StatusOr<OpenedImage> image = request.snapshot
+                                          ? OpenSnapshot(spec)
+                                          : OpenImage(spec, err());
+  if (!image.ok()) {
+    // Without the "Could not open 'F': " that qemu-img puts before the cause.
+    absl::string_view cause = image.status().message();
+    absl::ConsumePrefix(&cause,
+                        absl::StrCat("Could not open '", spec.filename, "': "));
+    return cant_open(image.status().code(), cause);
+  }
+  image_ = *std::move(image);
+  current_ = request;
+  discard_ignored_ = request.discard_ignored;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OpenedImage> Session::OpenSnapshot(const ImageSpec& spec) {
+  ImageSpec base_spec = spec;
+  base_spec.read_only = true;
+  ASSIGN_OR_RETURN(OpenedImage base, OpenImage(base_spec, err()));
+  const uint64_t size = VirtualSize(base);
+  std::string backing = base.display_name;
+  const std::string format = base.format == "file" ? "raw" : base.format;
+  RETURN_IF_ERROR(CloseImage(base));
+  if (IsRelativeFilename(backing)) {
+    char* cwd = getcwd(nullptr, 0);
+    if (cwd == nullptr) return ErrnoStatus(".", "getcwd", errno);
+    backing = absl::StrCat(cwd, "/", backing);
+    std::free(cwd);
+  }
+  ASSIGN_OR_RETURN(const std::string overlay, TemporaryFile());
+  Qcow2CreateValues values;
+  values.SetNumber("size", size);
+  values.SetString("backing_file", backing);
+  if (!absl::StartsWith(backing, "json:")) {
+    values.SetString("backing_fmt", format);
+  }
+  absl::Status created = CreateQcow2File(overlay, values, err());
+  if (!created.ok()) {
+    unlink(overlay.c_str());
+    return created;
+  }
+  ImageSpec overlay_spec = spec;
+  overlay_spec.filename = overlay;
+  overlay_spec.format = "qcow2";
+  overlay_spec.image_opts = false;
+  overlay_spec.force_share = false;
+  absl::StatusOr<OpenedImage> opened =
+      OpenImage(overlay_spec, err(), base.engine);
+  unlink(overlay.c_str());  // QEMU's BDRV_O_TEMPORARY: gone once closed
+  return opened;
+}
+
+bool Session::CmdOpen(const CommandDef& def, std::vector<std::string>& words) {
+  OpenRequest r;
+  r.spec.read_only = false;
+  r.spec.cache = "writethrough";  // qemu-io's default
+  std::string options;
+  std::vector<std::string> operands;
+  if (!GetOptions(
+          def, words, "snCro:ki:t:d:U",
+          [&](int c, const char* arg) {
+            switch (c) {
+              case 's':
+                r.snapshot = true;
+                break;
+              case 'n':
+                r.spec.cache = "none";
+                break;
+              case 'C':
+                r.copy_on_read = true;
+                break;
+              case 'r':
+                r.spec.read_only = true;
+                break;
+              case 'k':
+                r.spec.aio = io::EngineKind::kNative;
+                break;
+              case 'i': {
+                absl::StatusOr<io::EngineKind> aio = io::ParseEngineKind(arg);
+                if (!aio.ok()) {
+                  Error(aio.status().message());
+                  return false;
+                }
+                r.spec.aio = *aio;
+                break;
+              }
+              case 't': {
+                std::optional<std::string> mode = CacheMode(arg);
+                if (!mode.has_value()) {
+                  Error(absl::StrCat("Invalid cache option: ", arg));
+                  return false;
+                }
+                r.spec.cache = *mode;
+                break;
+              }
+              case 'd':
+                if (std::strcmp(arg, "ignore") == 0 ||
+                    std::strcmp(arg, "off") == 0) {
+                  r.discard_ignored = true;
+                } else if (std::strcmp(arg, "unmap") == 0 ||
+                           std::strcmp(arg, "on") == 0) {
+                  r.discard_ignored = false;
+                } else {
+                  Error(absl::StrCat("Invalid discard option: ", arg));
+                  return false;
+                }
+                break;
+              case 'o':
+                if (image_opts_) {
+                  out() << "--image-opts and 'open -o' are mutually "
+                           "exclusive\n";
+                  return false;
+                }
+                if (absl::Status st = ParseOptionString(arg).status();
+                    !st.ok()) {
+                  Error(st.message());
+                  return false;
+                }
+                absl::StrAppend(&options, options.empty() ? "" : ",", arg);
+                break;
+              case 'U':
+                r.spec.force_share = true;
+                break;
+            }
+            return true;
+          },
+          &operands)) {
+    return false;
+  }
+  if (operands.size() > 1) return Usage(def);
+  const std::string path = operands.empty() ? "" : operands[0];
+  if (image_.node != nullptr) {
+    Error("file open already, try 'help close'");
+    return false;
+  }
+  if (!options.empty()) {
+    absl::StatusOr<NodeOptions> tree = OpenCommandOptions(path, options);
+    if (!tree.ok()) {
+      Error(tree.status().message());
+      return false;
+    }
+    r.spec.filename = FlattenOptions(*tree);
+    r.spec.image_opts = true;
+    r.name = path;
+  } else if (path.empty()) {
+    Error("can't open: Must specify either driver or file");
+    return false;
+  } else {
+    r.spec.filename = path;
+    r.spec.image_opts = image_opts_;
+    if (!image_opts_) r.name = path;
+  }
+  if (absl::Status st = Open(r); !st.ok()) {
+    Error(st.message());
+    return false;
+  }
+  return true;
+}
+
+bool Session::CmdClose(const CommandDef&, std::vector<std::string>&) {
+  if (absl::Status st = Close(); !st.ok()) {
+    Error(WithoutFilename(st, current_.spec.filename));
+    return false;
+  }
+  return true;
+}
+
+// The driver QEMU would name for the node at `path` (dotted child names,
+// "" for the top) of the image: from the options where they name one, else
+// what the graph has (a `file` child is the file protocol; a backing file
+// qcow2 or raw).
+std::string DriverAt(const NodeOptions& tree, absl::string_view path,
+                     const OpenedImage& image) {
+  const NodeOptions* node = &tree;
+  std::string last;
+  for (absl::string_view part : absl::StrSplit(path, '.', absl::SkipEmpty())) {
+    auto it = node->children.find(std::string(part));
+    last = std::string(part);
+    if (it == node->children.end()) {
+      node = nullptr;
+      break;
+    }
+    node = &it->second;
+  }
+  if (node != nullptr) {
+    auto it = node->values.find("driver");
+    if (it != node->values.end()) return it->second;
+  }
+  if (path.empty()) return image.format;
+  if (last == "backing" && image.node->backing() != nullptr) {
+    return dynamic_cast<const qcow2::Qcow2Node*>(image.node->backing()) !=
+                   nullptr
+               ? "qcow2"
+               : "raw";
+  }
+  return "file";
+}
+
+// The value of dotted `key` in `tree`, if set.
+std::optional<std::string> OptionAt(const NodeOptions& tree,
+                                    absl::string_view key) {
+  std::vector<std::string> parts = absl::StrSplit(key, '.');
+  const NodeOptions* node = &tree;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    auto it = node->children.find(parts[i]);
+    if (it == node->children.end()) return std::nullopt;
+    node = &it->second;
+  }
+  auto it = node->values.find(parts.back());
+  if (it == node->values.end()) return std::nullopt;
+  return it->second;
+}
+
+bool Session::CmdReopen(const CommandDef& def,
+                        std::vector<std::string>& words) {
+  std::optional<bool> read_only;  // -r / -w
+  std::optional<std::string> cache;
+  std::string options;
+  std::vector<std::string> operands;
+  if (!GetOptions(
+          def, words, "c:o:rw",
+          [&](int c, const char* arg) {
+            switch (c) {
+              case 'c': {
+                std::optional<std::string> mode = CacheMode(arg);
+                if (!mode.has_value()) {
+                  Error(absl::StrCat("Invalid cache option: ", arg));
+                  return false;
+                }
+                cache = *mode;
+                break;
+              }
+              case 'o':
+                if (absl::Status st = ParseOptionString(arg).status();
+                    !st.ok()) {
+                  Error(st.message());
+                  return false;
+                }
+                absl::StrAppend(&options, options.empty() ? "" : ",", arg);
+                break;
+              case 'r':
+              case 'w':
+                if (read_only.has_value()) {
+                  Error("Only one -r/-w option may be given");
+                  return false;
+                }
+                read_only = c == 'r';
+                break;
+            }
+            return true;
+          },
+          &operands)) {
+    return false;
+  }
+  if (!operands.empty()) return Usage(def);
+  absl::StatusOr<OptionList> list = ParseOptionString(options);
+  if (!list.ok()) {
+    Error(list.status().message());
+    return false;
+  }
+  bool has_read_only = false, has_cache = false;
+  for (const auto& [key, value] : *list) {
+    if (key == "read-only") has_read_only = true;
+    if (key == "cache.direct" || key == "cache.no-flush") has_cache = true;
+  }
+  if (has_read_only && read_only.has_value()) {
+    Error("Cannot set both -r/-w and 'read-only'");
+    return false;
+  }
+  if (has_cache && cache.has_value()) {
+    Error("Cannot set both -c and the cache options");
+    return false;
+  }
+  if (current_.snapshot || current_.copy_on_read) {
+    Error("reopen of an image opened with -s or -C is not supported yet");
+    return false;
+  }
+  absl::StatusOr<NodeOptions> tree = block::ImageOptions(
+      current_.spec.filename, current_.spec.format, current_.spec.image_opts);
+  if (!tree.ok()) {
+    Error(tree.status().message());
+    return false;
+  }
+  tree->values.emplace("driver", image_.format);
+  OpenRequest r = current_;
+  r.name.clear();
+  r.spec.read_only = read_only.value_or(current_.spec.read_only);
+  if (cache.has_value()) r.spec.cache = *cache;
+  // QEMU's bdrv_reopen_prepare: the generic options take new values; the
+  // rest must keep theirs unless the driver can change them.
+  for (const auto& [key, value] : *list) {
+    const size_t dot = key.rfind('.');
+    const std::string node =
+        dot == std::string::npos ? "" : key.substr(0, dot);
+    const std::string name =
+        dot == std::string::npos ? key : key.substr(dot + 1);
+    if (name == "read-only" || name == "auto-read-only" ||
+        name == "force-share" || key == "cache.direct" ||
+        key == "cache.no-flush") {
+      absl::StatusOr<bool> on = ParseBoolOption(key, value);
+      if (!on.ok()) {
+        Error(on.status().message());
+        return false;
+      }
+      if (key == "read-only") {
+        r.spec.read_only = *on;
+      } else if (absl::StartsWith(key, "cache.")) {
+        SetOption(*tree, key, value);
+      }
+      continue;
+    }
+    const std::string driver = DriverAt(*tree, node, image_);
+    const std::optional<std::string> now = OptionAt(*tree, key);
+    if ((name == "driver" && value == driver) ||
+        (now.has_value() && *now == value)) {
+      continue;  // unchanged
+    }
+    const block::Driver* d = block::FindDriver(driver);
+    const bool changeable =
+        name != "driver" && name != "node-name" && d != nullptr &&
+        std::find(d->keys.begin(), d->keys.end(), name) != d->keys.end();
+    if (!changeable) {
+      Error(absl::StrCat("Cannot change the option '", name, "'"));
+      return false;
+    }
+    SetOption(*tree, key, value);
+  }
+  r.spec.filename = FlattenOptions(*tree);
+  r.spec.format.clear();
+  r.spec.image_opts = true;
+  const OpenRequest old = current_;
+  if (absl::Status st = Close(); !st.ok()) {
+    Error(WithoutFilename(st, old.spec.filename));
+    return false;
+  }
+  absl::Status st = Open(r);
+  if (st.ok()) return true;
+  absl::string_view cause = st.message();
+  absl::ConsumePrefix(&cause, "can't open: ");
+  Error(cause);
+  if (absl::Status again = Open(old); !again.ok()) Error(again.message());
+  return false;
+}
+
+bool Session::CmdSigraise(const CommandDef&, std::vector<std::string>& words) {
+  uint64_t sig = 0;
+  if (!ParseNumber(words[1], &sig)) return false;
+  if (sig > NSIG) {
+    out() << "signal argument '" << words[1]
+          << "' is too large to be a valid signal\n";
+    return false;
+  }
+  // As qemu-io: stdout and stderr are flushed first, since raise() may end
+  // the process without flushing them.
+  out().flush();
+  err().flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::raise(static_cast<int>(sig));
+  return true;
+}
+
+bool Session::CmdAbort(const CommandDef&, std::vector<std::string>&) {
+  std::abort();  // qemu-io's abort(3), with nothing flushed
+}
+
+// Breakpoints need a blkdebug node in the graph; imgtool has none yet, so
+// these fail as qemu-io does on a graph without one.
+bool Session::CmdBreak(const CommandDef&, std::vector<std::string>&) {
+  out() << "Could not set breakpoint: " << std::strerror(ENOTSUP) << "\n";
+  return false;
+}
+
+bool Session::CmdWaitBreak(const CommandDef&, std::vector<std::string>&) {
+  // qemu-io would wait forever for a request no breakpoint can suspend.
+  out() << "Could not wait for a breakpoint: " << std::strerror(ENOTSUP)
+        << "\n";
+  return false;
+}
+
+bool Session::CmdResume(const CommandDef&, std::vector<std::string>&) {
+  out() << "Could not resume request: " << std::strerror(ENOTSUP) << "\n";
+  return false;
+}
+
+bool Session::CmdRemoveBreak(const CommandDef&,
+                             std::vector<std::string>& words) {
+  out() << "Could not remove breakpoint " << words[1] << ": "
+        << std::strerror(ENOTSUP) << "\n";
+  return false;
+}
+
 }  // namespace
 
 absl::Status RunIo(const std::vector<std::string>& args, Streams streams) {
-  ImageSpec spec;
+  OpenRequest request;
+  ImageSpec& spec = request.spec;
   spec.read_only = false;
   spec.cache = "writethrough";  // qemu-io's default
   std::vector<std::string> commands;
@@ -1431,9 +2019,11 @@ absl::Status RunIo(const std::vector<std::string>& args, Streams streams) {
                 spec.image_opts = true;
                 break;
               case 's':
-                return absl::UnimplementedError("-s is not supported yet");
+                request.snapshot = true;
+                break;
               case 'C':
-                return absl::UnimplementedError("-C is not supported yet");
+                request.copy_on_read = true;
+                break;
               case 'T':
                 return absl::UnimplementedError("-T is not supported yet");
             }
@@ -1468,9 +2058,8 @@ absl::Status RunIo(const std::vector<std::string>& args, Streams streams) {
     return absl::InvalidArgumentError(
         absl::StrCat("Invalid cache option: ", spec.cache));
   }
-  bool discard_ignored = false;
   if (discard == "ignore" || discard == "off") {
-    discard_ignored = true;
+    request.discard_ignored = true;
   } else if (discard != "unmap" && discard != "on") {
     return absl::InvalidArgumentError(
         absl::StrCat("Invalid discard option: ", discard));
@@ -1480,24 +2069,11 @@ absl::Status RunIo(const std::vector<std::string>& args, Streams streams) {
   }
 
   Session session(streams);
+  session.set_image_opts(spec.image_opts);
   if (operands.size() == 1) {
     spec.filename = operands[0];
-    // Worded as Session::Open's errors ("can't open: " for --image-opts).
-    const auto cant_open = [&](absl::string_view why) {
-      return absl::InvalidArgumentError(
-          spec.image_opts
-              ? absl::StrCat("can't open: ", why)
-              : absl::StrCat("can't open device ", spec.filename, ": ", why));
-    };
-    if (spec.force_share && !spec.read_only) {
-      return cant_open("force-share=on can only be used with read-only images");
-    }
-    if (aio == "native" && spec.cache != "none" && spec.cache != "directsync") {
-      return cant_open(
-          "aio=native was specified, but it requires cache.direct=on, which "
-          "was not specified.");
-    }
-    RETURN_IF_ERROR(session.Open(spec, discard_ignored));
+    if (!spec.image_opts) request.name = spec.filename;
+    RETURN_IF_ERROR(session.Open(request));
   }
   if (commands.empty()) {
     // No -c: read the commands from standard input, with a prompt.
