@@ -710,12 +710,21 @@ class Copier {
   // offset `target_offset`, landing in `buf`, which maps `offset` to
   // `buf_offset` of the chunk) that its chain reports as data to
   // `extents`, and the rest to `zero` (chunk-relative; a sector partly
-  // zero, partly data is zero-filled in `buf` and counts as data). Returns
+  // zero, partly data is zero-filled in `buf` and counts as data). The
+  // copy uses `node` only below `node_end` (chunks are cut there): with no
+  // node, or `offset` at or past it, the whole chunk is zeroes. Returns
   // whether the whole range reads as zeroes.
   static io::Task<absl::StatusOr<bool>> PlanReads(
-      io::BlockNode& node, uint64_t offset, uint64_t target_offset,
-      uint64_t length, uint8_t* buf, CopyOp op, std::vector<Extent>& extents,
+      io::BlockNode* node_or_null, uint64_t offset, uint64_t node_end,
+      uint64_t target_offset, uint64_t length, uint8_t* buf, CopyOp op,
+      std::vector<Extent>& extents,
       std::vector<std::pair<uint64_t, uint64_t>>& zero) {
+    if (node_or_null == nullptr || offset >= node_end) {
+      zero.emplace_back(0, length);
+      co_return true;
+    }
+    io::BlockNode& node = *node_or_null;
+    length = std::min(length, node_end - offset);
     bool all_zero = true;
     uint64_t done = 0;
     while (done < length) {
@@ -814,26 +823,19 @@ class Copier {
     c.buf_zero.clear();
     c.ref_zero.clear();
     const CopySource& source = SourceAt(offset);
-    const uint64_t in_source = offset - source.start + source.node_offset;
-    bool source_zero = true;
-    if (source.node != nullptr && in_source < source_end_) {
-      CO_ASSIGN_OR_RETURN(
-          source_zero,
-          co_await PlanReads(*source.node, in_source, offset,
-                             std::min(length, source_end_ - in_source), c.buf,
-                             CopyOp::kRead, extents, c.buf_zero));
-    } else {
-      c.buf_zero.emplace_back(0, length);  // the chunk is cut there
-    }
+    CO_ASSIGN_OR_RETURN(
+        const bool source_zero,
+        co_await PlanReads(source.node, offset - source.start +
+                                            source.node_offset,
+                           source_end_, offset, length, c.buf, CopyOp::kRead,
+                           extents, c.buf_zero));
     bool ref_zero = true;
-    if (c.ref != nullptr && offset < reference_end_) {
+    if (c.ref != nullptr) {
       CO_ASSIGN_OR_RETURN(
-          ref_zero,
-          co_await PlanReads(*settings_.reference, offset, offset,
-                             std::min(length, reference_end_ - offset), c.ref,
-                             CopyOp::kReadReference, extents, c.ref_zero));
-    } else if (c.ref != nullptr) {
-      c.ref_zero.emplace_back(0, length);
+          ref_zero, co_await PlanReads(settings_.reference, offset,
+                                       reference_end_, offset, length, c.ref,
+                                       CopyOp::kReadReference, extents,
+                                       c.ref_zero));
     }
     *nothing = source_zero && ref_zero;
     if (*nothing) co_return absl::OkStatus();

@@ -12,12 +12,11 @@ IMGTOOL=$(realpath "$1")
 INSTALL=$(realpath "$2")
 WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/dropin.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
-failures=0
-checks=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+if [[ -n "${TEST_SRCDIR:-}" ]]; then
+  source "$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing/oracle_lib.sh" || exit 1
+else
+  source "$(dirname "$0")/oracle_lib.sh" || exit 1
+fi
 
 bash "$INSTALL" "$IMGTOOL" "$WORK/bin" >/dev/null || fail "install.sh failed"
 for name in imgtool qemu-img qemu-io; do
@@ -45,20 +44,7 @@ same() {
   (cd "$d/real" && printf '%s' "$input" | PATH="$(dirname "$real"):$PATH" "$tool" "$@" >../real.out 2>../real.err)
   local real_rc=$?
   (cd "$d/ours" && printf '%s' "$input" | PATH="$WORK/bin:$PATH" "$tool" "$@" >../ours.out 2>../ours.err)
-  local ours_rc=$?
-  [[ $real_rc == "$ours_rc" ]] ||
-    fail "$tool $*: exit $ours_rc, $tool 7.2 exits $real_rc"
-  # qemu-io's timing lines vary from run to run.
-  local f
-  for f in real.out ours.out; do
-    sed -i -E '/^[0-9.]+ (bytes|KiB|MiB), [0-9]+ ops; /d' "$d/$f"
-  done
-  for f in out err; do
-    if ! cmp -s "$d/real.$f" "$d/ours.$f"; then
-      fail "$tool $*: std$f differs (< real $tool, > imgtool)"
-      diff "$d/real.$f" "$d/ours.$f" | head -10
-    fi
-  done
+  same_results "$tool $*" "$d" "$real_rc" "$?"
 }
 
 same qemu-img '' info missing.qcow2

@@ -51,6 +51,26 @@ same_output() {
     diff_text "$*" "exit status" "$a_rc" "$RC"
 }
 
+# same_results WHAT DIR REAL_RC OURS_RC: one command run by the real tool
+# (output in DIR/real.out, DIR/real.err) and by imgtool under that tool's
+# name (DIR/ours.out, DIR/ours.err) exited with the same code and printed
+# the same stdout and stderr, qemu-io's timing lines left out. WHAT names
+# the command in failures; its first word is the tool.
+same_results() {
+  local what=$1 d=$2 real_rc=$3 ours_rc=$4 tool=${1%% *} f
+  [[ $real_rc == "$ours_rc" ]] ||
+    fail "$what: exit $ours_rc, $tool 7.2 exits $real_rc"
+  for f in real.out ours.out; do
+    sed -i -E '/^[0-9.]+ (bytes|KiB|MiB), [0-9]+ ops; /d' "$d/$f"
+  done
+  for f in out err; do
+    if ! cmp -s "$d/real.$f" "$d/ours.$f"; then
+      fail "$what: std$f differs (< real $tool, > imgtool)"
+      diff "$d/real.$f" "$d/ours.$f" | head -10
+    fi
+  done
+}
+
 # same_error DIR ARGS...: both fail with the same exit status and the same
 # first stderr line (imgtool adds its usage after usage errors).
 same_error() {
