@@ -7,10 +7,7 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -70,8 +67,6 @@ const struct option kLongOptions[] = {
 constexpr std::array<const char*, 5> kCacheModes = {
     "none", "writeback", "writethrough", "directsync", "unsafe"};
 
-enum class OptionType { kSize, kNumber, kBool, kString };
-
 struct AmendOption {
   const char* name;
   OptionType type;
@@ -120,35 +115,13 @@ std::string AmendHelp() {
             });
   std::string text = "Amend options for 'qcow2':\n";
   for (const AmendOption* o : list) {
-    const char* type = "<str>";
-    switch (o->type) {
-      case OptionType::kSize: type = "<size>"; break;
-      case OptionType::kNumber: type = "<num>"; break;
-      case OptionType::kBool: type = "<bool (on/off)>"; break;
-      case OptionType::kString: type = "<str>"; break;
-    }
-    char line[256];
-    std::snprintf(line, sizeof(line), "  %-22s - %s\n",
-                  absl::StrCat(o->name, "=", type).c_str(), o->help);
-    text += line;
+    text += OptionHelpLine(o->name, o->type, o->help);
   }
   return text;
 }
 
-// The items of the joined -o text, one by one (a key given twice is not an
-// error; the last value wins).
-absl::StatusOr<OptionList> ParseItems(const std::string& text) {
-  OptionList list;
-  const std::vector<std::string> items = SplitOptionItems(text);
-  for (const std::string& item : items) {
-    ASSIGN_OR_RETURN(OptionList one, ParseOptionString(item));
-    list.insert(list.end(), one.begin(), one.end());
-  }
-  return list;
-}
-
 bool HasHelpOption(const std::string& text) {
-  absl::StatusOr<OptionList> list = ParseItems(text);
+  absl::StatusOr<OptionList> list = ParseOptionItems(text);
   if (!list.ok()) return false;
   for (const auto& item : *list) {
     if (item.first == "help") return true;
@@ -156,31 +129,13 @@ bool HasHelpOption(const std::string& text) {
   return false;
 }
 
-// QEMU's number options: strtoull with base 0, nothing after.
-absl::StatusOr<uint64_t> ParseNumber(const std::string& name,
-                                     const std::string& value) {
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(value.c_str(), &end, 0);
-  if (value.empty() || *end != '\0' || errno != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Parameter '", name, "' expects a number"));
-  }
-  return static_cast<uint64_t>(n);
-}
-
-struct Value {
-  std::string text;
-  uint64_t number = 0;
-  bool flag = false;
-};
-using AmendValues = std::vector<std::pair<const AmendOption*, Value>>;
+using AmendValues = std::vector<std::pair<const AmendOption*, OptionValue>>;
 
 // Parses the -o text against the amend options (qemu-img's
 // qemu_opts_do_parse): unknown keys and values of the wrong type. An
 // option only create knows gets qemu-img's hint.
 absl::StatusOr<AmendValues> ParseAmendOptions(const std::string& text) {
-  ASSIGN_OR_RETURN(OptionList list, ParseItems(text));
+  ASSIGN_OR_RETURN(OptionList list, ParseOptionItems(text));
   AmendValues values;
   for (const auto& [key, value] : list) {
     const AmendOption* o = FindAmendOption(key);
@@ -198,24 +153,7 @@ absl::StatusOr<AmendValues> ParseAmendOptions(const std::string& text) {
       }
       return absl::InvalidArgumentError(message);
     }
-    Value v;
-    v.text = value;
-    switch (o->type) {
-      case OptionType::kSize: {
-        ASSIGN_OR_RETURN(v.number, ParseSizeOption(key, value));
-        break;
-      }
-      case OptionType::kNumber: {
-        ASSIGN_OR_RETURN(v.number, ParseNumber(key, value));
-        break;
-      }
-      case OptionType::kBool: {
-        ASSIGN_OR_RETURN(v.flag, ParseBoolOption(key, value));
-        break;
-      }
-      case OptionType::kString:
-        break;
-    }
+    ASSIGN_OR_RETURN(OptionValue v, ParseTypedOption(key, value, o->type));
     // The last value of a key wins.
     auto it = std::find_if(values.begin(), values.end(),
                            [o](const auto& p) { return p.first == o; });
@@ -236,7 +174,7 @@ absl::Status WalkAmendOptions(const AmendValues& values,
     auto it = std::find_if(values.begin(), values.end(),
                            [&o](const auto& p) { return p.first == &o; });
     if (it == values.end()) continue;
-    const Value& v = it->second;
+    const OptionValue& v = it->second;
     const std::string name = o.name;
     if (name == "compat") {
       if (v.text == "0.10" || v.text == "v2") {

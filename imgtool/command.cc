@@ -5,6 +5,8 @@
 #include <stdlib.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -13,6 +15,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/options.h"
+#include "base/size.h"
+#include "base/status_macros.h"
 #include "block/objects.h"
 
 namespace imgtool::cli {
@@ -168,6 +173,61 @@ std::vector<std::string> SplitOptionItems(const std::string& text) {
     }
   }
   return items;
+}
+
+absl::StatusOr<OptionList> ParseOptionItems(const std::string& text) {
+  OptionList list;
+  for (const std::string& item : SplitOptionItems(text)) {
+    ASSIGN_OR_RETURN(OptionList one, ParseOptionString(item));
+    list.insert(list.end(), one.begin(), one.end());
+  }
+  return list;
+}
+
+absl::StatusOr<OptionValue> ParseTypedOption(const std::string& key,
+                                             const std::string& value,
+                                             OptionType type) {
+  OptionValue v;
+  v.text = value;
+  switch (type) {
+    case OptionType::kSize: {
+      ASSIGN_OR_RETURN(v.number, ParseSizeOption(key, value));
+      break;
+    }
+    case OptionType::kNumber: {
+      errno = 0;
+      char* end = nullptr;
+      const unsigned long long n = std::strtoull(value.c_str(), &end, 0);
+      if (value.empty() || *end != '\0' || errno != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Parameter '", key, "' expects a number"));
+      }
+      v.number = static_cast<uint64_t>(n);
+      break;
+    }
+    case OptionType::kBool: {
+      ASSIGN_OR_RETURN(v.flag, ParseBoolOption(key, value));
+      break;
+    }
+    case OptionType::kString:
+      break;
+  }
+  return v;
+}
+
+std::string OptionHelpLine(const char* name, OptionType type,
+                           const char* help) {
+  const char* type_name = "<str>";
+  switch (type) {
+    case OptionType::kSize: type_name = "<size>"; break;
+    case OptionType::kNumber: type_name = "<num>"; break;
+    case OptionType::kBool: type_name = "<bool (on/off)>"; break;
+    case OptionType::kString: type_name = "<str>"; break;
+  }
+  char line[256];
+  std::snprintf(line, sizeof(line), "  %-22s - %s\n",
+                absl::StrCat(name, "=", type_name).c_str(), help);
+  return line;
 }
 
 bool HasProtocol(const std::string& name) {

@@ -6,6 +6,7 @@
 
 #include <getopt.h>
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <ostream>
@@ -15,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/options.h"
 
 namespace imgtool::cli {
 
@@ -93,6 +95,29 @@ bool IsValidOptionList(const std::string& text);
 // comma inside a value), so that each item is parsed on its own and a key
 // given twice is not an error (the last value wins, as in qemu-img).
 std::vector<std::string> SplitOptionItems(const std::string& text);
+
+// Every item of an -o argument (SplitOptionItems), each parsed by
+// base/options.h ParseOptionString, in order. Its errors.
+absl::StatusOr<OptionList> ParseOptionItems(const std::string& text);
+
+// The types of qemu-img's -o options (QEMU's QemuOptType) and one value
+// parsed by its type: sizes by ParseSizeOption ("64k"), numbers as QEMU's
+// strtoull with base 0 and nothing after ("-1" wraps), booleans by
+// ParseBoolOption (on/off), strings as given. kInvalidArgument with
+// qemu-img's texts ("Parameter 'refcount_bits' expects a number", ...).
+enum class OptionType { kSize, kNumber, kBool, kString };
+struct OptionValue {
+  std::string text;  // as given
+  uint64_t number = 0;
+  bool flag = false;
+};
+absl::StatusOr<OptionValue> ParseTypedOption(const std::string& key,
+                                             const std::string& value,
+                                             OptionType type);
+
+// One line of `-o help`: "  name=<type>" padded to 24 columns, "- help".
+std::string OptionHelpLine(const char* name, OptionType type,
+                           const char* help);
 
 // Whether `name` has a protocol prefix as QEMU's path_has_protocol sees it
 // ("json:{...}", "nbd:..."): a ':' before any '/'.

@@ -76,15 +76,6 @@ struct CreateOptionValues {
   std::optional<uint64_t> extent_size_hint;
 };
 
-absl::StatusOr<OptionList> ParseOptionItems(const std::string& text) {
-  OptionList list;
-  for (const std::string& item : SplitOptionItems(text)) {
-    ASSIGN_OR_RETURN(OptionList one, ParseOptionString(item));
-    list.insert(list.end(), one.begin(), one.end());
-  }
-  return list;
-}
-
 absl::Status ApplyOptions(const std::string& text, CreateOptionValues* v) {
   ASSIGN_OR_RETURN(OptionList list, ParseOptionItems(text));
   for (const auto& [key, value] : list) {

@@ -3,10 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <memory>
@@ -30,8 +27,6 @@
 
 namespace imgtool::cli {
 namespace {
-
-enum class OptionType { kSize, kNumber, kBool, kString };
 
 struct OptionDesc {
   const char* name;
@@ -98,19 +93,6 @@ const OptionDesc* FindOption(const std::string& name) {
   return nullptr;
 }
 
-// QEMU's number options: strtoull with base 0 ("-1" wraps), nothing after.
-absl::StatusOr<uint64_t> ParseNumber(const std::string& name,
-                                     const std::string& value) {
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(value.c_str(), &end, 0);
-  if (value.empty() || *end != '\0' || errno != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Parameter '", name, "' expects a number"));
-  }
-  return static_cast<uint64_t>(n);
-}
-
 // Writes the qcow2 image onto the empty file `filename`.
 absl::Status WriteImage(const std::string& filename,
                         const qcow2::Qcow2CreateOptions& options,
@@ -143,25 +125,7 @@ absl::Status Qcow2CreateValues::Apply(const std::string& text) {
         return absl::InvalidArgumentError(
             absl::StrCat("Invalid parameter '", key, "'"));
       }
-      Qcow2OptionValue v;
-      v.text = value;
-      switch (d->type) {
-        case OptionType::kSize: {
-          ASSIGN_OR_RETURN(v.number, ParseSizeOption(key, value));
-          break;
-        }
-        case OptionType::kNumber: {
-          ASSIGN_OR_RETURN(v.number, ParseNumber(key, value));
-          break;
-        }
-        case OptionType::kBool: {
-          ASSIGN_OR_RETURN(v.flag, ParseBoolOption(key, value));
-          break;
-        }
-        case OptionType::kString:
-          break;
-      }
-      values_[key] = v;
+      ASSIGN_OR_RETURN(values_[key], ParseTypedOption(key, value, d->type));
     }
   }
   return absl::OkStatus();
@@ -169,11 +133,11 @@ absl::Status Qcow2CreateValues::Apply(const std::string& text) {
 
 void Qcow2CreateValues::SetString(const std::string& key,
                                   const std::string& value) {
-  values_[key] = Qcow2OptionValue{value, 0, false};
+  values_[key] = OptionValue{value, 0, false};
 }
 
 void Qcow2CreateValues::SetNumber(const std::string& key, uint64_t value) {
-  values_[key] = Qcow2OptionValue{absl::StrCat(value), value, false};
+  values_[key] = OptionValue{absl::StrCat(value), value, false};
 }
 
 std::optional<std::string> Qcow2CreateValues::Text(
@@ -231,27 +195,7 @@ std::string Qcow2OptionHelp(bool with_protocol) {
               return std::strcmp(a->name, b->name) < 0;
             });
   std::string text;
-  for (const OptionDesc* d : list) {
-    const char* type = "";
-    switch (d->type) {
-      case OptionType::kSize:
-        type = "<size>";
-        break;
-      case OptionType::kNumber:
-        type = "<num>";
-        break;
-      case OptionType::kBool:
-        type = "<bool (on/off)>";
-        break;
-      case OptionType::kString:
-        type = "<str>";
-        break;
-    }
-    char line[256];
-    std::snprintf(line, sizeof(line), "  %-22s - %s\n",
-                  absl::StrCat(d->name, "=", type).c_str(), d->help);
-    text += line;
-  }
+  for (const OptionDesc* d : list) text += OptionHelpLine(d->name, d->type, d->help);
   return text;
 }
 

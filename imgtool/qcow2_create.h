@@ -13,17 +13,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "imgtool/command.h"
 #include "posix_file/file_options.pb.h"
 
 namespace imgtool::cli {
-
-// One option as given (the last value of a key wins, as in qemu-img) and,
-// for sizes, numbers and booleans, its value.
-struct Qcow2OptionValue {
-  std::string text;
-  uint64_t number = 0;
-  bool flag = false;
-};
 
 class Qcow2CreateValues {
  public:
@@ -50,7 +43,8 @@ class Qcow2CreateValues {
   std::string FormattingLine(const std::string& filename) const;
 
  private:
-  std::map<std::string, Qcow2OptionValue> values_;
+  // Each option as given (the last value of a key wins, as in qemu-img).
+  std::map<std::string, OptionValue> values_;
 };
 
 // `-o help` for qcow2: "  name=<type>  - help" lines sorted by name; with
