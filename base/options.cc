@@ -44,7 +44,7 @@ absl::Status DuplicateError(absl::string_view key) {
 
 // Adds `value` under the dotted `key` to `root`.
 absl::Status AddOption(NodeOptions* root, absl::string_view key,
-                       const std::string& value) {
+                       const std::string& value, bool bare = false) {
   std::vector<absl::string_view> parts = absl::StrSplit(key, '.');
   for (absl::string_view part : parts) {
     if (part.empty()) {
@@ -70,6 +70,7 @@ absl::Status AddOption(NodeOptions* root, absl::string_view key,
         "Option '", key, "' cannot be both a value and a group of options"));
   }
   if (!node->values.emplace(last, value).second) return DuplicateError(key);
+  if (bare) node->bare.insert(last);
   return absl::OkStatus();
 }
 
@@ -135,7 +136,9 @@ class JsonParser {
     if (c == '{') return ParseObject(root, key, depth);
     if (c == '[') return ParseArray(root, key, depth);
     std::string scalar;
+    bool bare = true;  // a number or a boolean
     if (c == '"' || c == '\'') {
+      bare = false;
       RETURN_IF_ERROR(ParseString(&scalar));
     } else if (Consume("true")) {
       scalar = "true";
@@ -156,7 +159,7 @@ class JsonParser {
       return SyntaxError(absl::StrFormat("invalid character '%c'", c));
     }
     if (key.empty()) return absl::OkStatus();  // A bare scalar document.
-    return AddOption(root, key, scalar);
+    return AddOption(root, key, scalar, bare);
   }
 
   absl::Status ParseObject(NodeOptions* root, const std::string& key,

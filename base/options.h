@@ -7,6 +7,7 @@
 #define IMGTOOL_BASE_OPTIONS_H_
 
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,10 @@ absl::StatusOr<bool> ParseBoolOption(absl::string_view name,
 struct NodeOptions {
   std::map<std::string, std::string> values;
   std::map<std::string, NodeOptions> children;
+  // Keys of `values` whose json: value was a number or a boolean, not a
+  // string: QEMU prints them bare in the json:{...} names of nodes
+  // ("size": 1048576, but "size": "1M" for a string or an option string).
+  std::set<std::string> bare;
 };
 
 // Builds the tree from a flat list. kInvalidArgument if a key is both a
@@ -61,7 +66,8 @@ inline constexpr absl::string_view kJsonNullBacking{"\0null", 5};
 // by index ("x": [1] gives x.0 = 1), an empty object or array gives an empty
 // child, and scalars become strings ("true", "65536"; integer literals are
 // kept as written, other numbers print as integers when integral, else with
-// %.17g). Single-quoted strings are accepted, as QEMU does. Errors
+// %.17g; numbers and booleans are listed in NodeOptions::bare).
+// Single-quoted strings are accepted, as QEMU does. Errors
 // (kInvalidArgument): "Invalid JSON object given" if the value is not an
 // object; "Could not parse the JSON options: <reason>" for bad JSON, a
 // duplicate key ("JSON parse error, duplicate key") or a null other than

@@ -1,5 +1,6 @@
 #include "base/options.h"
 
+#include <set>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -167,6 +168,17 @@ TEST(ParseJsonFilenameTest, ScalarsBecomeStrings) {
                       R"("i":2.5e-1})"),
             "{a=true b=false c=65536 d=-3 e=1 f=1000 g=0.5 "
             "h=18446744073709551615 i=0.25}");
+}
+
+TEST(ParseJsonFilenameTest, NumbersAndBooleansAreMarkedBare) {
+  absl::StatusOr<NodeOptions> n = ParseJsonFilename(
+      R"(json:{"a":true,"b":"x","c":65536,"file":{"d":"1","e":1.5}})");
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->bare, (std::set<std::string>{"a", "c"}));
+  EXPECT_EQ(n->children.at("file").bare, (std::set<std::string>{"e"}));
+  absl::StatusOr<OptionList> list = ParseOptionString("a=1,b=on");
+  ASSERT_TRUE(list.ok());
+  EXPECT_TRUE(BuildNodeOptions(*list)->bare.empty());
 }
 
 TEST(ParseJsonFilenameTest, StringEscapesAndSingleQuotes) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <set>
@@ -23,6 +24,8 @@
 #include "base/status_macros.h"
 #include "block/objects.h"
 #include "google/protobuf/message.h"
+#include "null_block/null_node.h"
+#include "null_block/null_options.pb.h"
 #include "posix_file/file_options.pb.h"
 #include "prealloc_filter/prealloc_filter.h"
 #include "prealloc_filter/prealloc_options.pb.h"
@@ -61,6 +64,14 @@ const std::vector<Driver>& Drivers() {
                          "x-check-cache-dropped"},
         .unsupported_keys = {"pr-manager"},
     });
+    for (const char* name : {"null-co", "null-aio"}) {
+      d->push_back(Driver{
+          .name = name,
+          .kind = DriverKind::kProtocol,
+          .options = null_block::NullOptions::descriptor(),
+          .keys = {"size", "latency-ns", "read-zeroes"},
+      });
+    }
     d->push_back(Driver{
         .name = "raw",
         .kind = DriverKind::kFormat,
@@ -159,6 +170,45 @@ struct Opened {
 std::string DisplayName(const Opened& o) {
   return o.exact_filename.empty() ? absl::StrCat("json:", o.json)
                                   : o.exact_filename;
+}
+
+// QEMU's QDict hash bucket of a key (qobject/qdict.c: tdb_hash modulo 512
+// buckets): qobject_to_json walks a QDict bucket by bucket, which is the
+// order of the keys in QEMU's json:{...} node names.
+unsigned QdictBucket(absl::string_view key) {
+  uint32_t value = 0x238F13AFu * static_cast<uint32_t>(key.size());
+  for (size_t i = 0; i < key.size(); ++i) {
+    value += static_cast<uint32_t>(static_cast<unsigned char>(key[i]))
+             << (i * 5 % 24);
+  }
+  return (1103515243u * value + 12345u) % 512;
+}
+
+// A JSON object of `members` (key, JSON text of the value) in QEMU's QDict
+// order, as bdrv_refresh_filename prints a node's full_open_options.
+std::string QdictJson(std::vector<std::pair<std::string, std::string>> members) {
+  std::stable_sort(members.begin(), members.end(),
+                   [](const auto& a, const auto& b) {
+                     return QdictBucket(a.first) < QdictBucket(b.first);
+                   });
+  std::string out = "{";
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (i != 0) out += ", ";
+    AppendJsonString(members[i].first, &out);
+    absl::StrAppend(&out, ": ", members[i].second);
+  }
+  out += "}";
+  return out;
+}
+
+// The JSON text of option `key` of `node` as QEMU keeps it: bare for a
+// json: number or boolean, else a string.
+std::string JsonValue(const NodeOptions& node, const std::string& key) {
+  const std::string& value = node.values.at(key);
+  if (node.bare.count(key) != 0) return value;
+  std::string quoted;
+  AppendJsonString(value, &quoted);
+  return quoted;
 }
 
 // The description of `driver`'s node over its `file` child (the node
@@ -553,6 +603,34 @@ io::Task<absl::StatusOr<Opened>> OpenPreallocate(const Driver& driver,
   co_return out;
 }
 
+// null-co / null-aio: named "null-co://" unless a strong option (size,
+// read-zeroes) is given (QEMU's null_refresh_filename), else json:{...}
+// with the driver and those options.
+io::Task<absl::StatusOr<Opened>> OpenNull(const Driver& driver,
+                                          NodeOptions node, Context ctx) {
+  null_block::NullOptions options;
+  CO_RETURN_IF_ERROR(FillDriverOptions(driver, node, &options));
+  CO_ASSIGN_OR_RETURN(std::unique_ptr<null_block::NullNode> null_node,
+                      null_block::NullNode::Open(driver.name, options,
+                                                 ctx.settings->engine,
+                                                 ctx.read_only));
+  Opened out;
+  out.driver = &driver;
+  out.node = std::move(null_node);
+  std::string quoted;
+  AppendJsonString(driver.name, &quoted);
+  std::vector<std::pair<std::string, std::string>> members = {
+      {"driver", quoted}};
+  for (const char* key : {"size", "read-zeroes"}) {
+    if (node.values.count(key) != 0) {
+      members.emplace_back(key, JsonValue(node, key));
+    }
+  }
+  if (members.size() == 1) out.exact_filename = absl::StrCat(driver.name, "://");
+  out.json = QdictJson(std::move(members));
+  co_return out;
+}
+
 io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
                                           Slot slot) {
   // 1. The driver: named, implied by a filename (a `file` child is a
@@ -665,6 +743,8 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
   absl::StatusOr<Opened> opened;
   if (driver.name == "file") {
     opened = co_await OpenFile(driver, node, ctx);
+  } else if (driver.name == "null-co" || driver.name == "null-aio") {
+    opened = co_await OpenNull(driver, node, ctx);
   } else if (driver.name == "raw") {
     Opened out = Over(driver, *file_child);
     out.node = std::move(file_child->node);
@@ -784,6 +864,27 @@ absl::Status FillDriverOptions(const Driver& driver, const NodeOptions& node,
               "'"));
         }
         reflection->SetUInt32(options, field, static_cast<uint32_t>(v));
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_INT64: {
+        // QEMU_OPT_NUMBER: qemu_strtou64 in any base, where "-1" wraps.
+        const std::string digits =
+            absl::StartsWith(value, "-") ? value.substr(1) : value;
+        char* end = nullptr;
+        errno = 0;
+        const unsigned long long v =
+            digits.empty() || digits[0] == '-' || digits[0] == '+'
+                ? 0
+                : std::strtoull(digits.c_str(), &end, 0);
+        if (digits.empty() || digits[0] == '-' || digits[0] == '+' ||
+            errno != 0 || end == nullptr || *end != '\0') {
+          return absl::InvalidArgumentError(
+              absl::StrCat("Parameter '", key, "' expects a number"));
+        }
+        const uint64_t u = absl::StartsWith(value, "-")
+                               ? uint64_t{0} - static_cast<uint64_t>(v)
+                               : static_cast<uint64_t>(v);
+        reflection->SetInt64(options, field, static_cast<int64_t>(u));
         break;
       }
       case FieldDescriptor::CPPTYPE_BOOL: {

@@ -10,7 +10,10 @@
 // size it adds nothing, so the node is its `file` child itself), `qcow2`
 // (format, with its backing chain) and `preallocate` (filter,
 // prealloc_filter; its file child keeps other writers out, so the filter is
-// active). The `file` child of a format or filter given only a filename is
+// active), `null-co` and `null-aio` (protocols, null_block: named
+// "null-co://" unless size or read-zeroes is given). json:{...} names list a
+// node's keys in QEMU's QDict order (its hash buckets), values as given
+// (numbers and booleans of json: filenames bare, everything else strings). The `file` child of a format or filter given only a filename is
 // a `file` node (`file.filename=X`); a graph without a top driver is probed
 // from the first bytes of the file at the bottom of its `file` chain.
 // Error texts are qemu-img 7.2's (../shared/reference/qemu-img-cli.md,

@@ -60,6 +60,10 @@ absl::Status CheckFormat(const std::string& format, bool for_create) {
   if (format == "raw" || format == "file" || format == "qcow2") {
     return absl::OkStatus();
   }
+  // Other drivers of the registry (null-co, ...) open, never create.
+  if (!for_create && block::FindDriver(format) != nullptr) {
+    return absl::OkStatus();
+  }
   if (block::IsUnsupportedQemuDriver(format)) {
     return absl::UnimplementedError(
         absl::StrCat("Format '", format, "' is not supported yet"));

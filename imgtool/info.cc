@@ -208,7 +208,11 @@ absl::StatusOr<ImageInfo> Describe(const OpenedImage& image,
       allocated.ok()) {
     info.set_actual_size(*allocated);
   }
-  info.set_dirty_flag(false);
+  // QEMU's bdrv_get_info answers (dirty-flag false) for qcow2 and for the
+  // file driver, through raw and filters; not for null-co.
+  if (image.file != nullptr || image.qcow2_below != nullptr) {
+    info.set_dirty_flag(false);
+  }
   if (const qcow2::Qcow2Node* q = image.qcow2; q != nullptr) {
     info.set_cluster_size(q->cluster_size());
     info.set_dirty_flag(q->dirty());
@@ -238,7 +242,7 @@ absl::StatusOr<ImageInfo> Describe(const OpenedImage& image,
     // A raw format or a filter over a qcow2 node: QEMU's bdrv_get_info
     // answers with the qcow2 node's cluster size.
     info.set_cluster_size(image.qcow2_below->cluster_size());
-  } else if (image.format != "qcow2") {
+  } else if (image.format != "qcow2" && image.file != nullptr) {
     if (std::optional<uint64_t> hint = image.file->ExtentSizeHint();
         hint.has_value() && *hint != 0) {
       info.set_extent_size_hint(*hint);

@@ -150,6 +150,15 @@ absl::StatusOr<MapEntry> GetEntry(OpenedImage& image, uint64_t offset,
     }
     bytes = status.length;
     e.length = status.length;
+    if (!status.data && !status.zero && !is_format &&
+        node->backing() == nullptr) {
+      // Neither data nor zeroes from a node without a backing file and
+      // without QEMU's supports_backing (null-co without read-zeroes):
+      // qemu-img map reports it as nothing at all.
+      e.present = false;
+      e.file = nullptr;
+      return e;
+    }
     if (status.data || status.zero || !is_format) {
       e.data = status.data;
       e.zero = status.zero;

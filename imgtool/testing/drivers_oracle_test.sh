@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Oracle test for the small drivers (null-co/null-aio, ...) against qemu-img
+# and qemu-io 7.2 on the same files: the same stdout, stderr and exit
+# status (qemu-io's timing lines removed), and the same files afterwards.
+# Usage: drivers_oracle_test.sh PATH_TO_IMGTOOL
+set -u
+IMGTOOL=$(realpath "$1")
+WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/drivers_oracle.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+if [[ -n "${TEST_SRCDIR:-}" ]]; then
+  source "$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing/oracle_lib.sh" || exit 1
+else
+  source "$(dirname "$0")/oracle_lib.sh" || exit 1
+fi
+if ! command -v qemu-img >/dev/null; then
+  echo "qemu-img not installed"
+  exit 1
+fi
+
+# qemu-io's timing lines vary from run to run; it names itself in errors.
+normalize_io() {
+  sed -E \
+    -e '/^[0-9.]+ (bytes|KiB|MiB|GiB|TiB|PiB|EiB), [0-9]+ ops; /d' \
+    -e 's/^qemu-io: /imgtool: /' "$1"
+}
+
+# same_io SETUP ARGS...: `qemu-io ARGS` and `imgtool io ARGS` in two
+# directories prepared by the shell function SETUP print the same (stdout
+# and stderr apart), exit the same and leave the same files.
+same_io() {
+  local setup=$1
+  shift
+  checks=$((checks + 1))
+  local q="$WORK/io.q" i="$WORK/io.i" f
+  rm -rf "$q" "$i"
+  mkdir -p "$q" "$i"
+  (cd "$q" && $setup)
+  (cd "$i" && $setup)
+  (cd "$q" && qemu-io "$@" >"$WORK/q.out" 2>"$WORK/q.err")
+  local q_rc=$?
+  (cd "$i" && "$IMGTOOL" io "$@" >"$WORK/i.out" 2>"$WORK/i.err")
+  local i_rc=$?
+  for f in out err; do
+    diff_text "io $*" "std$f" "$(normalize_io "$WORK/i.$f")" \
+      "$(normalize_io "$WORK/q.$f")" || return
+  done
+  diff_text "io $*" "exit status" "$i_rc" "$q_rc" || return
+  diff_text "io $*" "resulting files" "$(state "$i")" "$(state "$q")"
+}
+
+D="$WORK/images"
+mkdir -p "$D"
+no_files() { :; }
+
+echo "== null-co, null-aio"
+for o in driver=null-co driver=null-aio driver=null-co,size=1M \
+  driver=null-co,size=1000 driver=null-co,read-zeroes=on \
+  driver=null-aio,size=64k,read-zeroes=off,latency-ns=1000 \
+  driver=null-co,latency-ns=0x10 driver=null-co,size=1.5k,read-zeroes=on \
+  driver=raw,file.driver=null-co driver=raw,file.driver=null-co,file.size=1000 \
+  driver=raw,file.driver=null-aio,file.read-zeroes=on \
+  driver=null-co,read-only=on,force-share=on \
+  driver=null-co,foo=1 driver=null-co,filename=x driver=null-co,latency-ns=-1 \
+  driver=null-co,file.filename=x driver=qcow2,file.driver=null-co,file.read-zeroes=on; do
+  same_output "$D" info --image-opts "$o"
+  same_output "$D" info --output=json --image-opts "$o"
+done
+for j in '{"driver":"null-co","size":1048576,"read-zeroes":true}' \
+  "{'driver': 'null-co', 'size': 65536}" '{"driver":"null-aio","size":"64k"}' \
+  '{"driver":"raw","file":{"driver":"null-co","read-zeroes":false}}' \
+  '{"driver":"null-co","latency-ns":5}'; do
+  same_output "$D" info "json:$j"
+  same_output "$D" info --output=json "json:$j"
+  same_output "$D" map --output=json "json:$j"
+done
+for o in driver=null-co,size=1M driver=null-co,size=1M,read-zeroes=on \
+  driver=raw,file.driver=null-aio,file.size=3000,file.read-zeroes=on \
+  driver=raw,file.driver=null-aio,file.size=3000; do
+  same_output "$D" map --image-opts "$o"
+  same_output "$D" map --output=json --image-opts "$o"
+done
+NZ="json:{'driver': 'null-co', 'size': 1048576, 'read-zeroes': true}"
+for fmt in raw qcow2; do
+  for s in 0 512 4k; do
+    same_effect no_files convert -O "$fmt" -S "$s" "$NZ" out.img
+  done
+done
+same_output "$D" compare --image-opts driver=null-co,read-zeroes=on,size=1M \
+  driver=null-aio,read-zeroes=on,size=1M
+same_output "$D" compare -f raw -F raw "$NZ" "json:{'driver': 'null-co', 'size': 2097152, 'read-zeroes': true}"
+same_effect no_files resize --image-opts driver=null-co 2G
+same_output "$D" check --image-opts driver=null-co
+
+same_io no_files -c 'read -P 0 0 64k' -c 'write -P 1 0 4k' -c 'read -P 0 0 4k' \
+  -c map -c 'alloc 0 64k' -c 'alloc 0 1M' --image-opts driver=null-co,read-zeroes=on,size=1M
+same_io no_files -c map -c 'alloc 0 1M' -c length -c 'discard 0 64k' \
+  -c 'write -z 0 64k' -c flush --image-opts driver=null-aio,size=1M
+same_io no_files -r -c 'write 0 4k' --image-opts driver=null-co
+same_io no_files -c 'read -P 0 512 1k' --image-opts driver=null-co,size=1000,read-zeroes=on
+
+finish
