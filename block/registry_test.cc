@@ -34,8 +34,10 @@ NodeOptions Opts(const std::string& text) {
 }
 
 TEST(RegistryTest, KnowsQemusDriverNames) {
-  EXPECT_EQ(DriverNames(), (std::vector<std::string>{"file", "preallocate",
-                                                     "qcow2", "raw"}));
+  EXPECT_EQ(DriverNames(),
+            (std::vector<std::string>{"file", "null-aio", "null-co",
+                                      "preallocate", "qcow2", "raw"}));
+  EXPECT_EQ(FindDriver("null-co")->kind, DriverKind::kProtocol);
   EXPECT_EQ(FindDriver("preallocate")->kind, DriverKind::kFilter);
   EXPECT_EQ(FindDriver("qcow2")->kind, DriverKind::kFormat);
   EXPECT_EQ(FindDriver("file")->kind, DriverKind::kProtocol);
