@@ -30,6 +30,8 @@
 #include "prealloc_filter/prealloc_filter.h"
 #include "prealloc_filter/prealloc_options.pb.h"
 #include "qcow2/check.h"
+#include "raw_format/raw_node.h"
+#include "raw_format/raw_options.pb.h"
 #include "qcow2/qcow2_options.pb.h"
 
 namespace imgtool::block {
@@ -75,7 +77,8 @@ const std::vector<Driver>& Drivers() {
     d->push_back(Driver{
         .name = "raw",
         .kind = DriverKind::kFormat,
-        .unsupported_keys = {"offset", "size"},
+        .options = raw_format::RawOptions::descriptor(),
+        .keys = {"offset", "size"},
         .has_file_child = true,
     });
     d->push_back(Driver{
@@ -746,8 +749,29 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
   } else if (driver.name == "null-co" || driver.name == "null-aio") {
     opened = co_await OpenNull(driver, node, ctx);
   } else if (driver.name == "raw") {
+    raw_format::RawOptions options;
+    CO_RETURN_IF_ERROR(FillDriverOptions(driver, node, &options));
     Opened out = Over(driver, *file_child);
-    out.node = std::move(file_child->node);
+    if (options.has_offset() || options.has_size()) {
+      // A window of the file: a node of its own, named with its options
+      // (QEMU's strong runtime options of raw).
+      std::string quoted;
+      AppendJsonString(driver.name, &quoted);
+      std::vector<std::pair<std::string, std::string>> members = {
+          {"driver", quoted}, {"file", file_child->json}};
+      for (const char* key : {"offset", "size"}) {
+        if (node.values.count(key) != 0) {
+          members.emplace_back(key, JsonValue(node, key));
+        }
+      }
+      out.exact_filename.clear();
+      out.json = QdictJson(std::move(members));
+      std::unique_ptr<io::BlockNode> file = std::move(file_child->node);
+      CO_ASSIGN_OR_RETURN(out.node,
+                          raw_format::RawNode::Open(std::move(file), options));
+    } else {
+      out.node = std::move(file_child->node);
+    }
     if (probed && !ctx.read_only && !ctx.is_backing) {
       // qemu-img warns only when a probed raw image is opened for writing.
       *ctx.settings->err

@@ -7,7 +7,8 @@
 // name (`l2-cache-size` -> l2_cache_size), so no driver parses strings.
 //
 // Drivers: `file` (protocol, posix_file), `raw` (format; without offset or
-// size it adds nothing, so the node is its `file` child itself), `qcow2`
+// size it adds nothing, so the node is its `file` child itself; with them a
+// raw_format::RawNode, named json:{...}), `qcow2`
 // (format, with its backing chain) and `preallocate` (filter,
 // prealloc_filter; its file child keeps other writers out, so the filter is
 // active), `null-co` and `null-aio` (protocols, null_block: named
@@ -33,7 +34,7 @@
 //   force-share=on can only be used with read-only images
 // Formats QEMU has and imgtool not (vmdk, ...) are kUnimplemented "Format
 // 'vmdk' is not supported yet"; QEMU options imgtool does not implement
-// (qcow2's cache-size, raw's offset, ...) are kUnimplemented "Block format
+// (qcow2's cache-size, ...) are kUnimplemented "Block format
 // 'qcow2' option 'cache-size' is not supported yet".
 // qcow2's `encrypt.key-secret=ID` is kNotFound "No secret with id 'ID'" if
 // no --object defined ID (block/objects.h), else kUnimplemented (imgtool
