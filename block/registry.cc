@@ -22,6 +22,8 @@
 #include "base/json_printer.h"
 #include "base/size.h"
 #include "base/status_macros.h"
+#include "blkdebug/blkdebug.h"
+#include "blkdebug/blkdebug_options.pb.h"
 #include "block/objects.h"
 #include "google/protobuf/message.h"
 #include "null_block/null_node.h"
@@ -93,6 +95,16 @@ const std::vector<Driver>& Drivers() {
                              "pass-discard-request", "pass-discard-snapshot",
                              "pass-discard-other", "data-file", "encrypt"},
         .has_file_child = true,
+    });
+    d->push_back(Driver{
+        .name = "blkdebug",
+        .kind = DriverKind::kProtocol,
+        .options = blkdebug::BlkdebugOptions::descriptor(),
+        .keys = {"config", "align", "max-transfer", "opt-write-zero",
+                 "max-write-zero", "opt-discard", "max-discard"},
+        .has_file_child = true,
+        .file_child_key = "image",
+        .parse_filename = blkdebug::ParseBlkdebugFilename,
     });
     d->push_back(Driver{
         .name = "preallocate",
@@ -387,6 +399,15 @@ bool ChainHasFormatOtherThanRaw(const NodeOptions& node) {
   }
 }
 
+// True if `node` names a protocol driver other than `file` (blkdebug):
+// probing must open it to read the image below.
+bool IsOtherProtocol(const NodeOptions& node) {
+  auto driver = node.values.find("driver");
+  if (driver == node.values.end()) return false;
+  const Driver* d = FindDriver(driver->second);
+  return d != nullptr && d->kind == DriverKind::kProtocol && d->name != "file";
+}
+
 // `"backing": null` in json: or `backing=` (QEMU's deprecated spelling of
 // it): the node has no backing file.
 bool IsNullBacking(const NodeOptions& node) {
@@ -634,6 +655,71 @@ io::Task<absl::StatusOr<Opened>> OpenNull(const Driver& driver,
   co_return out;
 }
 
+// The options of `node` as QEMU's flattened keys ("inject-error.0.event"),
+// without `skip` children.
+void FlattenValues(const NodeOptions& node, const std::string& prefix,
+                   std::vector<std::pair<std::string, std::string>>* out) {
+  for (const auto& [key, value] : node.values) {
+    out->emplace_back(prefix + key, value);
+  }
+  for (const auto& [key, child] : node.children) {
+    FlattenValues(child, absl::StrCat(prefix, key, "."), out);
+  }
+}
+
+io::Task<absl::StatusOr<Opened>> OpenBlkdebugNode(const Driver& driver,
+                                                  NodeOptions node,
+                                                  Opened child) {
+  blkdebug::BlkdebugOptions options;
+  CO_RETURN_IF_ERROR(FillDriverOptions(driver, node, &options));
+  std::vector<blkdebug::Rule> rules;
+  if (!options.config().empty()) {
+    CO_ASSIGN_OR_RETURN(rules, blkdebug::ParseConfigFile(options.config()));
+  }
+  CO_ASSIGN_OR_RETURN(std::vector<blkdebug::Rule> more,
+                      blkdebug::RulesFromOptions(node));
+  for (blkdebug::Rule& rule : more) rules.push_back(std::move(rule));
+  // Named as QEMU's blkdebug_refresh_filename: "blkdebug:CONFIG:IMAGE" if
+  // the node has no options but those, else json with its options in
+  // QEMU's qdict order.
+  Opened out;
+  out.driver = &driver;
+  out.file = child.file;
+  out.files = child.files;
+  out.qcow2_below = child.qcow2_below;
+  std::vector<std::pair<std::string, std::string>> entries;
+  bool plain = true;
+  for (const auto& [key, value] : node.values) {
+    if (key == "x-image") continue;
+    if (key != "driver" && key != "config") plain = false;
+    if (key != "driver") entries.emplace_back(key, value);
+  }
+  for (const auto& [key, value] : node.children) {
+    if (key == "image") continue;
+    plain = false;
+    FlattenValues(value, key + ".", &entries);
+  }
+  if (plain && !child.exact_filename.empty()) {
+    out.exact_filename = absl::StrCat("blkdebug:", options.config(), ":",
+                                      child.exact_filename);
+  }
+  std::vector<std::pair<std::string, std::string>> members = {
+      {"image", child.json}, {"driver", "\"blkdebug\""}};
+  for (const auto& [key, value] : entries) {
+    std::string quoted;
+    AppendJsonString(value, &quoted);
+    members.emplace_back(key, quoted);
+  }
+  out.json = QdictJson(std::move(members));
+  std::unique_ptr<io::BlockNode> image = std::move(child.node);
+  CO_ASSIGN_OR_RETURN(
+      std::unique_ptr<blkdebug::BlkdebugNode> filter,
+      co_await blkdebug::OpenBlkdebug(std::move(image), options,
+                                      std::move(rules)));
+  out.node = std::move(filter);
+  co_return out;
+}
+
 io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
                                           Slot slot) {
   // 1. The driver: named, implied by a filename (a `file` child is a
@@ -666,7 +752,8 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
       }
       driver_name = "file";
     } else if (node.children.count("file") != 0 &&
-               ChainHasFormatOtherThanRaw(node.children.at("file"))) {
+               (ChainHasFormatOtherThanRaw(node.children.at("file")) ||
+                IsOtherProtocol(node.children.at("file")))) {
       // Probe what the format below shows: open it first (keeping writers
       // out, as under any format but raw).
       Context child_ctx = ctx;
@@ -676,8 +763,16 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
                                             child_ctx, Slot::kFile));
       std::array<uint8_t, 512> head{};
       const size_t got = std::min<uint64_t>(head.size(), opened.node->size());
-      CO_RETURN_IF_ERROR(co_await opened.node->Read(
-          0, io::IoVec(head.data(), head.size())));
+      if (absl::Status read = co_await opened.node->Read(
+              0, io::IoVec(head.data(), head.size()));
+          !read.ok()) {
+        const int error_number = StatusErrno(read);
+        if (error_number == 0) co_return read;
+        co_return WithMessage(
+            read, absl::StrCat("Could not read image for determining its "
+                               "format: ",
+                               std::strerror(error_number)));
+      }
       driver_name = FormatOfHead(head.data(), got);
       probed = true;
       if (driver_name == "qcow") {
@@ -723,15 +818,22 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
   if (file_child.has_value()) {
     consumed.push_back("file");
   } else if (driver.has_file_child) {
-    if (node_reference != node.values.end()) {
+    const std::string& key = driver.file_child_key;
+    if (key == "file" && node_reference != node.values.end()) {
       co_return NodeReferenceError(node_reference->second);
     }
-    auto it = node.children.find("file");
-    if (it == node.children.end()) {
-      co_return absl::InvalidArgumentError(
-          "A block device must be specified for \"file\"");
+    if (auto image = node.values.find("x-image");
+        image != node.values.end() && node.children.count(key) == 0) {
+      // A filename the driver's parse_filename left (blkdebug's IMAGE).
+      node.children[key].values["filename"] = image->second;
+      consumed.push_back("x-image");
     }
-    consumed.push_back("file");
+    auto it = node.children.find(key);
+    if (it == node.children.end()) {
+      co_return absl::InvalidArgumentError(absl::StrCat(
+          "A block device must be specified for \"", key, "\""));
+    }
+    consumed.push_back(key);
     Context child_ctx = ctx;
     child_ctx.share_all = driver.name == "raw" && ctx.share_all;
     CO_ASSIGN_OR_RETURN(Opened opened,
@@ -788,6 +890,10 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
     opened = co_await OpenQcow2(driver, node, ctx, *std::move(file_child));
   } else if (driver.name == "preallocate") {
     opened = co_await OpenPreallocate(driver, node, *std::move(file_child));
+  } else if (driver.name == "blkdebug") {
+    consumed.push_back("inject-error");
+    consumed.push_back("set-state");
+    opened = co_await OpenBlkdebugNode(driver, node, *std::move(file_child));
   } else {
     co_return absl::InternalError(
         absl::StrCat("driver '", driver.name, "' has no open function"));
@@ -938,7 +1044,10 @@ absl::Status CheckNodeOptions(const NodeOptions& node, bool read_only,
   ASSIGN_OR_RETURN(GenericOptions generic, ParseGenericOptions(node));
   RETURN_IF_ERROR(CheckAccess(generic, read_only));
   std::vector<std::string> consumed;
-  if (driver->has_file_child) consumed.push_back("file");
+  if (driver->has_file_child) consumed.push_back(driver->file_child_key);
+  if (driver->name == "blkdebug") {
+    consumed.insert(consumed.end(), {"inject-error", "set-state", "x-image"});
+  }
   RETURN_IF_ERROR(CheckUnsupportedKeys(*driver, node, no_backing, &consumed));
   if (driver->options != nullptr) {
     std::unique_ptr<Message> scratch(
@@ -952,6 +1061,20 @@ absl::Status CheckNodeOptions(const NodeOptions& node, bool read_only,
       unknown.has_value()) {
     return UnknownOption(*driver, *unknown);
   }
+  return absl::OkStatus();
+}
+
+absl::Status ProtocolOptions(const std::string& filename, NodeOptions* node) {
+  const size_t colon = filename.find(':');
+  if (colon != std::string::npos) {
+    const Driver* d = FindDriver(filename.substr(0, colon));
+    if (d != nullptr && d->parse_filename != nullptr) {
+      node->values["driver"] = d->name;
+      return d->parse_filename(filename, node);
+    }
+  }
+  node->values["driver"] = "file";
+  node->values["filename"] = filename;
   return absl::OkStatus();
 }
 
@@ -975,8 +1098,7 @@ absl::StatusOr<NodeOptions> ImageOptions(const std::string& filename,
   }
   if (!format.empty()) options.values["driver"] = format;
   NodeOptions& file = options.children["file"];
-  file.values["driver"] = "file";
-  file.values["filename"] = filename;
+  RETURN_IF_ERROR(ProtocolOptions(filename, &file));
   return options;
 }
 

@@ -14,7 +14,10 @@
 // active), `null-co` and `null-aio` (protocols, null_block: named
 // "null-co://" unless size or read-zeroes is given). json:{...} names list a
 // node's keys in QEMU's QDict order (its hash buckets), values as given
-// (numbers and booleans of json: filenames bare, everything else strings). The `file` child of a format or filter given only a filename is
+// (numbers and booleans of json: filenames bare, everything else strings);
+// `blkdebug` (blkdebug/: a protocol in QEMU's naming and errors, over its
+// child `image`; plain filenames "blkdebug:CONFIG:IMAGE" name it, and a
+// format over it is probed through it). The `file` child of a format or filter given only a filename is
 // a `file` node (`file.filename=X`); a graph without a top driver is probed
 // from the first bytes of the file at the bottom of its `file` chain.
 // Error texts are qemu-img 7.2's (../shared/reference/qemu-img-cli.md,
@@ -89,6 +92,13 @@ struct Driver {
   std::vector<std::string> ignored_keys;
   std::vector<std::string> unsupported_keys;
   bool has_file_child = false;  // formats and filters: the `file` child
+  // The key of that child: "file", or "image" for blkdebug.
+  std::string file_child_key = "file";
+  // For protocol drivers whose filenames carry options, QEMU's
+  // bdrv_parse_filename ("blkdebug:CONFIG:IMAGE"): fills `node` (whose
+  // driver is this one) from the whole filename. Null: none.
+  absl::Status (*parse_filename)(absl::string_view filename,
+                                 NodeOptions* node) = nullptr;
 };
 
 // The driver registered under `name`, or null.
@@ -139,6 +149,12 @@ absl::Status CheckNodeOptions(const NodeOptions& node, bool read_only,
 // filename: {driver: format, file: {driver: file, filename}}, just
 // {driver: file, filename} for -f file, no driver (probe) without -f.
 // Errors: those of the parsers.
+// The options of the protocol node a plain filename names: a driver's own
+// filename syntax if the name starts with "DRIVER:" and that driver parses
+// filenames (Driver::parse_filename: "blkdebug:CONFIG:IMAGE"), else
+// {driver: file, filename}. Errors: the driver's parse_filename's.
+absl::Status ProtocolOptions(const std::string& filename, NodeOptions* node);
+
 absl::StatusOr<NodeOptions> ImageOptions(const std::string& filename,
                                          const std::string& format,
                                          bool image_opts);

@@ -35,9 +35,12 @@ NodeOptions Opts(const std::string& text) {
 
 TEST(RegistryTest, KnowsQemusDriverNames) {
   EXPECT_EQ(DriverNames(),
-            (std::vector<std::string>{"file", "null-aio", "null-co",
-                                      "preallocate", "qcow2", "raw"}));
+            (std::vector<std::string>{"blkdebug", "file", "null-aio",
+                                      "null-co", "preallocate", "qcow2",
+                                      "raw"}));
   EXPECT_EQ(FindDriver("null-co")->kind, DriverKind::kProtocol);
+  EXPECT_EQ(FindDriver("blkdebug")->kind, DriverKind::kProtocol);
+  EXPECT_EQ(FindDriver("blkdebug")->file_child_key, "image");
   EXPECT_EQ(FindDriver("preallocate")->kind, DriverKind::kFilter);
   EXPECT_EQ(FindDriver("qcow2")->kind, DriverKind::kFormat);
   EXPECT_EQ(FindDriver("file")->kind, DriverKind::kProtocol);
@@ -83,6 +86,20 @@ TEST(RegistryTest, OptionValueErrorsAreQemus) {
   EXPECT_TRUE(FillDriverOptions(*FindDriver("qcow2"),
                                 Opts("lazy-refcounts=true"), &options)
                   .ok());
+}
+
+TEST(RegistryTest, BlkdebugFilenamesNameTheirProtocolNode) {
+  NodeOptions o = *ImageOptions("blkdebug:a.conf:dir/x:y.qcow2", "qcow2", false);
+  EXPECT_EQ(o.values.at("driver"), "qcow2");
+  const NodeOptions& file = o.children.at("file");
+  EXPECT_EQ(file.values.at("driver"), "blkdebug");
+  EXPECT_EQ(file.values.at("config"), "a.conf");
+  EXPECT_EQ(file.values.at("x-image"), "dir/x:y.qcow2");
+  EXPECT_EQ(ImageOptions("blkdebug:x.qcow2", "", false).status().message(),
+            "blkdebug requires both config file and image path");
+  // Not a driver that parses filenames: a plain file name.
+  NodeOptions plain = *ImageOptions("foo:x.qcow2", "", false);
+  EXPECT_EQ(plain.children.at("file").values.at("filename"), "foo:x.qcow2");
 }
 
 TEST(RegistryTest, ImageOptionsOfTheCommandLine) {

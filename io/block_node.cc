@@ -185,7 +185,11 @@ Task<absl::Status> BlockNode::Write(uint64_t offset, ConstIoVec data) {
         data.size(), offset));
   }
   if (data.empty()) co_return absl::OkStatus();
-  co_return co_await DoWrite(offset, data);
+  // block/io.c's bdrv_aligned_pwritev raises these on the node written.
+  co_await DebugEvent(BlkdebugEvent::kPwritev);
+  absl::Status st = co_await DoWrite(offset, data);
+  co_await DebugEvent(BlkdebugEvent::kPwritevDone);
+  co_return st;
 }
 
 Task<absl::Status> BlockNode::WriteZeroes(uint64_t offset, uint64_t length,
@@ -200,8 +204,12 @@ Task<absl::Status> BlockNode::WriteZeroes(uint64_t offset, uint64_t length,
         length, offset));
   }
   if (length == 0) co_return absl::OkStatus();
+  co_await DebugEvent(BlkdebugEvent::kPwritevZero);
   absl::Status st = co_await DoWriteZeroes(offset, length, flags);
-  if (!absl::IsUnimplemented(st) || flags.no_fallback) co_return st;
+  if (!absl::IsUnimplemented(st) || flags.no_fallback) {
+    co_await DebugEvent(BlkdebugEvent::kPwritevDone);
+    co_return st;
+  }
   std::vector<uint8_t> zeroes(std::min(length, kMaxZeroBuffer), 0);
   while (length > 0) {
     uint64_t n = std::min<uint64_t>(length, zeroes.size());
@@ -209,6 +217,7 @@ Task<absl::Status> BlockNode::WriteZeroes(uint64_t offset, uint64_t length,
     offset += n;
     length -= n;
   }
+  co_await DebugEvent(BlkdebugEvent::kPwritevDone);
   co_return absl::OkStatus();
 }
 
@@ -226,7 +235,14 @@ Task<absl::Status> BlockNode::Discard(uint64_t offset, uint64_t length) {
   co_return co_await DoDiscard(offset, length);
 }
 
-Task<absl::Status> BlockNode::Flush() { co_return co_await DoFlush(); }
+Task<absl::Status> BlockNode::Flush() {
+  // bdrv_co_flush raises these on the node's primary child.
+  if (BlockNode* child = primary_child(); child != nullptr) {
+    co_await child->DebugEvent(BlkdebugEvent::kFlushToOs);
+    co_await child->DebugEvent(BlkdebugEvent::kFlushToDisk);
+  }
+  co_return co_await DoFlush();
+}
 
 Task<absl::Status> BlockNode::Truncate(uint64_t size, PreallocMode prealloc) {
   if (read_only_) {

@@ -147,12 +147,14 @@ class BlockNode {
   Task<absl::Status> Read(uint64_t offset, IoVec buf);
 
   // Writes `data` at `offset`. kFailedPrecondition on a read-only node,
-  // kOutOfRange on overflow.
+  // kOutOfRange on overflow. Raises the debug events pwritev before and
+  // pwritev_done after the driver's write on this node (block/io.c).
   Task<absl::Status> Write(uint64_t offset, ConstIoVec data);
 
   // Makes [offset, offset + length) read as zeroes. If the driver has no
   // efficient way (kUnimplemented) and !flags.no_fallback, writes zero
-  // buffers of at most 1 MiB instead.
+  // buffers of at most 1 MiB instead. Raises pwritev_zero and pwritev_done
+  // on this node.
   Task<absl::Status> WriteZeroes(uint64_t offset, uint64_t length,
                                  WriteZeroesFlags flags);
 
@@ -161,7 +163,8 @@ class BlockNode {
   // error to callers: discard is advisory.
   Task<absl::Status> Discard(uint64_t offset, uint64_t length);
 
-  // Makes completed writes durable (fdatasync for files).
+  // Makes completed writes durable (fdatasync for files). Raises
+  // flush_to_os and flush_to_disk on primary_child() first (bdrv_co_flush).
   Task<absl::Status> Flush();
 
   // Sets the length to `size`. Growing backs the new range per `prealloc`;
