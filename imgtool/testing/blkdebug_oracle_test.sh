@@ -1,0 +1,115 @@
+#!/bin/bash
+# blkdebug graphs through imgtool against qemu-img / qemu-io 7.2: the same
+# command lines on copies of the same files print the same stdout, stderr
+# (tool names read as imgtool's, timing lines removed) and exit status, and
+# leave byte-identical files behind; after each injected error `qemu-img
+# check` of both images agrees.
+# Usage: blkdebug_oracle_test.sh IMGTOOL
+set -u
+
+IMGTOOL=$(realpath "$1")
+WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/blkdebug_oracle.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+if [[ -n "${TEST_SRCDIR:-}" ]]; then
+  source "$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing/oracle_lib.sh" || exit 1
+else
+  source "$(dirname "$0")/oracle_lib.sh" || exit 1
+fi
+
+normalize() {
+  sed -E \
+    -e '/^[0-9.]+ (bytes|KiB|MiB|GiB|TiB|PiB|EiB), [0-9]+ ops; /d' \
+    -e 's/qemu-io: /imgtool: /; s/qemu-img: /imgtool: /' "$1"
+}
+
+# io_case NAME SETUP ARGS...: `imgtool io ARGS` against `qemu-io ARGS` in
+# two directories prepared by SETUP; then the files and `qemu-img check`.
+io_case() {
+  local name=$1 setup=$2
+  shift 2
+  checks=$((checks + 1))
+  local a="$WORK/a" b="$WORK/b"
+  rm -rf "$a" "$b"
+  mkdir -p "$a" "$b"
+  (cd "$a" && $setup)
+  (cd "$b" && $setup)
+  (cd "$a" && "$IMGTOOL" io "$@" >"$WORK/a.out" 2>"$WORK/a.err")
+  local a_rc=$?
+  (cd "$b" && qemu-io "$@" >"$WORK/b.out" 2>"$WORK/b.err")
+  local b_rc=$?
+  diff_text "$name" stdout "$(normalize "$WORK/a.out")" \
+      "$(normalize "$WORK/b.out")" &&
+    diff_text "$name" stderr "$(normalize "$WORK/a.err")" \
+      "$(normalize "$WORK/b.err")" &&
+    diff_text "$name" "exit status" "$a_rc" "$b_rc" &&
+    diff_text "$name" "check" \
+      "$(cd "$a" && for f in *.qcow2; do qemu-img check "$f" 2>&1; echo "rc=$?"; done)" \
+      "$(cd "$b" && for f in *.qcow2; do qemu-img check "$f" 2>&1; echo "rc=$?"; done)" &&
+    diff_text "$name" "resulting files" "$(state "$a")" "$(state "$b")"
+}
+
+# info_case ARGS...: `imgtool info ARGS` against `qemu-img info ARGS`.
+info_case() {
+  same_output "$WORK/img" info "$@"
+}
+
+setup_raw() { truncate -s 1M t.raw; }
+setup_qcow2() { qemu-img create -q -f qcow2 t.qcow2 64M; }
+setup_qcow2_data() {
+  qemu-img create -q -f qcow2 t.qcow2 64M
+  qemu-io -c 'write -P 0x11 0 128k' t.qcow2 >/dev/null
+}
+conf() {
+  # conf EVENT ERRNO ONCE [EXTRA]: blkdebug.conf with one inject-error rule.
+  printf '[inject-error]\nevent = "%s"\nerrno = "%s"\nonce = "%s"\n%s' \
+    "$1" "$2" "$3" "${4:-}" >blkdebug.conf
+}
+
+# --- Opening and naming ----------------------------------------------------
+mkdir -p "$WORK/img"
+(
+  cd "$WORK/img" || exit 1
+  qemu-img create -q -f qcow2 t.qcow2 1M
+  printf '[inject-error]\nevent = "l2_load"\n' >b.conf
+  printf '[inject-error]\nevent = "l2_load"\nfoo = "1"\n' >bad1.conf
+  printf '[inject-error]\nevent = "nonsense"\n' >bad2.conf
+  printf '[inject-error]\nerrno = "5"\n' >bad3.conf
+  printf '[foo]\nevent = "l2_load"\n' >bad4.conf
+  printf 'event = "l2_load"\n' >bad5.conf
+  printf '[inject-error]\nevent = "l2_load"\nerrno = "x"\n' >bad6.conf
+  printf '[inject-error]\nevent = "l2_load"\niotype = "x"\n' >bad7.conf
+  printf '[set-state]\nevent = "l2_load"\nnew_state = "2"\n' >state.conf
+)
+info_case blkdebug:b.conf:t.qcow2
+info_case blkdebug::t.qcow2
+info_case -f raw blkdebug::t.qcow2
+info_case -f qcow2 blkdebug:state.conf:t.qcow2
+info_case --image-opts driver=qcow2,file.driver=blkdebug,file.image.filename=t.qcow2
+info_case --image-opts driver=qcow2,file.driver=blkdebug,file.image.filename=t.qcow2,file.inject-error.0.event=l2_load
+info_case --image-opts driver=qcow2,file.driver=blkdebug,file.image.filename=t.qcow2,file.config=b.conf,file.align=512,file.set-state.0.event=l2_load,file.set-state.0.new_state=2
+info_case --image-opts driver=blkdebug,image.filename=t.qcow2,config=b.conf,align=512
+info_case --image-opts driver=blkdebug,image.filename=t.qcow2,max-transfer=1000
+info_case --image-opts driver=qcow2,file.driver=blkdebug,file.x-image=t.qcow2
+info_case 'json:{"driver": "qcow2", "file": {"driver": "blkdebug", "image": {"driver": "file", "filename": "t.qcow2"}, "inject-error": [{"event": "l2_load"}]}}'
+for bad in bad1 bad2 bad3 bad4 bad5 bad6 bad7 nonexistent; do
+  info_case "blkdebug:$bad.conf:t.qcow2"
+done
+info_case blkdebug:t.qcow2
+info_case blkdebug::nonexistent
+info_case --image-opts driver=qcow2,file.driver=blkdebug,file.image.filename=t.qcow2,file.foo=1
+info_case --image-opts driver=qcow2,file.driver=blkdebug,file.file.filename=t.qcow2
+info_case --image-opts driver=qcow2,file.driver=blkdebug,file.image.filename=t.qcow2,file.align=3
+info_case --image-opts driver=qcow2,file.driver=blkdebug,file.image.filename=t.qcow2,file.align=4096,file.max-transfer=1000
+
+# --- Errors on a raw image through blkdebug (event none: at open) ----------
+setup_none_once() { setup_raw; conf none 28 on; }
+setup_none_always() { setup_raw; conf none 5 off; }
+setup_none_write() { setup_raw; conf none 5 off 'iotype = "write"\n'; }
+setup_none_sector() { setup_raw; conf none 5 off 'sector = "8"\n'; }
+io_case "none once" setup_none_once -f raw -c 'write -P 1 0 4k' -c 'write -P 2 0 4k' -c 'read -P 2 0 4k' blkdebug:blkdebug.conf:t.raw
+io_case "none always" setup_none_always -f raw -c 'write -P 1 0 4k' -c 'read 0 4k' -c 'flush' blkdebug:blkdebug.conf:t.raw
+io_case "none iotype write" setup_none_write -f raw -c 'read 0 4k' -c 'write -P 1 0 4k' -c 'write -z 0 4k' blkdebug:blkdebug.conf:t.raw
+io_case "none sector 8" setup_none_sector -f raw -c 'write -P 1 0 4k' -c 'write -P 2 4k 4k' -c 'read -P 2 4k 4k' blkdebug:blkdebug.conf:t.raw
+io_case "align rmw" setup_raw --image-opts -c 'write -P 7 100 1000' -c 'read -P 7 100 1000' -c 'read -P 0 0 100' driver=raw,file.driver=blkdebug,file.align=4096,file.image.filename=t.raw
+
+finish
