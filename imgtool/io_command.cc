@@ -26,7 +26,9 @@
 // io::GetChainStatus, so formats with a backing chain work unchanged.
 // Not done: -C (copy-on-read: refused with "not supported yet"), the
 // breakpoint commands (break, wait_break, resume, remove_break fail with
-// ENOTSUP as on a graph without blkdebug), read -b / write -b (vmstate).
+// ENOTSUP as on a graph without blkdebug).
+// read -b / write -b reach qcow2's VM state area (Qcow2Node::ReadVmState /
+// WriteVmState); other formats fail with ENOTSUP, as in qemu-io.
 #include <getopt.h>
 #include <unistd.h>
 
@@ -404,7 +406,15 @@ absl::StatusOr<std::string> TemporaryFile() {
 // Requests.
 
 struct Request {
-  enum Kind { kRead, kWrite, kWriteZeroes, kDiscard, kWriteCompressed };
+  enum Kind {
+    kRead,
+    kWrite,
+    kWriteZeroes,
+    kDiscard,
+    kWriteCompressed,
+    kReadVmState,   // read -b
+    kWriteVmState,  // write -b
+  };
   Kind kind = kRead;
   uint64_t offset = 0;
   uint64_t bytes = 0;
@@ -423,11 +433,22 @@ struct Request {
 // caches reach the file after each write.
 io::Task<absl::Status> RunRequest(io::BlockNode* node, uint64_t image_length,
                                   Request r, bool write_through) {
-  if (r.offset > image_length || image_length - r.offset < r.bytes) {
+  const bool vmstate =
+      r.kind == Request::kReadVmState || r.kind == Request::kWriteVmState;
+  if (!vmstate &&
+      (r.offset > image_length || image_length - r.offset < r.bytes)) {
     co_return ErrnoStatus(node->filename(), "request", EIO);
   }
+  // Only qcow2 has a VM state area (QEMU: ENOTSUP from the other drivers).
+  auto* qcow2 = dynamic_cast<qcow2::Qcow2Node*>(node);
+  if (vmstate && qcow2 == nullptr) co_return ErrnoStatus("", "vmstate", ENOTSUP);
   absl::Status status;
   switch (r.kind) {
+    case Request::kReadVmState:
+      co_return co_await qcow2->ReadVmState(r.offset, r.buffer);
+    case Request::kWriteVmState:
+      status = co_await qcow2->WriteVmState(r.offset, r.buffer);
+      break;
     case Request::kRead:
       co_return co_await node->Read(r.offset, r.buffer);
     case Request::kWrite:
@@ -435,7 +456,6 @@ io::Task<absl::Status> RunRequest(io::BlockNode* node, uint64_t image_length,
       break;
     case Request::kWriteCompressed: {
       // write -c: only qcow2 compresses (qemu-io: ENOTSUP elsewhere).
-      auto* qcow2 = dynamic_cast<qcow2::Qcow2Node*>(node);
       if (qcow2 == nullptr) co_return ErrnoStatus("", "write", ENOTSUP);
       status = co_await qcow2->WriteCompressed(r.offset, r.buffer);
       if (absl::IsFailedPrecondition(status)) {
@@ -785,7 +805,7 @@ class Session {
                     uint64_t count, uint64_t check_offset,
                     uint64_t check_count) {
     std::vector<uint8_t> data(count);
-    const Request r{.kind = Request::kRead,
+    const Request r{.kind = o.vmstate ? Request::kReadVmState : Request::kRead,
                     .offset = offset,
                     .bytes = count,
                     .buffer = absl::MakeSpan(data)};
@@ -1142,11 +1162,6 @@ bool Session::CmdRead(const CommandDef& def, std::vector<std::string>& words) {
       return false;
     }
   }
-  if (o.vmstate) {
-    // The VM state area is not part of the io::BlockNode interface.
-    out() << "read failed: " << std::strerror(ENOTSUP) << "\n";
-    return false;
-  }
   return ReadAndCheck(o, "read", offset, count, check_offset, check_count);
 }
 
@@ -1182,15 +1197,11 @@ bool Session::CmdWrite(const CommandDef& def, std::vector<std::string>& words) {
   if ((o.vmstate || o.compressed) && !CheckSectorAligned(offset, count)) {
     return false;
   }
-  if (o.vmstate) {
-    // The VM state area is not part of the io::BlockNode interface.
-    out() << "write failed: " << std::strerror(ENOTSUP) << "\n";
-    return false;
-  }
   std::vector<uint8_t> buffer;
   Request r;
   if (!MakeWriteRequest(o, offset, count, buffer, &r)) return false;
   if (o.compressed && !o.zero) r.kind = Request::kWriteCompressed;
+  if (o.vmstate) r.kind = Request::kWriteVmState;
   double seconds = 0;
   if (!RunTimed(r, "write", &seconds)) return false;
   if (!o.quiet) {
@@ -1412,14 +1423,7 @@ bool Session::CmdInfo(const CommandDef&, std::vector<std::string>&) {
           << "vm state offset: " << HumanBytes(0) << "\n";
     return true;
   }
-  // The VM state area starts after the guest range the L1 table maps for
-  // the virtual size (QEMU's qcow2_vm_state_offset).
-  const uint64_t l2_entry_bytes = q->extended_l2() ? 16 : 8;
-  const uint64_t l1_coverage =
-      q->cluster_size() * (q->cluster_size() / l2_entry_bytes);
-  const uint64_t sectors_bytes = q->size() / kSectorSize * kSectorSize;
-  const uint64_t vm_state =
-      (sectors_bytes + l1_coverage - 1) / l1_coverage * l1_coverage;
+  const uint64_t vm_state = q->vm_state_offset();
   const bool v3 = q->header().version >= 3;
   auto flag = [](bool b) { return b ? "true" : "false"; };
   out() << "cluster size: "

@@ -424,6 +424,10 @@ io::Task<absl::Status> Qcow2Node::DoRead(uint64_t offset, io::IoVec buf) {
     std::fill(buf.begin() + (size() - offset), buf.end(), 0);
     buf = buf.first(size() - offset);
   }
+  co_return co_await ReadGuest(offset, buf);
+}
+
+io::Task<absl::Status> Qcow2Node::ReadGuest(uint64_t offset, io::IoVec buf) {
   while (!buf.empty()) {
     auto lock = co_await io::ScopedLock::Take(meta_lock_);
     CO_RETURN_IF_ERROR(CheckUsable());
@@ -986,6 +990,11 @@ io::Task<absl::Status> Qcow2Node::DoWrite(uint64_t offset, io::ConstIoVec data) 
         "(%u bytes)",
         filename(), data.size(), offset, size()));
   }
+  co_return co_await WriteGuest(offset, data);
+}
+
+io::Task<absl::Status> Qcow2Node::WriteGuest(uint64_t offset,
+                                             io::ConstIoVec data) {
   // What this request frees (the old host clusters of the clusters it
   // copies) stays allocated until it is done, as in QEMU, which links the
   // allocated pieces of one request in parallel tasks, after the later

@@ -151,6 +151,24 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // 7.2's parameters, so the same library version makes the same bytes.
   io::Task<absl::Status> WriteCompressed(uint64_t offset, io::ConstIoVec data);
 
+  // The VM state area (QEMU 7.2's qcow2_save_vmstate / qcow2_load_vmstate,
+  // what `qemu-io write -b` / `read -b` reach): guest bytes from
+  // vm_state_offset() on, past the virtual disk, mapped by the same L1 and
+  // L2 tables as the disk (the L1 table grows as QEMU's
+  // qcow2_grow_l1_table(index + 1, false) makes it grow, before the L2
+  // table of a new L1 entry is allocated). `pos` is in bytes from the start
+  // of the area; any alignment (qemu-io asks for 512-byte sectors). Reads
+  // of unwritten bytes give zeroes (or the backing file's bytes there, which
+  // are zeroes past its end). Errors: those of Write()/Read(); EFBIG
+  // ("Failed to grow the L1 table") past the largest L1 table;
+  // kFailedPrecondition for writes to a read-only node.
+  io::Task<absl::Status> WriteVmState(uint64_t pos, io::ConstIoVec data);
+  io::Task<absl::Status> ReadVmState(uint64_t pos, io::IoVec buf);
+  // Where the VM state area starts: the virtual size (whole 512-byte
+  // sectors) rounded up to what one L1 entry maps (QEMU's
+  // qcow2_vm_state_offset: l1_vm_state_index << (cluster_bits + l2_bits)).
+  uint64_t vm_state_offset() const;
+
   // Drops every cluster of the image, as QEMU 7.2's qcow2_make_empty does
   // after qemu-img commit: a version 3 image without snapshots or bitmaps
   // (whose L1 table fits beside the header in one refcount block's reach)
@@ -287,6 +305,11 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   io::Task<absl::StatusOr<io::BlockStatus>> LayerStatus(uint64_t offset,
                                                         uint64_t max_length,
                                                         bool want_zero);
+  // DoRead and DoWrite past their range checks: guest offsets beyond
+  // size() too (the VM state area); WriteGuest needs the L1 table to cover
+  // the range.
+  io::Task<absl::Status> ReadGuest(uint64_t offset, io::IoVec buf);
+  io::Task<absl::Status> WriteGuest(uint64_t offset, io::ConstIoVec data);
 
  private:
   // The state of a run of guest clusters in this image (QEMU's cluster

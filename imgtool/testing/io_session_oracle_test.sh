@@ -32,6 +32,8 @@ setup() {
   qemu-img create -q -f qcow2 -o lazy_refcounts=on "$1/l.qcow2" 1M
   qemu-img create -q -f qcow2 -b q.qcow2 -F qcow2 "$1/top.qcow2" 1M
   qemu-io -f qcow2 -c 'write -P 5 0 64k' "$1/q.qcow2" >/dev/null
+  qemu-img create -q -f qcow2 -o cluster_size=4k "$1/v.qcow2" 1M
+  qemu-img create -q -f qcow2 -o extended_l2=on "$1/e.qcow2" 100M
 }
 
 # check NAME INPUT ARGS...: runs `qemu-io ARGS <INPUT` with both tools (INPUT
@@ -163,6 +165,25 @@ check "-r -s" $N -r -s -f raw r.raw -c 'write 0 1' -c info
 check "-s missing file" $N -s nonexist -c 'write 0 1'
 check "open -s" $N -c 'open -s -o driver=raw r.raw' -c 'write 0 1' \
   -c 'read -P 0xcd 0 1' -c close -c 'open -r -f raw r.raw'
+
+# --- read -b / write -b: qcow2's VM state area past the disk (the L1
+# table grows: 4 KiB clusters map 2 MiB per L1 entry); ENOTSUP for raw.
+check "vmstate qcow2" $N -f qcow2 q.qcow2 -c 'write -b -P 1 0 64k' \
+  -c 'read -b -P 1 0 64k' -c 'read -b -v 64k 512' -c info -c map
+check "vmstate L1 growth" $N -f qcow2 v.qcow2 -c 'write -b -P 1 0 64k' \
+  -c 'write -b -P 2 4m 8k' -c 'write -b -P 3 2m 4k' -c 'read -b -P 2 4m 8k' \
+  -c 'read -b -P 0 8m 4k' -c 'write -b 100m 4k' -c 'read -b -P 3 2m 4k'
+check "vmstate extended L2" $N -f qcow2 e.qcow2 -c 'write -b -P 1 512 64k' \
+  -c 'read -b -P 1 512 64k' -c 'read -b -P 0 0 512'
+check "vmstate over a backing file" $N -f qcow2 top.qcow2 \
+  -c 'write -b -P 1 512 4k' -c 'read -b -P 0 0 512' -c 'read -P 5 0 4k'
+check "vmstate raw" $N -f raw r.raw -c 'write -b -P 1 0 64k' -c 'read -b 0 512'
+check "vmstate read-only" $N -r -f qcow2 q.qcow2 -c 'write -b -P 1 0 64k' \
+  -c 'read -b 0 512'
+check "vmstate errors" $N -f qcow2 q.qcow2 -c 'write -b -P 1 1 64k' \
+  -c 'read -b 0 511' -c 'write -b -z 0 512' -c 'write -b -f 0 512'
+check "vmstate -s" $N -s -f qcow2 q.qcow2 -c 'write -b -P 1 0 64k' \
+  -c 'read -b -P 1 0 64k'
 
 # --- sigraise and abort (output buffered before abort is lost, as in
 # qemu-io; sigraise flushes first).
