@@ -9,8 +9,11 @@ set -u
 IMGTOOL=$(realpath "$1")
 WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/io_oracle.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
-failures=0
-checks=0
+if [[ -n "${TEST_SRCDIR:-}" ]]; then
+  source "$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing/oracle_lib.sh" || exit 1
+else
+  source "$(dirname "$0")/oracle_lib.sh" || exit 1
+fi
 
 # Timing lines vary from run to run; qemu-io names itself in its errors.
 normalize() {
@@ -48,24 +51,8 @@ check() {
   local q_rc=$?
   (cd "$i" && "$IMGTOOL" io "$@" >"$WORK/i.out" 2>"$WORK/i.err")
   local i_rc=$?
+  same_streams "$name" "$q_rc" "$i_rc" "$sort"
   local f
-  for f in out err; do
-    normalize "$WORK/q.$f" >"$WORK/q.$f.n"
-    normalize "$WORK/i.$f" >"$WORK/i.$f.n"
-    if [[ $sort == sort ]]; then
-      sort -o "$WORK/q.$f.n" "$WORK/q.$f.n"
-      sort -o "$WORK/i.$f.n" "$WORK/i.$f.n"
-    fi
-    if ! cmp -s "$WORK/q.$f.n" "$WORK/i.$f.n"; then
-      echo "FAIL: $name: std$f differs (< qemu-io, > imgtool)"
-      diff "$WORK/q.$f.n" "$WORK/i.$f.n" | head -20
-      failures=$((failures + 1))
-    fi
-  done
-  if [[ $q_rc != "$i_rc" ]]; then
-    echo "FAIL: $name: exit status qemu-io $q_rc, imgtool $i_rc"
-    failures=$((failures + 1))
-  fi
   for f in $(cd "$q" && ls -A); do
     if [[ $sort == map ]]; then
       if [[ "$(qemu-img map --output=json "$q/$f"; qemu-img check "$q/$f")" != \

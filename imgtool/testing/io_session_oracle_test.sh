@@ -17,8 +17,11 @@ ln -s "$IMGTOOL" "$WORK/bin/qemu-io"
 # leave nothing behind there.
 export TMPDIR="$WORK/tmp"
 mkdir -p "$TMPDIR"
-failures=0
-checks=0
+if [[ -n "${TEST_SRCDIR:-}" ]]; then
+  source "$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing/oracle_lib.sh" || exit 1
+else
+  source "$(dirname "$0")/oracle_lib.sh" || exit 1
+fi
 
 normalize() {
   sed -E \
@@ -51,20 +54,8 @@ check() {
   (cd "$i" && exec "$WORK/bin/qemu-io" "$@" <"$input" >"$WORK/i.out" \
     2>"$WORK/i.err")
   local i_rc=$?
+  same_streams "$name" "$q_rc" "$i_rc"
   local f
-  for f in out err; do
-    normalize "$WORK/q.$f" >"$WORK/q.$f.n"
-    normalize "$WORK/i.$f" >"$WORK/i.$f.n"
-    if ! cmp -s "$WORK/q.$f.n" "$WORK/i.$f.n"; then
-      echo "FAIL: $name: std$f differs (< qemu-io, > imgtool)"
-      diff "$WORK/q.$f.n" "$WORK/i.$f.n" | head -20
-      failures=$((failures + 1))
-    fi
-  done
-  if [[ $q_rc != "$i_rc" ]]; then
-    echo "FAIL: $name: exit status qemu-io $q_rc, imgtool $i_rc"
-    failures=$((failures + 1))
-  fi
   for f in $(cd "$q" && ls -A); do
     if [[ -n ${PREFIX_ONLY:-} ]]; then
       # Killed before close: imgtool's file may still be grown ahead

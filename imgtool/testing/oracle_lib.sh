@@ -158,6 +158,32 @@ same_messages() {
     diff_text "$*" "exit status" "$a_rc" "$RC"
 }
 
+# same_streams NAME Q_RC I_RC [sort]: compares what qemu-io and imgtool
+# printed, WORK/q.{out,err} against WORK/i.{out,err}, each passed through the
+# caller's `normalize FILE` (and its lines sorted with "sort": aio
+# completions come in any order), then the two exit statuses.
+same_streams() {
+  local name=$1 q_rc=$2 i_rc=$3 sort=${4:-}
+  local f
+  for f in out err; do
+    normalize "$WORK/q.$f" >"$WORK/q.$f.n"
+    normalize "$WORK/i.$f" >"$WORK/i.$f.n"
+    if [[ $sort == sort ]]; then
+      sort -o "$WORK/q.$f.n" "$WORK/q.$f.n"
+      sort -o "$WORK/i.$f.n" "$WORK/i.$f.n"
+    fi
+    if ! cmp -s "$WORK/q.$f.n" "$WORK/i.$f.n"; then
+      echo "FAIL: $name: std$f differs (< qemu-io, > imgtool)"
+      diff "$WORK/q.$f.n" "$WORK/i.$f.n" | head -20
+      failures=$((failures + 1))
+    fi
+  done
+  if [[ $q_rc != "$i_rc" ]]; then
+    echo "FAIL: $name: exit status qemu-io $q_rc, imgtool $i_rc"
+    failures=$((failures + 1))
+  fi
+}
+
 finish() {
   echo "$checks checks, $failures failures"
   [[ $failures -eq 0 ]]
