@@ -25,6 +25,8 @@
 #include "blkdebug/blkdebug.h"
 #include "blkdebug/blkdebug_options.pb.h"
 #include "block/objects.h"
+#include "cor_filter/cor_filter.h"
+#include "cor_filter/cor_options.pb.h"
 #include "google/protobuf/message.h"
 #include "null_block/null_node.h"
 #include "null_block/null_options.pb.h"
@@ -107,6 +109,13 @@ const std::vector<Driver>& Drivers() {
         .parse_filename = blkdebug::ParseBlkdebugFilename,
     });
     d->push_back(Driver{
+        .name = "copy-on-read",
+        .kind = DriverKind::kFilter,
+        .options = cor_filter::CorOptions::descriptor(),
+        .keys = {"bottom"},
+        .has_file_child = true,
+    });
+    d->push_back(Driver{
         .name = "preallocate",
         .kind = DriverKind::kFilter,
         .options = prealloc_filter::PreallocFilterOptions::descriptor(),
@@ -157,10 +166,18 @@ enum class Slot { kTop, kFile, kBacking };
 // How far past its data a qcow2 node's file is grown ahead, in bytes.
 constexpr uint64_t kQcow2FileGrowthStep = uint64_t{64} << 20;
 
+// A node opened with a `node-name` option, for options that name nodes
+// (copy-on-read's `bottom`).
+struct NamedNode {
+  io::BlockNode* node = nullptr;
+  bool is_filter = false;
+};
+
 // What one subtree is opened with.
 struct Context {
   std::shared_ptr<const OpenSettings> settings;
   std::shared_ptr<std::map<const io::BlockNode*, std::string>> names;
+  std::shared_ptr<std::map<std::string, NamedNode>> named_nodes;
   bool read_only = true;
   bool force_share = false;
   Cache cache;
@@ -720,6 +737,40 @@ io::Task<absl::StatusOr<Opened>> OpenBlkdebugNode(const Driver& driver,
   co_return out;
 }
 
+// copy-on-read (QEMU 7.2's cor_open): `bottom` names a node opened before
+// ("Bottom node 'x' not found") that is not a filter; the filter needs to
+// write to its child (QEMU's WRITE_UNCHANGED permission), so a read-only
+// graph is "Block node is read-only".
+io::Task<absl::StatusOr<Opened>> OpenCor(const Driver& driver,
+                                         NodeOptions node, Context ctx,
+                                         Opened child) {
+  cor_filter::CorOptions options;
+  CO_RETURN_IF_ERROR(FillDriverOptions(driver, node, &options));
+  cor_filter::CorSettings settings;
+  if (options.has_bottom()) {
+    auto it = ctx.named_nodes->find(options.bottom());
+    if (it == ctx.named_nodes->end()) {
+      co_return absl::InvalidArgumentError(absl::StrCat(
+          "Bottom node '", options.bottom(), "' not found"));
+    }
+    if (it->second.is_filter) {
+      co_return absl::InvalidArgumentError(absl::StrCat(
+          "Bottom node '", options.bottom(), "' is a filter"));
+    }
+    settings.bottom = it->second.node;
+  }
+  if (ctx.read_only) {
+    co_return absl::FailedPreconditionError("Block node is read-only");
+  }
+  if (child.qcow2_below != nullptr) {
+    settings.cluster_size = child.qcow2_below->cluster_size();
+  }
+  Opened out = Over(driver, child);
+  out.node = std::make_unique<cor_filter::CorNode>(std::move(child.node),
+                                                   settings);
+  co_return out;
+}
+
 io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
                                           Slot slot) {
   // 1. The driver: named, implied by a filename (a `file` child is a
@@ -822,10 +873,16 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
     if (key == "file" && node_reference != node.values.end()) {
       co_return NodeReferenceError(node_reference->second);
     }
-    if (auto image = node.values.find("x-image");
-        image != node.values.end() && node.children.count(key) == 0) {
-      // A filename the driver's parse_filename left (blkdebug's IMAGE).
-      node.children[key].values["filename"] = image->second;
+    if (auto image = node.values.find("x-image"); image != node.values.end()) {
+      // A filename the driver's parse_filename left (blkdebug's IMAGE):
+      // the child's file name, or passed down to its own child if the
+      // options give the child a driver (QEMU's bdrv_open_child with it).
+      auto child = node.children.find(key);
+      if (child == node.children.end()) {
+        node.children[key].values["filename"] = image->second;
+      } else if (child->second.values.count("driver") != 0) {
+        CO_RETURN_IF_ERROR(PlaceFilename(image->second, &child->second));
+      }
       consumed.push_back("x-image");
     }
     auto it = node.children.find(key);
@@ -890,6 +947,8 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
     opened = co_await OpenQcow2(driver, node, ctx, *std::move(file_child));
   } else if (driver.name == "preallocate") {
     opened = co_await OpenPreallocate(driver, node, *std::move(file_child));
+  } else if (driver.name == "copy-on-read") {
+    opened = co_await OpenCor(driver, node, ctx, *std::move(file_child));
   } else if (driver.name == "blkdebug") {
     consumed.push_back("inject-error");
     consumed.push_back("set-state");
@@ -908,6 +967,14 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
     absl::Status closed = co_await opened->node->Close();
     closed.IgnoreError();  // the option error is the one to report
     co_return UnknownOption(driver, *unknown);
+  }
+  if (auto name = node.values.find("node-name"); name != node.values.end()) {
+    // QEMU's filters: preallocate, copy-on-read, and blkdebug (a protocol
+    // over a child here).
+    const bool is_filter =
+        driver.kind == DriverKind::kFilter ||
+        (driver.kind == DriverKind::kProtocol && driver.has_file_child);
+    (*ctx.named_nodes)[name->second] = NamedNode{opened->node.get(), is_filter};
   }
   co_return opened;
 }
@@ -1078,6 +1145,38 @@ absl::Status ProtocolOptions(const std::string& filename, NodeOptions* node) {
   return absl::OkStatus();
 }
 
+absl::Status PlaceFilename(const std::string& filename, NodeOptions* node) {
+  auto driver_it = node->values.find("driver");
+  if (driver_it == node->values.end()) return absl::OkStatus();
+  const Driver* driver = FindDriver(driver_it->second);
+  if (driver == nullptr) return absl::OkStatus();
+  if (driver->kind == DriverKind::kProtocol) {
+    if (driver->parse_filename == nullptr) {
+      node->values.try_emplace("filename", filename);
+      return absl::OkStatus();
+    }
+    NodeOptions parsed;
+    RETURN_IF_ERROR(driver->parse_filename(filename, &parsed));
+    for (auto& [key, value] : parsed.values) node->values.try_emplace(key, value);
+    return absl::OkStatus();
+  }
+  if (!driver->has_file_child ||
+      node->values.count(driver->file_child_key) != 0) {
+    return absl::OkStatus();  // no child, or a node reference
+  }
+  NodeOptions& child = node->children[driver->file_child_key];
+  if (child.values.count("driver") == 0) {
+    if (child.values.count("filename") != 0) return absl::OkStatus();
+    NodeOptions protocol;
+    RETURN_IF_ERROR(ProtocolOptions(filename, &protocol));
+    for (auto& [key, value] : protocol.values) {
+      child.values.try_emplace(key, value);
+    }
+    return absl::OkStatus();
+  }
+  return PlaceFilename(filename, &child);
+}
+
 absl::StatusOr<NodeOptions> ImageOptions(const std::string& filename,
                                          const std::string& format,
                                          bool image_opts) {
@@ -1111,6 +1210,7 @@ io::Task<absl::StatusOr<OpenedGraph>> OpenGraph(NodeOptions options,
   ctx.share_all = settings.raw_shares_write;
   ctx.settings = std::make_shared<const OpenSettings>(std::move(settings));
   ctx.names = std::make_shared<std::map<const io::BlockNode*, std::string>>();
+  ctx.named_nodes = std::make_shared<std::map<std::string, NamedNode>>();
   CO_ASSIGN_OR_RETURN(Opened opened,
                       co_await OpenNode(std::move(options), ctx, Slot::kTop));
   OpenedGraph graph;

@@ -11,7 +11,11 @@
 // raw_format::RawNode, named json:{...}), `qcow2`
 // (format, with its backing chain) and `preallocate` (filter,
 // prealloc_filter; its file child keeps other writers out, so the filter is
-// active), `null-co` and `null-aio` (protocols, null_block: named
+// active), `copy-on-read` (filter, cor_filter: `bottom` names a node opened
+// with `node-name` below it, "Bottom node 'x' not found" / "Bottom node 'x'
+// is a filter" (blkdebug counts as one, as in QEMU); over a read-only
+// graph "Block node is read-only", kFailedPrecondition), `null-co` and
+// `null-aio` (protocols, null_block: named
 // "null-co://" unless size or read-zeroes is given). json:{...} names list a
 // node's keys in QEMU's QDict order (its hash buckets), values as given
 // (numbers and booleans of json: filenames bare, everything else strings);
@@ -154,6 +158,18 @@ absl::Status CheckNodeOptions(const NodeOptions& node, bool read_only,
 // filenames (Driver::parse_filename: "blkdebug:CONFIG:IMAGE"), else
 // {driver: file, filename}. Errors: the driver's parse_filename's.
 absl::Status ProtocolOptions(const std::string& filename, NodeOptions* node);
+
+// Puts `filename` where QEMU 7.2 puts a filename given beside the options
+// of a node whose driver is set (qemu-io's `open -o driver=...,... FILE`;
+// blkdebug's x-image beside `image.*` options): bdrv_fill_options, then
+// each format's or filter's bdrv_open_child of its child with that
+// filename. A protocol driver takes it as its own (through its
+// parse_filename if it has one: blkdebug's x-image, which the registry then
+// places into its `image` child the same way), a format or filter passes it
+// on to its `file` child (a protocol node named by it if the child names no
+// driver, as ProtocolOptions). Keys already set stay; a node without a
+// driver, or with an unknown one, is left alone. Errors: parse_filename's.
+absl::Status PlaceFilename(const std::string& filename, NodeOptions* node);
 
 absl::StatusOr<NodeOptions> ImageOptions(const std::string& filename,
                                          const std::string& format,

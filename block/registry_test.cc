@@ -35,9 +35,10 @@ NodeOptions Opts(const std::string& text) {
 
 TEST(RegistryTest, KnowsQemusDriverNames) {
   EXPECT_EQ(DriverNames(),
-            (std::vector<std::string>{"blkdebug", "file", "null-aio",
-                                      "null-co", "preallocate", "qcow2",
-                                      "raw"}));
+            (std::vector<std::string>{"blkdebug", "copy-on-read", "file",
+                                      "null-aio", "null-co", "preallocate",
+                                      "qcow2", "raw"}));
+  EXPECT_EQ(FindDriver("copy-on-read")->kind, DriverKind::kFilter);
   EXPECT_EQ(FindDriver("null-co")->kind, DriverKind::kProtocol);
   EXPECT_EQ(FindDriver("blkdebug")->kind, DriverKind::kProtocol);
   EXPECT_EQ(FindDriver("blkdebug")->file_child_key, "image");
@@ -100,6 +101,26 @@ TEST(RegistryTest, BlkdebugFilenamesNameTheirProtocolNode) {
   // Not a driver that parses filenames: a plain file name.
   NodeOptions plain = *ImageOptions("foo:x.qcow2", "", false);
   EXPECT_EQ(plain.children.at("file").values.at("filename"), "foo:x.qcow2");
+}
+
+TEST(RegistryTest, PlaceFilenameGoesDownToTheProtocolNode) {
+  NodeOptions cor = Opts("driver=copy-on-read,file.driver=qcow2");
+  ASSERT_TRUE(PlaceFilename("t.qcow2", &cor).ok());
+  const NodeOptions& file = cor.children["file"].children["file"];
+  EXPECT_EQ(file.values.at("driver"), "file");
+  EXPECT_EQ(file.values.at("filename"), "t.qcow2");
+
+  NodeOptions blkdebug = Opts("driver=blkdebug,config=c,image.driver=qcow2");
+  ASSERT_TRUE(PlaceFilename("t.qcow2", &blkdebug).ok());
+  EXPECT_EQ(blkdebug.values.at("x-image"), "t.qcow2");
+
+  NodeOptions protocol = Opts("driver=file,locking=off");
+  ASSERT_TRUE(PlaceFilename("t.raw", &protocol).ok());
+  EXPECT_EQ(protocol.values.at("filename"), "t.raw");
+
+  NodeOptions named = Opts("driver=qcow2,file.filename=a.qcow2");
+  ASSERT_TRUE(PlaceFilename("b.qcow2", &named).ok());
+  EXPECT_EQ(named.children["file"].values.at("filename"), "a.qcow2");
 }
 
 TEST(RegistryTest, ImageOptionsOfTheCommandLine) {
