@@ -10,6 +10,7 @@
 #include "base/options.h"
 #include "base/status_macros.h"
 #include "block/registry.h"
+#include "cor_filter/cor_filter.h"
 #include "imgtool/command.h"
 #include "io/task.h"
 
@@ -112,6 +113,15 @@ absl::StatusOr<OpenedImage> OpenImage(const ImageSpec& spec, std::ostream& err,
   image.file = opened->file;
   image.qcow2 = opened->qcow2;
   image.qcow2_below = opened->qcow2_below;
+  if (spec.copy_on_read) {
+    cor_filter::CorSettings settings;
+    if (image.qcow2_below != nullptr) {
+      settings.cluster_size = image.qcow2_below->cluster_size();
+    }
+    image.node =
+        std::make_unique<cor_filter::CorNode>(std::move(image.node), settings);
+    image.node_names[image.node.get()] = image.display_name;
+  }
   return image;
 }
 

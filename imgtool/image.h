@@ -71,6 +71,15 @@ struct ImageSpec {
   // QEMU; only for the command's first image, which creates the engine.
   io::EngineKind aio = io::EngineKind::kAuto;
   int queue_depth = 64;  // requests the command keeps in flight
+  // Copy-on-read (qemu-io -C, open -C; QEMU's BDRV_O_COPY_ON_READ): the
+  // image's top node is opened under a copy-on-read filter
+  // (cor_filter::CorNode, widening to the cluster size of the qcow2 node
+  // below it, if any), so reads of data from its backing chain write that
+  // data into the top image. OpenedImage::node is then the filter; format,
+  // display_name, qcow2 and the node names stay the image's (QEMU sets a
+  // flag on the top node instead of adding one). Needs !read_only: the
+  // caller gives QEMU's "Can't use copy-on-read on read-only device".
+  bool copy_on_read = false;
 };
 
 struct OpenedImage {

@@ -24,9 +24,9 @@
 //
 // Everything goes through the generic io::BlockNode interface and
 // io::GetChainStatus, so formats with a backing chain work unchanged.
-// Not done: -C (copy-on-read: refused with "not supported yet"), the
-// breakpoint commands (break, wait_break, resume, remove_break fail with
-// ENOTSUP as on a graph without blkdebug).
+// -C / open -C open the image under a copy-on-read filter (ImageSpec::
+// copy_on_read). Not done: the breakpoint commands (break, wait_break,
+// resume, remove_break fail with ENOTSUP as on a graph without blkdebug).
 // read -b / write -b reach qcow2's VM state area (Qcow2Node::ReadVmState /
 // WriteVmState); other formats fail with ENOTSUP, as in qemu-io.
 

@@ -63,7 +63,11 @@ bool Session::CmdInfo(const CommandDef&, std::vector<std::string>&) {
   out() << "format name: " << image_.format << "\n";
   // qemu-io 7.2 prints the name of the `file` driver twice.
   if (image_.format == "file") out() << "format name: file\n";
-  const qcow2::Qcow2Node* q = image_.qcow2;
+  // Through filters (copy-on-read, blkdebug) and raw, QEMU's bdrv_get_info
+  // answers with the qcow2 node below; its specific information only for a
+  // qcow2 node on top.
+  const qcow2::Qcow2Node* q =
+      image_.qcow2 != nullptr ? image_.qcow2 : image_.qcow2_below;
   if (q == nullptr) {
     // Raw and file nodes have no clusters and no VM state area.
     out() << "cluster size: " << HumanBytes(0) << "\n"
@@ -76,8 +80,9 @@ bool Session::CmdInfo(const CommandDef&, std::vector<std::string>&) {
   out() << "cluster size: "
         << HumanBytes(static_cast<double>(q->cluster_size())) << "\n"
         << "vm state offset: " << HumanBytes(static_cast<double>(vm_state))
-        << "\n"
-        << "Format specific information:\n"
+        << "\n";
+  if (image_.qcow2 == nullptr) return true;
+  out() << "Format specific information:\n"
         << "    compat: " << q->compat() << "\n"
         << "    compression type: "
         << (q->header().compression_type == 0 ? "zlib" : "zstd") << "\n";

@@ -75,27 +75,25 @@ std::string FlattenOptions(const NodeOptions& tree) {
   return out;
 }
 
-// The options of `open -o OPTIONS [PATH]`: PATH opened as the command line
-// opens it (a format's `file` child, probed if no driver), with OPTIONS
-// laid over it; a protocol driver (driver=file) takes PATH as its own
-// filename, as QEMU's bdrv_fill_options does.
+// The options of `open -o OPTIONS [PATH]`: without a driver in OPTIONS,
+// PATH opened as the command line opens it (probed), with OPTIONS laid over
+// it; with one, PATH placed into OPTIONS as QEMU does (block::PlaceFilename:
+// a protocol's filename, else down the `file` children).
 absl::StatusOr<NodeOptions> OpenCommandOptions(const std::string& path,
                                                const std::string& options) {
   ASSIGN_OR_RETURN(OptionList list, ParseOptionString(options));
   NodeOptions tree;
-  if (!path.empty()) {
+  const bool has_driver =
+      std::any_of(list.begin(), list.end(),
+                  [](const auto& item) { return item.first == "driver"; });
+  const bool json = absl::StartsWith(path, "json:");
+  if (!path.empty() && (!has_driver || json)) {
     ASSIGN_OR_RETURN(tree, block::ImageOptions(path, "", false));
   }
-  for (const auto& [key, value] : list) {
-    if (key != "driver") continue;
-    const block::Driver* driver = block::FindDriver(value);
-    if (driver != nullptr && driver->kind == block::DriverKind::kProtocol &&
-        !path.empty() && !absl::StartsWith(path, "json:")) {
-      tree = NodeOptions();
-      tree.values["filename"] = path;
-    }
-  }
   for (const auto& [key, value] : list) SetOption(tree, key, value);
+  if (!path.empty() && has_driver && !json) {
+    RETURN_IF_ERROR(block::PlaceFilename(path, &tree));
+  }
   return tree;
 }
 
@@ -204,11 +202,12 @@ absl::Status Session::Open(const OpenRequest& request) {
       return cant_open(absl::StatusCode::kInvalidArgument,
                        "Can't use copy-on-read on read-only device");
     }
-    return cant_open(absl::StatusCode::kUnimplemented,
-                     "copy-on-read (-C) is not supported yet");
   }
-  absl::StatusOr<OpenedImage> image =
-      request.snapshot ? OpenSnapshot(spec) : OpenImage(spec, err());
+  ImageSpec open_spec = spec;
+  open_spec.copy_on_read = request.copy_on_read;
+  absl::StatusOr<OpenedImage> image = request.snapshot
+                                          ? OpenSnapshot(open_spec)
+                                          : OpenImage(open_spec, err());
   if (!image.ok()) {
     // Without the "Could not open 'F': " that qemu-img puts before the cause.
     absl::string_view cause = image.status().message();
@@ -225,6 +224,7 @@ absl::Status Session::Open(const OpenRequest& request) {
 absl::StatusOr<OpenedImage> Session::OpenSnapshot(const ImageSpec& spec) {
   ImageSpec base_spec = spec;
   base_spec.read_only = true;
+  base_spec.copy_on_read = false;  // -C applies to the overlay
   ASSIGN_OR_RETURN(OpenedImage base, OpenImage(base_spec, err()));
   const uint64_t size = VirtualSize(base);
   std::string backing = base.display_name;
