@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
+#include "base/errno_status.h"
 #include "base/status_macros.h"
 #include "qcow2/format/header.h"
 #include "qcow2/format/l2_entry.h"
@@ -1600,7 +1601,7 @@ io::Task<absl::Status> Checker::CheckOflagCopied(CheckResult& res,
 }
 
 absl::Status CheckFailed(const absl::Status& st) {
-  return absl::Status(st.code(), absl::StrCat("Check failed: ", st.message()));
+  return WithMessage(st, absl::StrCat("Check failed: ", st.message()));
 }
 
 }  // namespace
