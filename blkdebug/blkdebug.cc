@@ -464,7 +464,10 @@ absl::Status BlkdebugNode::DoDebugRemoveBreakpoint(absl::string_view tag) {
       it = next;
     }
   }
-  while (ResumeOne(tag)) found = true;
+  // Resumed requests do not count: QEMU 7.2's resume_req_by_tag(all)
+  // returns ENOENT after resuming them.
+  while (ResumeOne(tag)) {
+  }
   if (!found) {
     return WithMessage(ErrnoStatus("", "remove_break", ENOENT),
                        std::strerror(ENOENT));
@@ -513,38 +516,107 @@ io::Task<absl::Status> BlkdebugNode::WriteAligned(uint64_t offset,
   co_return absl::OkStatus();
 }
 
-io::Task<absl::Status> BlkdebugNode::DoRead(uint64_t offset, io::IoVec buf) {
-  if (offset % align_ == 0 && buf.size() % align_ == 0) {
-    co_return co_await ReadAligned(offset, buf);
+io::Task<void> BlkdebugNode::WaitForConflicts(Tracked& self) {
+  for (;;) {
+    Tracked* conflict = nullptr;
+    for (Tracked* other : tracked_) {
+      if (other == &self || (!other->serialising && !self.serialising)) {
+        continue;
+      }
+      if (other->start < self.end && self.start < other->end &&
+          other->waiting_for == nullptr) {
+        conflict = other;
+        break;
+      }
+    }
+    if (conflict == nullptr) co_return;
+    self.waiting_for = conflict;
+    co_await conflict->done.Wait();
+    self.waiting_for = nullptr;
   }
-  const uint64_t start = AlignDown(offset, align_);
-  const uint64_t end = AlignUp(offset + buf.size(), align_);
-  std::vector<uint8_t> bounce(end - start);
-  CO_RETURN_IF_ERROR(
-      co_await ReadAligned(start, io::IoVec(bounce.data(), bounce.size())));
-  std::memcpy(buf.data(), bounce.data() + (offset - start), buf.size());
-  co_return absl::OkStatus();
+}
+
+void BlkdebugNode::EndTracked(Tracked& t) {
+  tracked_.remove(&t);
+  t.done.Set();
+}
+
+io::Task<absl::Status> BlkdebugNode::DoRead(uint64_t offset, io::IoVec buf) {
+  Tracked t{.start = offset, .end = offset + buf.size()};
+  tracked_.push_back(&t);
+  co_await WaitForConflicts(t);
+  absl::Status st;
+  if (offset % align_ == 0 && buf.size() % align_ == 0) {
+    st = co_await ReadAligned(offset, buf);
+  } else {
+    const uint64_t start = AlignDown(offset, align_);
+    const uint64_t end = AlignUp(offset + buf.size(), align_);
+    std::vector<uint8_t> bounce(end - start);
+    st = co_await ReadAligned(start, io::IoVec(bounce.data(), bounce.size()));
+    if (st.ok()) {
+      std::memcpy(buf.data(), bounce.data() + (offset - start), buf.size());
+    }
+  }
+  EndTracked(t);
+  co_return st;
 }
 
 io::Task<absl::Status> BlkdebugNode::DoWrite(uint64_t offset,
                                              io::ConstIoVec data) {
+  Tracked t{.start = offset, .end = offset + data.size()};
+  if (offset % align_ != 0 || data.size() % align_ != 0) {
+    // QEMU's bdrv_make_request_serialising(req, align).
+    t.start = AlignDown(offset, align_);
+    t.end = AlignUp(offset + data.size(), align_);
+    t.serialising = true;
+  }
+  tracked_.push_back(&t);
+  co_await WaitForConflicts(t);
+  absl::Status st = co_await WriteRmw(offset, data, &t);
+  EndTracked(t);
+  co_return st;
+}
+
+io::Task<absl::Status> BlkdebugNode::WriteRmw(uint64_t offset,
+                                              io::ConstIoVec data,
+                                              Tracked* tracked) {
+  const auto write = [&](uint64_t at,
+                         io::ConstIoVec bytes) -> io::Task<absl::Status> {
+    if (tracked != nullptr) {
+      // QEMU's bdrv_aligned_pwritev: the wait, then the events around the
+      // write.
+      co_await WaitForConflicts(*tracked);
+      co_await DebugEvent(BlkdebugEvent::kPwritev);
+    }
+    absl::Status st = co_await WriteAligned(at, bytes);
+    if (tracked != nullptr) co_await DebugEvent(BlkdebugEvent::kPwritevDone);
+    co_return st;
+  };
   if (offset % align_ == 0 && data.size() % align_ == 0) {
-    co_return co_await WriteAligned(offset, data);
+    co_return co_await write(offset, data);
   }
   // Read-modify-write of the partial blocks at both ends (QEMU's
-  // bdrv_padding_rmw_read: one read if both lie in the same block).
+  // bdrv_init_padding and bdrv_padding_rmw_read: one read of both where the
+  // padded request is one block, or two with a head and a tail).
   const uint64_t start = AlignDown(offset, align_);
   const uint64_t end = AlignUp(offset + data.size(), align_);
   std::vector<uint8_t> bounce(end - start);
   const bool head = offset != start;
   const bool tail = offset + data.size() != end;
-  if (head || end - start == align_) {
-    co_await DebugEvent(BlkdebugEvent::kPwritevRmwHead);
-    CO_RETURN_IF_ERROR(
-        co_await ReadAligned(start, io::IoVec(bounce.data(), align_)));
-    co_await DebugEvent(BlkdebugEvent::kPwritevRmwAfterHead);
+  const uint64_t merged_length =
+      end - start > align_ && head && tail ? 2 * align_ : align_;
+  const bool merge = end - start == merged_length;
+  if (head || merge) {
+    if (head) co_await DebugEvent(BlkdebugEvent::kPwritevRmwHead);
+    if (merge && tail) co_await DebugEvent(BlkdebugEvent::kPwritevRmwTail);
+    CO_RETURN_IF_ERROR(co_await ReadAligned(
+        start, io::IoVec(bounce.data(), merge ? merged_length : align_)));
+    if (head) co_await DebugEvent(BlkdebugEvent::kPwritevRmwAfterHead);
+    if (merge && tail) {
+      co_await DebugEvent(BlkdebugEvent::kPwritevRmwAfterTail);
+    }
   }
-  if (tail && end - start > align_) {
+  if (tail && !merge) {
     co_await DebugEvent(BlkdebugEvent::kPwritevRmwTail);
     CO_RETURN_IF_ERROR(co_await ReadAligned(
         end - align_, io::IoVec(bounce.data() + bounce.size() - align_,
@@ -552,8 +624,8 @@ io::Task<absl::Status> BlkdebugNode::DoWrite(uint64_t offset,
     co_await DebugEvent(BlkdebugEvent::kPwritevRmwAfterTail);
   }
   std::memcpy(bounce.data() + (offset - start), data.data(), data.size());
-  co_return co_await WriteAligned(
-      start, io::ConstIoVec(bounce.data(), bounce.size()));
+  co_return co_await write(start,
+                           io::ConstIoVec(bounce.data(), bounce.size()));
 }
 
 io::Task<absl::Status> BlkdebugNode::DoWriteZeroes(uint64_t offset,
@@ -576,8 +648,8 @@ io::Task<absl::Status> BlkdebugNode::DoWriteZeroes(uint64_t offset,
       // writes zeroes instead.
       if (flags.no_fallback) co_return absl::UnimplementedError("write zeroes");
       std::vector<uint8_t> zeroes(n, 0);
-      CO_RETURN_IF_ERROR(
-          co_await DoWrite(offset, io::ConstIoVec(zeroes.data(), n)));
+      CO_RETURN_IF_ERROR(co_await WriteRmw(
+          offset, io::ConstIoVec(zeroes.data(), n), nullptr));
     } else {
       CO_RETURN_IF_ERROR(CheckRules(offset, n, IoType::kWriteZeroes));
       CO_RETURN_IF_ERROR(co_await image_->WriteZeroes(offset, n, flags));

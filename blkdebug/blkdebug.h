@@ -31,9 +31,15 @@
 // `opt-discard`/`max-discard` cut zero writes and discards; the parts of a
 // zero write smaller than max(align, opt-write-zero) are written as zero
 // buffers, the parts of a discard smaller than align are dropped. Each piece
-// is checked against the rules separately. pwritev/pwritev_zero and
-// pwritev_done are raised on the node around each write or zero write (by
-// io::BlockNode).
+// is checked against the rules separately. pwritev_zero is raised before
+// each zero write (by io::BlockNode); pwritev and pwritev_done around each
+// write, after its read-modify-write (by this node, as block/io.c).
+//
+// Serialisation (block/io.c's tracked requests): a read-modify-write is
+// serialising over its aligned range: it waits before its reads until no
+// overlapping request is in flight, and every read or write that overlaps
+// it waits until it ends, so that no write falls between its reads and its
+// write.
 //
 // Size: the image's length rounded up to 512 bytes (QEMU's sector count).
 // Units: bytes. Thread model: like every node, used from its engine's
@@ -142,6 +148,7 @@ class BlkdebugNode final : public io::BlockNode {
 
  protected:
   bool HandlesDebugEvents() const override { return true; }
+  bool RaisesWriteEvents() const override { return true; }
   io::Task<void> DoDebugEvent(io::BlkdebugEvent event) override;
   absl::Status DoDebugBreakpoint(io::BlkdebugEvent event,
                                  absl::string_view tag) override;
@@ -172,6 +179,16 @@ class BlkdebugNode final : public io::BlockNode {
     std::shared_ptr<io::Event> resumed;
   };
 
+  // A request in flight (QEMU's BdrvTrackedRequest): bytes [start, end); a
+  // read-modify-write is serialising over its range widened to `align`.
+  struct Tracked {
+    uint64_t start = 0;
+    uint64_t end = 0;
+    bool serialising = false;
+    Tracked* waiting_for = nullptr;
+    io::Event done;  // set when the request ends
+  };
+
   BlkdebugNode(std::unique_ptr<io::BlockNode> image,
                const BlkdebugOptions& options);
   // Adds `rule` in front of its event's rules (QEMU's QLIST_INSERT_HEAD).
@@ -187,6 +204,17 @@ class BlkdebugNode final : public io::BlockNode {
   io::Task<absl::Status> WriteAligned(uint64_t offset, io::ConstIoVec data);
   // Resumes the first request suspended under `tag`; false if none is.
   bool ResumeOne(absl::string_view tag);
+  // QEMU's bdrv_wait_serialising_requests: waits while another request
+  // overlaps `self`, either of them is serialising and the other is not
+  // itself waiting (so that two never wait for each other).
+  io::Task<void> WaitForConflicts(Tracked& self);
+  // Ends `t`'s tracking and wakes the requests waiting for it.
+  void EndTracked(Tracked& t);
+  // The write of DoWrite without tracking or events: unaligned requests
+  // read-modify-written (pwritev_rmw_* events), then written in pieces.
+  // `tracked` (or null) waits for conflicts after its reads.
+  io::Task<absl::Status> WriteRmw(uint64_t offset, io::ConstIoVec data,
+                                  Tracked* tracked);
 
   std::unique_ptr<io::BlockNode> image_;
   const uint64_t align_;  // >= 1
@@ -199,6 +227,7 @@ class BlkdebugNode final : public io::BlockNode {
   std::list<Rule> rules_[io::kBlkdebugEventCount];
   std::list<Rule*> armed_;
   std::list<Suspended> suspended_;
+  std::list<Tracked*> tracked_;  // requests in flight; not owned
   std::ostream* messages_;
 };
 

@@ -351,7 +351,10 @@ TEST(BlkdebugNodeTest, RemoveBreakpointRemovesAndResumes) {
         *d = true;
       }(top, &done));
   EXPECT_TRUE(top.DebugIsSuspended("A"));
-  ASSERT_TRUE(top.DebugRemoveBreakpoint("A").ok());
+  // The request is resumed, but with no breakpoint left to remove QEMU
+  // 7.2's blkdebug reports ENOENT (qemu-io: "Could not remove breakpoint").
+  EXPECT_EQ(top.DebugRemoveBreakpoint("A").message(),
+            "No such file or directory");
   EXPECT_TRUE(done);
   EXPECT_EQ(top.DebugBreakpoint("nonsense", "A").message(),
             "No such file or directory");
@@ -365,18 +368,49 @@ TEST(BlkdebugNodeTest, AlignReadModifyWritesPartialBlocks) {
   std::vector<uint8_t> buf(100);
   ASSERT_TRUE(Read(*o->node, 4000, &buf).ok());
   for (size_t i = 0; i < buf.size(); ++i) EXPECT_EQ(buf[i], (4000 + i) % 251);
-  // Inside one block: head read only; the tail event is not raised.
-  ASSERT_TRUE(Write(*o->node, 10, 20, 0xaa).ok());
+  // Inside one block: one read for head and tail, after both events (QEMU's
+  // merged padding read), which the rule armed by the tail event fails.
+  EXPECT_EQ(StatusErrno(Write(*o->node, 10, 20, 0xaa)), EIO);
+  EXPECT_EQ(o->image->bytes()[10], 10);
+  ASSERT_TRUE(Write(*o->node, 10, 20, 0xaa).ok());  // the rule was `once`
   EXPECT_EQ(o->image->bytes()[9], 9);
   EXPECT_EQ(o->image->bytes()[10], 0xaa);
   EXPECT_EQ(o->image->bytes()[30], 30);
-  // Across a boundary: the tail read fails (the rule armed by its event).
-  EXPECT_EQ(StatusErrno(Write(*o->node, 4000, 200, 0xbb)), EIO);
-  EXPECT_EQ(o->image->bytes()[4000], 4000 % 251);
+  // Across a boundary.
   ASSERT_TRUE(Write(*o->node, 4000, 200, 0xbb).ok());
   EXPECT_EQ(o->image->bytes()[3999], 3999 % 251);
   EXPECT_EQ(o->image->bytes()[4199], 0xbb);
   EXPECT_EQ(o->image->bytes()[4200], 4200 % 251);
+}
+
+TEST(BlkdebugNodeTest, WriteIntoBlockBeingReadModifyWrittenWaits) {
+  BlkdebugOptions options;
+  options.set_align(4096);
+  auto o = Open({}, options);
+  io::BlockNode& top = *o->node;
+  ASSERT_TRUE(top.DebugBreakpoint("pwritev_rmw_after_head", "A").ok());
+  std::vector<uint8_t> first(20, 0xaa), second(10, 0xbb);
+  int done = 0;
+  auto count = [&done](absl::Status st) {
+    EXPECT_TRUE(st.ok()) << st;
+    ++done;
+  };
+  io::Spawn(top.Write(10, io::ConstIoVec(first.data(), first.size())), count);
+  ASSERT_TRUE(top.DebugIsSuspended("A"));  // its block read, not written
+  // Same block: waits for the first write to end (block/io.c serialises a
+  // read-modify-write), or the first would write back the old bytes.
+  io::Spawn(top.Write(30, io::ConstIoVec(second.data(), second.size())),
+            count);
+  EXPECT_EQ(done, 0);
+  EXPECT_EQ(o->image->bytes()[30], 30);
+  ASSERT_TRUE(top.DebugResume("A").ok());
+  EXPECT_EQ(done, 2);
+  EXPECT_EQ(o->image->bytes()[10], 0xaa);
+  EXPECT_EQ(o->image->bytes()[30], 0xbb);
+  EXPECT_EQ(o->image->bytes()[40], 40);
+  EXPECT_EQ(o->messages.str(),
+            "blkdebug: Suspended request 'A'\n"
+            "blkdebug: Resuming request 'A'\n");
 }
 
 TEST(BlkdebugNodeTest, SectorRuleMatchesMaxTransferPiecesSeparately) {

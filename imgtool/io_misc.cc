@@ -205,30 +205,54 @@ bool Session::CmdAbort(const CommandDef&, std::vector<std::string>&) {
   std::abort();  // qemu-io's abort(3), with nothing flushed
 }
 
-// Breakpoints need a blkdebug node in the graph; imgtool has none yet, so
-// these fail as qemu-io does on a graph without one.
-bool Session::CmdBreak(const CommandDef&, std::vector<std::string>&) {
-  out() << "Could not set breakpoint: " << std::strerror(ENOTSUP) << "\n";
-  return false;
+// The breakpoint commands act on the first blkdebug node below the top
+// (io::BlockNode::DebugBreakpoint and friends); without one they fail with
+// ENOTSUP, as qemu-io's. Messages are qemu-io 7.2's (qemu-io-cmds.c).
+bool Session::CmdBreak(const CommandDef&, std::vector<std::string>& words) {
+  if (absl::Status st = node().DebugBreakpoint(words[1], words[2]); !st.ok()) {
+    out() << "Could not set breakpoint: " << ErrorText(st) << "\n";
+    return false;
+  }
+  return true;
 }
 
-bool Session::CmdWaitBreak(const CommandDef&, std::vector<std::string>&) {
-  // qemu-io would wait forever for a request no breakpoint can suspend.
-  out() << "Could not wait for a breakpoint: " << std::strerror(ENOTSUP)
-        << "\n";
-  return false;
+bool Session::CmdWaitBreak(const CommandDef&, std::vector<std::string>& words) {
+  // qemu-io runs its event loop until a request is suspended under the tag,
+  // forever if none ever is; imgtool stops once nothing is left that could
+  // get there (no blkdebug node, or no request in flight).
+  const std::string& tag = words[1];
+  PrintAioOutput();
+  while (!node().DebugIsSuspended(tag)) {
+    if (engine().in_flight() == 0) {
+      out() << "Could not wait for a breakpoint: no request in flight\n";
+      return false;
+    }
+    if (!engine().Poll(/*wait=*/true).ok()) std::abort();
+    PrintAioOutput();
+  }
+  return true;
 }
 
-bool Session::CmdResume(const CommandDef&, std::vector<std::string>&) {
-  out() << "Could not resume request: " << std::strerror(ENOTSUP) << "\n";
-  return false;
+bool Session::CmdResume(const CommandDef&, std::vector<std::string>& words) {
+  absl::Status st = node().DebugResume(words[1]);
+  PrintAioOutput();  // what the resumed request printed on its way
+  if (!st.ok()) {
+    out() << "Could not resume request: " << ErrorText(st) << "\n";
+    return false;
+  }
+  return true;
 }
 
 bool Session::CmdRemoveBreak(const CommandDef&,
                              std::vector<std::string>& words) {
-  out() << "Could not remove breakpoint " << words[1] << ": "
-        << std::strerror(ENOTSUP) << "\n";
-  return false;
+  absl::Status st = node().DebugRemoveBreakpoint(words[1]);
+  PrintAioOutput();
+  if (!st.ok()) {
+    out() << "Could not remove breakpoint " << words[1] << ": "
+          << ErrorText(st) << "\n";
+    return false;
+  }
+  return true;
 }
 
 }  // namespace imgtool::cli::qemu_io

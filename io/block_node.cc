@@ -185,6 +185,7 @@ Task<absl::Status> BlockNode::Write(uint64_t offset, ConstIoVec data) {
         data.size(), offset));
   }
   if (data.empty()) co_return absl::OkStatus();
+  if (RaisesWriteEvents()) co_return co_await DoWrite(offset, data);
   // block/io.c's bdrv_aligned_pwritev raises these on the node written.
   co_await DebugEvent(BlkdebugEvent::kPwritev);
   absl::Status st = co_await DoWrite(offset, data);

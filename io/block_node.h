@@ -223,7 +223,8 @@ class BlockNode {
   // `event` is not an event name (ParseBlkdebugEvent).
   absl::Status DebugBreakpoint(absl::string_view event, absl::string_view tag);
   // Removes every breakpoint with `tag` and resumes every request suspended
-  // under it. kNotFound "No such file or directory" if there was neither.
+  // under it. kNotFound "No such file or directory" if no breakpoint was
+  // removed, even if requests were resumed (as QEMU 7.2's blkdebug).
   absl::Status DebugRemoveBreakpoint(absl::string_view tag);
   // Resumes one request suspended under `tag` (it runs until its next
   // suspension before this returns). kNotFound "No such file or directory"
@@ -242,6 +243,11 @@ class BlockNode {
   // A driver that handles debug events (blkdebug) returns true here and
   // overrides the five Do* below; the defaults handle nothing.
   virtual bool HandlesDebugEvents() const { return false; }
+  // Whether DoWrite raises pwritev and pwritev_done itself (blkdebug: after
+  // its read-modify-write of an unaligned request and its wait for
+  // overlapping requests, where block/io.c's bdrv_aligned_pwritev raises
+  // them). Otherwise Write raises them around DoWrite.
+  virtual bool RaisesWriteEvents() const { return false; }
   virtual Task<void> DoDebugEvent(BlkdebugEvent event);
   // `event` already parsed. Errors as the public functions.
   virtual absl::Status DoDebugBreakpoint(BlkdebugEvent event,

@@ -477,6 +477,49 @@ check "qcow2 invalid subcluster bitmap in allocated cluster, writes" \
 check "qcow2 invalid subcluster bitmap in allocated cluster, aio" \
   setup_qcow2_ext_bad nosort -r -f qcow2 -c 'aio_read 0 4k' -c 'aio_flush' \
   -c 'read -P 2 128k 4k' -c 'alloc 0 4k' alloc.qcow2
+# blkdebug breakpoints (break, wait_break, resume, remove_break) on requests
+# read-modify-written under align=4k, which QEMU serialises: a write that
+# overlaps a suspended read-modify-write waits for it, so no write falls
+# between its read and its write (the files must be byte-identical). Lines
+# sorted: a completion may come before or after the next command's output.
+BD='open -o driver=raw,file.align=4k blkdebug::img.raw'
+check "breakpoints: writes during a read-modify-write" setup_1m sort \
+  -c "$BD" \
+  -c 'break pwritev_rmw_after_head A' -c 'aio_write -P 10 0x1200 0x200' \
+  -c 'wait_break A' -c 'aio_write -P 11 0x1400 0x200' -c 'resume A' \
+  -c 'aio_flush' \
+  -c 'break pwritev_rmw_head A' -c 'aio_write -P 10 0x2200 0x200' \
+  -c 'wait_break A' -c 'aio_write -P 11 0x2400 0x200' -c 'resume A' \
+  -c 'aio_flush' \
+  -c 'break pwritev_rmw_after_tail A' -c 'aio_write -P 10 0x5000 0x200' \
+  -c 'wait_break A' -c 'aio_write -P 11 0x5200 0x200' \
+  -c 'aio_write -P 12 0x5400 0x200' -c 'aio_write -P 13 0x5600 0x200' \
+  -c 'resume A' -c 'aio_flush' \
+  -c 'break pwritev_rmw_after_tail A' -c 'aio_write -P 10 0xe000 0x1800' \
+  -c 'wait_break A' -c 'aio_write -P 11 0xf000 0xc00' -c 'resume A' \
+  -c 'aio_flush' \
+  -c 'read -P 10 0x1200 0x200' -c 'read -P 11 0x1400 0x200' \
+  -c 'read -P 11 0x2400 0x200' -c 'read -P 13 0x5600 0x200' \
+  -c 'read -P 11 0xf800 0x400'
+check "breakpoints: pwritev, pwritev_done, two tags" setup_1m sort \
+  -c "$BD" \
+  -c 'break pwritev A' -c 'aio_write -P 10 0x10000 0x800' -c 'wait_break A' \
+  -c 'break pwritev_rmw_after_tail B' -c 'aio_write -P 11 0x10000 0x400' \
+  -c 'break pwritev_done C' -c 'resume A' -c 'wait_break C' -c 'resume C' \
+  -c 'wait_break B' -c 'resume B' -c 'aio_flush' \
+  -c 'break pwritev A' -c 'aio_write -P 10 0x11000 0x800' -c 'wait_break A' \
+  -c 'aio_write -P 11 0x11000 0x1000' -c 'resume A' -c 'aio_flush' \
+  -c 'read -P 11 0x10000 0x400' -c 'read -P 10 0x10400 0x400'
+check "breakpoints: errors and remove_break" setup_1m nosort \
+  -c "$BD" -c 'break nosuch A' -c 'resume A' -c 'remove_break A' \
+  -c 'break pwritev A' -c 'break pwritev_done A' -c 'remove_break A' \
+  -c 'remove_break A' -c 'break pwritev A' -c 'aio_write -P 7 0 512' \
+  -c 'wait_break A' -c 'remove_break A' -c 'aio_flush' -c 'resume A' \
+  -c 'read -P 7 0 512'
+check "breakpoints: no blkdebug node" setup_1m nosort -f raw \
+  -c 'break pwritev A' -c 'resume A' -c 'remove_break A' -c 'write 0 512' \
+  img.raw
+
 # ...but not once the freed cluster was handed out again: QEMU 7.2 then
 # packs the compressed data into the new owner's cluster and corrupts it
 # ("Pattern verification failed" for the plain write), imgtool takes a
