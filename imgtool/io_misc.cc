@@ -32,6 +32,7 @@
 #include "imgtool/image.h"
 #include "imgtool/io_output.h"
 #include "imgtool/io_session.h"
+#include "block/registry.h"
 #include "io/chain_status.h"
 #include "qcow2/qcow2_node.h"
 
@@ -61,15 +62,22 @@ bool Session::CmdLength(const CommandDef&, std::vector<std::string>&) {
 bool Session::CmdInfo(const CommandDef&, std::vector<std::string>&) {
   if (driver_dropped_) return false;  // qemu-io: bdrv_get_info fails silently
   out() << "format name: " << image_.format << "\n";
-  // qemu-io 7.2 prints the name of the `file` driver twice.
-  if (image_.format == "file") out() << "format name: file\n";
+  // qemu-io 7.2 prints a protocol driver's name twice (its format_name and
+  // its protocol_name: file, null-co, null-aio, blkdebug).
+  const block::Driver* driver = block::FindDriver(image_.format);
+  if (driver != nullptr && driver->kind == block::DriverKind::kProtocol) {
+    out() << "format name: " << image_.format << "\n";
+  }
   // Through filters (copy-on-read, blkdebug) and raw, QEMU's bdrv_get_info
   // answers with the qcow2 node below; its specific information only for a
   // qcow2 node on top.
   const qcow2::Qcow2Node* q =
       image_.qcow2 != nullptr ? image_.qcow2 : image_.qcow2_below;
   if (q == nullptr) {
-    // Raw and file nodes have no clusters and no VM state area.
+    // QEMU's bdrv_get_info answers from the file at the bottom (no clusters,
+    // no VM state area) and fails with ENOTSUP, silently in qemu-io, where
+    // there is none (null-co, null-aio).
+    if (image_.file == nullptr) return false;
     out() << "cluster size: " << HumanBytes(0) << "\n"
           << "vm state offset: " << HumanBytes(0) << "\n";
     return true;

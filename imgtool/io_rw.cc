@@ -181,7 +181,7 @@ bool Session::RunTimed(const Request& r, absl::string_view op,
 bool Session::ReadAndCheck(const IoOptions& o, absl::string_view op,
                            uint64_t offset, uint64_t count,
                            uint64_t check_offset, uint64_t check_count) {
-  std::vector<uint8_t> data(count);
+  std::vector<uint8_t> data(count, kReadFill);
   const Request r{.kind = o.vmstate ? Request::kReadVmState : Request::kRead,
                   .offset = offset,
                   .bytes = count,
@@ -477,7 +477,7 @@ bool Session::CmdAioRead(const CommandDef& def,
   }
   uint64_t offset = 0, count = 0;
   if (!ParseOffsetAndLengths(operands, &offset, &count)) return false;
-  aio->buffer.resize(count);
+  aio->buffer.assign(count, kReadFill);
   aio->request =
       Request{.kind = Request::kRead, .offset = offset, .bytes = count};
   SubmitAio(std::move(aio), "read");

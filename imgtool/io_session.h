@@ -36,6 +36,10 @@ namespace imgtool::cli::qemu_io {
 constexpr uint64_t kMaxRequestBytes = 2147483136;
 // The byte qemu-io fills write buffers with when no -P is given.
 constexpr uint8_t kDefaultPattern = 0xcd;
+// The byte qemu-io fills read buffers with before a read (qemu_io_alloc's
+// 0xab), visible where a driver leaves bytes unread (null-co with
+// read-zeroes=off).
+constexpr uint8_t kReadFill = 0xab;
 constexpr uint64_t kSectorSize = 512;
 
 // How to open an image: the command line's settings or an `open` command's.

@@ -520,6 +520,21 @@ check "breakpoints: no blkdebug node" setup_1m nosort -f raw \
   -c 'break pwritev A' -c 'resume A' -c 'remove_break A' -c 'write 0 512' \
   img.raw
 
+# Read buffers hold qemu-io's 0xab fill where a driver leaves them as they
+# are (null-co with read-zeroes=off); `info` prints a protocol driver's name
+# twice, and nothing more where no node below answers bdrv_get_info
+# (null-co: exit 1 without a message).
+check "null-co: info and reads of an unfilled buffer" setup_none nosort \
+  --image-opts -c info -c 'read -v 0 32' -c 'aio_read -v 0 16' \
+  -c aio_flush -c 'read -P 0xab 0 32' driver=null-co,read-zeroes=off
+check "info: null-aio" setup_none nosort --image-opts -c info driver=null-aio
+check "info: raw over blkdebug over null-co" setup_none nosort --image-opts \
+  -c info driver=raw,file.driver=blkdebug,file.image.driver=null-co
+check "info: blkdebug over a file" setup_1m nosort --image-opts -c info \
+  driver=blkdebug,image.filename=img.raw
+check "info: file" setup_1m nosort --image-opts -c info \
+  driver=file,filename=img.raw
+
 # ...but not once the freed cluster was handed out again: QEMU 7.2 then
 # packs the compressed data into the new owner's cluster and corrupts it
 # ("Pattern verification failed" for the plain write), imgtool takes a
