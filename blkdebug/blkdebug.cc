@@ -669,6 +669,14 @@ io::Task<absl::Status> BlkdebugNode::DoDiscard(uint64_t offset,
       piece_end = RoundDownTo(end, align);
       if (max_discard_ != 0) piece_end = std::min(piece_end, offset + max_discard_);
     }
+    // Unaligned ends are cut at the request alignment (QEMU's
+    // bdrv_co_pdiscard: num %= request_alignment), so only the bytes
+    // outside whole align-sized blocks are dropped.
+    if (offset % align_ != 0) {
+      piece_end = std::min(piece_end, RoundUpTo(offset + 1, align_));
+    } else if (piece_end % align_ != 0 && piece_end - offset > align_) {
+      piece_end = RoundDownTo(piece_end, align_);
+    }
     const uint64_t n = piece_end - offset;
     // Pieces below the request alignment are dropped (discard is a hint).
     if (n >= align_ && offset % align_ == 0 && n % align_ == 0) {
