@@ -112,4 +112,15 @@ io_case "none iotype write" setup_none_write -f raw -c 'read 0 4k' -c 'write -P 
 io_case "none sector 8" setup_none_sector -f raw -c 'write -P 1 0 4k' -c 'write -P 2 4k 4k' -c 'read -P 2 4k 4k' blkdebug:blkdebug.conf:t.raw
 io_case "align rmw" setup_raw --image-opts -c 'write -P 7 100 1000' -c 'read -P 7 100 1000' -c 'read -P 0 0 100' driver=raw,file.driver=blkdebug,file.align=4096,file.image.filename=t.raw
 
+# A discard with unaligned ends through blkdebug's opt-discard/max-discard:
+# the ends are cut at the request alignment and the whole clusters between
+# are discarded (QEMU's bdrv_co_pdiscard; iotest 177).
+setup_qcow2_4m() {
+  qemu-img create -q -f qcow2 t.qcow2 8M
+  qemu-io -c 'write -P 0x22 0 8M' t.qcow2 >/dev/null
+}
+io_case "unaligned discard" setup_qcow2_4m --image-opts \
+  -c 'discard 100001 3M' -c 'map' -c 'read -P 0 1M 2M' \
+  driver=blkdebug,image.driver=qcow2,image.file.filename=t.qcow2,align=512,opt-discard=1M,max-discard=1M
+
 finish
