@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "base/errno_status.h"
 #include "base/json_printer.h"
 #include "base/size.h"
@@ -55,6 +56,32 @@ constexpr char kQcowMagic[] = {'Q', 'F', 'I', '\xfb'};
 constexpr std::array<const char*, 5> kGenericKeys = {
     "driver", "node-name", "read-only", "auto-read-only", "force-share"};
 
+// Protocols QEMU 7.2 has and imgtool does not (bdrv_find_protocol's names).
+constexpr std::array<const char*, 22> kUnsupportedProtocols = {
+    "host_device", "host_cdrom", "nbd",   "nbd+tcp",     "nbd+unix",
+    "ssh",         "http",       "https", "ftp",         "ftps",
+    "iscsi",       "iser",       "rbd",   "gluster",     "gluster+tcp",
+    "gluster+unix", "gluster+rdma", "nfs", "fat",        "blkverify",
+    "nvme",        "vxhs"};
+
+// QEMU's bdrv_parse_filename_strip_prefix(filename, "file"): "file:" is
+// stripped, and "./" put before a rest that would read as a protocol.
+absl::Status ParseFileFilename(absl::string_view filename, NodeOptions* node) {
+  if (absl::ConsumePrefix(&filename, "file:") && HasProtocolPrefix(filename)) {
+    node->values["filename"] = absl::StrCat("./", filename);
+  } else {
+    node->values["filename"] = std::string(filename);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseNullCo(absl::string_view filename, NodeOptions*) {
+  return null_block::ParseNullFilename("null-co", filename);
+}
+absl::Status ParseNullAio(absl::string_view filename, NodeOptions*) {
+  return null_block::ParseNullFilename("null-aio", filename);
+}
+
 const std::vector<Driver>& Drivers() {
   static const std::vector<Driver>* drivers = [] {
     auto* d = new std::vector<Driver>;
@@ -69,6 +96,8 @@ const std::vector<Driver>& Drivers() {
         .ignored_keys = {"aio", "aio-max-batch", "drop-cache",
                          "x-check-cache-dropped"},
         .unsupported_keys = {"pr-manager"},
+        .protocol = "file",
+        .parse_filename = ParseFileFilename,
     });
     for (const char* name : {"null-co", "null-aio"}) {
       d->push_back(Driver{
@@ -76,6 +105,9 @@ const std::vector<Driver>& Drivers() {
           .kind = DriverKind::kProtocol,
           .options = null_block::NullOptions::descriptor(),
           .keys = {"size", "latency-ns", "read-zeroes"},
+          .protocol = name,
+          .parse_filename = std::string(name) == "null-co" ? ParseNullCo
+                                                           : ParseNullAio,
       });
     }
     d->push_back(Driver{
@@ -106,6 +138,7 @@ const std::vector<Driver>& Drivers() {
                  "max-write-zero", "opt-discard", "max-discard"},
         .has_file_child = true,
         .file_child_key = "image",
+        .protocol = "blkdebug",
         .parse_filename = blkdebug::ParseBlkdebugFilename,
     });
     d->push_back(Driver{
@@ -559,15 +592,9 @@ io::Task<absl::StatusOr<Opened>> OpenFile(const Driver& driver,
 // resolved it, `format` as stored in the image ("" = probe).
 io::Task<absl::StatusOr<std::unique_ptr<io::BlockNode>>> OpenBacking(
     Context ctx, std::string filename, std::string format) {
-  NodeOptions options;
-  if (absl::StartsWith(filename, "json:")) {
-    CO_ASSIGN_OR_RETURN(options, ParseJsonFilename(filename));
-  } else {
-    NodeOptions& file = options.children["file"];
-    file.values["driver"] = "file";
-    file.values["filename"] = filename;
-  }
-  if (!format.empty()) options.values["driver"] = format;
+  // As a filename on the command line: json:, protocol prefixes.
+  CO_ASSIGN_OR_RETURN(NodeOptions options,
+                      ImageOptions(filename, format, /*image_opts=*/false));
   ++ctx.backing_depth;
   ctx.read_only = ctx.backing_depth != ctx.settings->writable_backing_depth;
   ctx.share_all = false;
@@ -1132,16 +1159,7 @@ absl::Status CheckNodeOptions(const NodeOptions& node, bool read_only,
 }
 
 absl::Status ProtocolOptions(const std::string& filename, NodeOptions* node) {
-  const size_t colon = filename.find(':');
-  if (colon != std::string::npos) {
-    const Driver* d = FindDriver(filename.substr(0, colon));
-    if (d != nullptr && d->parse_filename != nullptr) {
-      node->values["driver"] = d->name;
-      return d->parse_filename(filename, node);
-    }
-  }
-  node->values["driver"] = "file";
-  node->values["filename"] = filename;
+  ASSIGN_OR_RETURN(*node, ProtocolNodeOptions(filename));
   return absl::OkStatus();
 }
 
@@ -1190,15 +1208,62 @@ absl::StatusOr<NodeOptions> ImageOptions(const std::string& filename,
     if (!format.empty()) options.values["driver"] = format;
     return options;
   }
-  if (format == "file") {
-    options.values["driver"] = "file";
-    options.values["filename"] = filename;
-    return options;
+  const Driver* driver = format.empty() ? nullptr : FindDriver(format);
+  if (driver != nullptr && driver->kind == DriverKind::kProtocol) {
+    return ProtocolNodeOptions(filename, driver);
   }
   if (!format.empty()) options.values["driver"] = format;
-  NodeOptions& file = options.children["file"];
-  RETURN_IF_ERROR(ProtocolOptions(filename, &file));
+  if (!format.empty() && driver == nullptr) {
+    // The open reports the unknown driver first.
+    NodeOptions& file = options.children["file"];
+    file.values["driver"] = "file";
+    file.values["filename"] = filename;
+    return options;
+  }
+  ASSIGN_OR_RETURN(options.children["file"], ProtocolNodeOptions(filename));
   return options;
+}
+
+bool HasProtocolPrefix(absl::string_view filename) {
+  const size_t stop = filename.find_first_of(":/");
+  return stop != absl::string_view::npos && filename[stop] == ':';
+}
+
+absl::StatusOr<NodeOptions> ProtocolNodeOptions(absl::string_view filename,
+                                                const Driver* driver) {
+  if (driver == nullptr && HasProtocolPrefix(filename)) {
+    const absl::string_view prefix = filename.substr(0, filename.find(':'));
+    for (const Driver& d : Drivers()) {
+      if (!d.protocol.empty() && d.protocol == prefix) driver = &d;
+    }
+    if (driver == nullptr) {
+      if (std::find(kUnsupportedProtocols.begin(), kUnsupportedProtocols.end(),
+                    prefix) != kUnsupportedProtocols.end()) {
+        return absl::UnimplementedError(
+            absl::StrCat("Protocol '", prefix, "' is not supported yet"));
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat("Unknown protocol '", prefix, "'"));
+    }
+  }
+  if (driver == nullptr) driver = FindDriver("file");
+  NodeOptions node;
+  node.values["driver"] = driver->name;
+  if (driver->parse_filename != nullptr) {
+    RETURN_IF_ERROR(driver->parse_filename(filename, &node));
+  } else {
+    node.values["filename"] = std::string(filename);
+  }
+  return node;
+}
+
+absl::StatusOr<std::string> CreatePath(absl::string_view filename) {
+  if (!HasProtocolPrefix(filename)) return std::string(filename);
+  if (absl::ConsumePrefix(&filename, "file:")) return std::string(filename);
+  ASSIGN_OR_RETURN(NodeOptions node, ProtocolNodeOptions(filename));
+  return absl::UnimplementedError(
+      absl::StrCat("Protocol driver '", node.values["driver"],
+                   "' does not support image creation"));
 }
 
 io::Task<absl::StatusOr<OpenedGraph>> OpenGraph(NodeOptions options,

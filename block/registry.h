@@ -98,12 +98,42 @@ struct Driver {
   bool has_file_child = false;  // formats and filters: the `file` child
   // The key of that child: "file", or "image" for blkdebug.
   std::string file_child_key = "file";
-  // For protocol drivers whose filenames carry options, QEMU's
-  // bdrv_parse_filename ("blkdebug:CONFIG:IMAGE"): fills `node` (whose
-  // driver is this one) from the whole filename. Null: none.
+  // Protocols: QEMU's protocol_name, the prefix that names the driver in a
+  // filename ("file" for "file:x.qcow2", "null-co" for "null-co://").
+  std::string protocol;
+  // Protocols: QEMU's bdrv_parse_filename, filling the node's options from
+  // a filename that names this driver (or is given with -f DRIVER);
+  // kInvalidArgument if the driver refuses it. Null: the filename becomes
+  // the `filename` option.
   absl::Status (*parse_filename)(absl::string_view filename,
                                  NodeOptions* node) = nullptr;
 };
+
+// QEMU's path_has_protocol: a ':' comes before any '/' ("file:x",
+// "a:b.qcow2", not "./a:b.qcow2").
+bool HasProtocolPrefix(absl::string_view filename);
+
+// The options of the protocol node a filename names when protocol prefixes
+// are allowed (a filename on the command line, or a backing file name;
+// never `filename` options, which are taken literally), as QEMU's
+// bdrv_fill_options and bdrv_find_protocol: with `driver` (a protocol, -f
+// file) that driver parses the whole name; else a name with a prefix
+// (HasProtocolPrefix) goes to the registered driver whose `protocol` it is
+// ("file:foo:bar.qcow2" is the file "./foo:bar.qcow2", "null-co://" a
+// null-co node); a name without one is a `file` node. Errors: the driver's
+// parse_filename's; kUnimplemented "Protocol 'nbd' is not supported yet"
+// for protocols QEMU has and imgtool not; kInvalidArgument "Unknown
+// protocol 'foo'" for any other prefix (formats too: "qcow2:x").
+absl::StatusOr<NodeOptions> ProtocolNodeOptions(absl::string_view filename,
+                                                const Driver* driver = nullptr);
+
+// The path of the file to create for an image named `filename` (qemu-img
+// create, convert's and dd's targets), as QEMU's bdrv_create_file: a
+// "file:" prefix is stripped (once: "file:file:x" is the file "file:x");
+// a name without a prefix is the path itself. Errors: kUnimplemented
+// "Protocol driver 'null-co' does not support image creation" for other
+// registered protocols; ProtocolNodeOptions' errors for other prefixes.
+absl::StatusOr<std::string> CreatePath(absl::string_view filename);
 
 // The driver registered under `name`, or null.
 const Driver* FindDriver(absl::string_view name);
@@ -150,14 +180,17 @@ absl::Status CheckNodeOptions(const NodeOptions& node, bool read_only,
 // an --image-opts string (`image_opts`: ParseOptionString with "file" as
 // the implied key, then BuildNodeOptions); a json:{...} filename
 // (ParseJsonFilename; a -f `format` then replaces its driver); or a plain
-// filename: {driver: format, file: {driver: file, filename}}, just
-// {driver: file, filename} for -f file, no driver (probe) without -f.
-// Errors: those of the parsers.
-// The options of the protocol node a plain filename names: a driver's own
-// filename syntax if the name starts with "DRIVER:" and that driver parses
-// filenames (Driver::parse_filename: "blkdebug:CONFIG:IMAGE"), else
-// {driver: file, filename}. Errors: the driver's parse_filename's.
+// filename: {driver: format, file: ProtocolNodeOptions(filename)}, just
+// ProtocolNodeOptions(filename, format) when -f names a protocol (-f file,
+// -f null-co), no driver (probe) without -f. Errors: those of the parsers
+// and of ProtocolNodeOptions.
+//
+// ProtocolOptions: the same as ProtocolNodeOptions(filename), into `node`.
 absl::Status ProtocolOptions(const std::string& filename, NodeOptions* node);
+
+absl::StatusOr<NodeOptions> ImageOptions(const std::string& filename,
+                                         const std::string& format,
+                                         bool image_opts);
 
 // Puts `filename` where QEMU 7.2 puts a filename given beside the options
 // of a node whose driver is set (qemu-io's `open -o driver=...,... FILE`;
@@ -170,10 +203,6 @@ absl::Status ProtocolOptions(const std::string& filename, NodeOptions* node);
 // driver, as ProtocolOptions). Keys already set stay; a node without a
 // driver, or with an unknown one, is left alone. Errors: parse_filename's.
 absl::Status PlaceFilename(const std::string& filename, NodeOptions* node);
-
-absl::StatusOr<NodeOptions> ImageOptions(const std::string& filename,
-                                         const std::string& format,
-                                         bool image_opts);
 
 // What every node of one graph is opened with (the command's settings).
 // Options of a node can tighten them for its subtree: read-only=on,

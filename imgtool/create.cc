@@ -20,6 +20,7 @@
 #include "base/options.h"
 #include "base/size.h"
 #include "base/status_macros.h"
+#include "block/registry.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
 #include "imgtool/qcow2_create.h"
@@ -301,6 +302,12 @@ absl::Status RunCreate(const std::vector<std::string>& args, Streams streams) {
   // From here on qemu-img names the file in every error.
   if (absl::Status st = CheckFormat(format, /*for_create=*/true); !st.ok()) {
     return Named(filename, st);
+  }
+  // The protocol (prefix) is checked before anything is printed, as
+  // bdrv_img_create does.
+  if (absl::StatusOr<std::string> path = block::CreatePath(filename);
+      !path.ok()) {
+    return Named(filename, path.status());
   }
   if (format == "qcow2") {
     return CreateQcow2Image(filename, option_texts, size, backing_file,

@@ -17,6 +17,7 @@
 #include "base/options.h"
 #include "base/size.h"
 #include "base/status_macros.h"
+#include "block/registry.h"
 #include "imgtool/command.h"
 #include "io/engine.h"
 #include "io/task.h"
@@ -199,9 +200,12 @@ std::string Qcow2OptionHelp(bool with_protocol) {
   return text;
 }
 
-absl::Status CreateImageFile(const std::string& filename,
-                             const posix_file::FileCreateOptions& options,
-                             std::ostream& err) {
+namespace {
+
+// CreateImageFile at the path itself (no protocol prefix left).
+absl::Status CreateImageFileAt(const std::string& filename,
+                               const posix_file::FileCreateOptions& options,
+                               std::ostream& err) {
   std::ostringstream warnings;
   absl::Status st = posix_file::CreateFile(filename, options, &warnings);
   PrintWarnings(warnings.str(), err);
@@ -218,9 +222,20 @@ absl::Status CreateImageFile(const std::string& filename,
                                    "': ", std::strerror(error_number)));
 }
 
-absl::Status CreateQcow2File(const std::string& filename,
+}  // namespace
+
+absl::Status CreateImageFile(const std::string& filename,
+                             const posix_file::FileCreateOptions& options,
+                             std::ostream& err) {
+  ASSIGN_OR_RETURN(std::string path, block::CreatePath(filename));
+  return CreateImageFileAt(path, options, err);
+}
+
+absl::Status CreateQcow2File(const std::string& name,
                              const Qcow2CreateValues& values,
                              std::ostream& err) {
+  // "file:x.qcow2" is the file x.qcow2 (QEMU's bdrv_create_file).
+  ASSIGN_OR_RETURN(const std::string filename, block::CreatePath(name));
   // The file protocol's options, checked before the file is touched.
   posix_file::FileCreateOptions file_options;
   file_options.set_size(0);
@@ -301,7 +316,7 @@ absl::Status CreateQcow2File(const std::string& filename,
         "Parameter 'backing-fmt' does not accept value '", fmt, "'"));
   }
 
-  RETURN_IF_ERROR(CreateImageFile(filename, file_options, err));
+  RETURN_IF_ERROR(CreateImageFileAt(filename, file_options, err));
   if (!late_error.has_value()) {
     absl::StatusOr<qcow2::CheckedCreateOptions> checked =
         qcow2::CheckCreateOptions(options);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Oracle test for the small drivers (null-co/null-aio, raw's offset and
-# size, ...) against qemu-img
+# size, protocol prefixes in file names, ...) against qemu-img
 # and qemu-io 7.2 on the same files: the same stdout, stderr and exit
 # status (qemu-io's timing lines removed), and the same files afterwards.
 # Usage: drivers_oracle_test.sh PATH_TO_IMGTOOL
@@ -140,5 +140,48 @@ same_io raw4k -c 'write 2047 1' -c 'write 2047 2' -c 'write 2048 1' \
 same_io raw4k -c map -c 'alloc 0 2k' -c length "$J512"
 same_io raw4k -c 'write -P 0x0d 0 1k' -c 'read -P 0x0d 0 1k' \
   'json:{"driver":"raw","offset":"10","file":{"driver":"file","filename":"t.raw"}}'
+
+echo "== protocol prefixes"
+prefix_files() {
+  qemu-img create -q -f qcow2 x.qcow2 1M
+  mkdir -p sub
+  cp x.qcow2 sub/x.qcow2
+  cp x.qcow2 a:b.qcow2
+  qemu-img create -q -f qcow2 base.qcow2 1M
+}
+(cd "$D" && prefix_files)
+for f in file:x.qcow2 "file:$D/x.qcow2" file:sub/x.qcow2 file:./x.qcow2 \
+  foo:bar.qcow2 a:b.qcow2 file:a:b.qcow2 ./a:b.qcow2 qcow2:x.qcow2 \
+  raw:x.qcow2 null-co:x null-co:// null-aio:// file: file:file:x.qcow2; do
+  same_output "$D" info "$f"
+  same_output "$D" info --output=json "$f"
+done
+for f in "-f qcow2 file:x.qcow2" "-f raw null-co://" "-f null-co null-co://" \
+  "-f null-aio null-co://" "-f file file:x.qcow2" "-f file null-co://" \
+  "-f null-co x.qcow2"; do
+  same_output "$D" info $f
+done
+same_output "$D" map --output=json file:a:b.qcow2
+same_output "$D" compare file:x.qcow2 file:sub/x.qcow2
+for f in file:a:b.qcow2 file:file:x.qcow2 foo:x a:b.qcow2 null-co:// \
+  file:sub/c.qcow2 file:nonexist/c.qcow2; do
+  same_effect prefix_files create -f qcow2 "$f" 1M
+  same_effect prefix_files create -f raw "$f" 1M
+done
+same_effect prefix_files create -f qcow2 -b base.qcow2 -F qcow2 file:image:top.qcow2
+same_effect prefix_files create -f qcow2 -b file:base.qcow2 -F qcow2 top.qcow2
+same_effect prefix_files create -f qcow2 -b foo:base.qcow2 -F qcow2 top.qcow2
+same_effect prefix_files create -f qcow2 -u -b foo:base.qcow2 -F qcow2 top.qcow2 1M
+with_top() {
+  prefix_files
+  qemu-img create -q -f qcow2 -b file:base.qcow2 -F qcow2 top.qcow2
+  qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 file:image:top.qcow2
+}
+(cd "$D" && with_top)
+same_output "$D" info top.qcow2
+same_output "$D" info --output=json file:image:top.qcow2
+same_output "$D" map --output=json top.qcow2
+same_io prefix_files -c 'write -P 1 0 64k' -c 'read -P 1 0 64k' file:a:b.qcow2
+same_io no_files -f null-co -c 'read -P 0 0 4k' -c 'write 0 4k' 'json:{"driver":"null-co","read-zeroes":true}'
 
 finish
