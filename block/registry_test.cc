@@ -99,8 +99,11 @@ TEST(RegistryTest, BlkdebugFilenamesNameTheirProtocolNode) {
   EXPECT_EQ(ImageOptions("blkdebug:x.qcow2", "", false).status().message(),
             "blkdebug requires both config file and image path");
   // Not a driver that parses filenames: a plain file name.
-  NodeOptions plain = *ImageOptions("foo:x.qcow2", "", false);
-  EXPECT_EQ(plain.children.at("file").values.at("filename"), "foo:x.qcow2");
+  // A prefix no protocol has: QEMU's "Unknown protocol 'foo'".
+  EXPECT_EQ(ImageOptions("foo:x.qcow2", "", false).status().message(),
+            "Unknown protocol 'foo'");
+  NodeOptions plain = *ImageOptions("./foo:x.qcow2", "", false);
+  EXPECT_EQ(plain.children.at("file").values.at("filename"), "./foo:x.qcow2");
 }
 
 TEST(RegistryTest, PlaceFilenameGoesDownToTheProtocolNode) {
