@@ -472,13 +472,12 @@ bool IsNullBacking(const NodeOptions& node) {
 absl::Status CheckUnsupportedKeys(const Driver& driver,
                                   const NodeOptions& node, bool no_backing,
                                   std::vector<std::string>* consumed) {
-  if (IsNullBacking(node)) {
+  if (IsNullBacking(node) ||
+      (driver.name == "qcow2" && !no_backing &&
+       (node.values.count("backing") != 0 ||
+        node.children.count("backing") != 0))) {
+    // `backing=NODE` and `backing.*` are taken by OpenQcow2.
     consumed->push_back("backing");
-  } else if (driver.name == "qcow2" && !no_backing &&
-      (node.values.count("backing") != 0 ||
-       node.children.count("backing") != 0)) {
-    return absl::UnimplementedError(
-        "Block format 'qcow2' option 'backing' is not supported yet");
   }
   // qcow2's encryption options name a secret (--object secret,id=...):
   // one that was never defined is QEMU's error; a defined one still cannot
@@ -588,13 +587,63 @@ io::Task<absl::StatusOr<Opened>> OpenFile(const Driver& driver,
   co_return out;
 }
 
+// Lays the values and children of `over` over `base` (values of `over`
+// win).
+void MergeOptions(const NodeOptions& over, NodeOptions* base) {
+  for (const auto& [key, value] : over.values) base->values[key] = value;
+  for (const std::string& key : over.bare) base->bare.insert(key);
+  for (const auto& [key, child] : over.children) {
+    MergeOptions(child, &base->children[key]);
+  }
+}
+
+// What a qcow2 node's options say about its backing file: `backing=NODE`
+// (a node reference) and the `backing.*` subtree.
+struct BackingOverrides {
+  std::optional<std::string> reference;
+  std::optional<NodeOptions> options;
+};
+
 // Opens a backing file of a qcow2 node: `filename` as the qcow2 node
-// resolved it, `format` as stored in the image ("" = probe).
+// resolved it, `format` as stored in the image ("" = probe), with the
+// node's backing options as QEMU 7.2's bdrv_open_backing_file takes them:
+// a reference names a node ("Cannot find device='x' nor node-name='x'":
+// imgtool opens no node outside the graph); `backing.*` options are laid
+// over the stored name and format (the driver from the image's backing
+// format unless given, the name placed as block::PlaceFilename places it),
+// or replace the stored name if they give `file.filename`.
 io::Task<absl::StatusOr<std::unique_ptr<io::BlockNode>>> OpenBacking(
-    Context ctx, std::string filename, std::string format) {
-  // As a filename on the command line: json:, protocol prefixes.
-  CO_ASSIGN_OR_RETURN(NodeOptions options,
-                      ImageOptions(filename, format, /*image_opts=*/false));
+    Context ctx, std::string filename, std::string format,
+    BackingOverrides overrides) {
+  if (overrides.reference.has_value()) {
+    co_return NodeReferenceError(*overrides.reference);
+  }
+  NodeOptions options;
+  const NodeOptions* given =
+      overrides.options.has_value() ? &*overrides.options : nullptr;
+  const bool named_by_options =
+      given != nullptr && given->children.count("file") != 0 &&
+      given->children.at("file").values.count("filename") != 0;
+  if (named_by_options) {
+    options = *given;
+  } else if (given == nullptr || absl::StartsWith(filename, "json:")) {
+    // As a filename on the command line: json:, protocol prefixes.
+    CO_ASSIGN_OR_RETURN(options,
+                        ImageOptions(filename, format, /*image_opts=*/false));
+    if (given != nullptr) MergeOptions(*given, &options);
+  } else {
+    options = *given;
+    if (!format.empty()) options.values.try_emplace("driver", format);
+    if (options.values.count("driver") != 0) {
+      CO_RETURN_IF_ERROR(PlaceFilename(filename, &options));
+    } else {
+      CO_ASSIGN_OR_RETURN(NodeOptions protocol, ProtocolNodeOptions(filename));
+      NodeOptions& file = options.children["file"];
+      for (auto& [key, value] : protocol.values) {
+        file.values.try_emplace(key, value);
+      }
+    }
+  }
   ++ctx.backing_depth;
   ctx.read_only = ctx.backing_depth != ctx.settings->writable_backing_depth;
   ctx.share_all = false;
@@ -616,12 +665,22 @@ io::Task<absl::StatusOr<Opened>> OpenQcow2(const Driver& driver,
     return qcow2::RebuildRefcounts(f, err);
   };
   qcow2::BackingOpener opener;
+  BackingOverrides overrides;
+  bool backing_opened = false;  // backing files are opened (opener set)
   if (!ctx.settings->no_backing && !IsNullBacking(node)) {
+    if (auto it = node.values.find("backing"); it != node.values.end()) {
+      overrides.reference = it->second;
+    }
+    if (auto it = node.children.find("backing"); it != node.children.end()) {
+      overrides.options = it->second;
+    }
     Context backing = ctx;
     backing.ancestors.insert(backing.ancestors.end(), child.files.begin(),
                              child.files.end());
-    opener = [backing](std::string filename, std::string format) {
-      return OpenBacking(backing, std::move(filename), std::move(format));
+    backing_opened = true;
+    opener = [backing, overrides](std::string filename, std::string format) {
+      return OpenBacking(backing, std::move(filename), std::move(format),
+                         overrides);
     };
   }
   Opened out = Over(driver, child);
@@ -649,6 +708,39 @@ io::Task<absl::StatusOr<Opened>> OpenQcow2(const Driver& driver,
     // file as it is). Unmarked hole tails stay, as in QEMU.
     absl::StatusOr<uint64_t> used_end = co_await q->RefcountedEnd();
     if (used_end.ok()) grows->AdoptHoleTail(*used_end);
+  }
+  if (q->backing() == nullptr && backing_opened &&
+      (overrides.reference.has_value() || overrides.options.has_value())) {
+    // Backing options on an image without a backing file: QEMU opens them
+    // as the backing node; imgtool's qcow2 node only takes the backing
+    // file its header names.
+    absl::Status closed = co_await q->Close();
+    closed.IgnoreError();  // the option error is the one to report
+    if (overrides.reference.has_value()) {
+      co_return absl::InvalidArgumentError(absl::StrCat(
+          "Could not open backing file: ",
+          NodeReferenceError(*overrides.reference).message()));
+    }
+    const NodeOptions& given = *overrides.options;
+    const bool has_file =
+        given.children.count("file") != 0 || given.values.count("file") != 0;
+    auto driver_it = given.values.find("driver");
+    const Driver* backing_driver =
+        driver_it == given.values.end() ? nullptr
+                                        : FindDriver(driver_it->second);
+    if (driver_it == given.values.end() && !has_file) {
+      co_return absl::InvalidArgumentError(
+          "Could not open backing file: Must specify either driver or file");
+    }
+    if (backing_driver != nullptr &&
+        backing_driver->kind != DriverKind::kProtocol && !has_file) {
+      co_return absl::InvalidArgumentError(
+          "Could not open backing file: A block device must be specified "
+          "for \"file\"");
+    }
+    co_return absl::UnimplementedError(
+        "Block format 'qcow2' option 'backing' is not supported yet on an "
+        "image without a backing file");
   }
   out.qcow2 = q.get();
   out.qcow2_below = q.get();

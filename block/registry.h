@@ -47,8 +47,16 @@
 // no --object defined ID (block/objects.h), else kUnimplemented (imgtool
 // has no qcow2 encryption).
 // `backing=` (QEMU's deprecated form of "backing": null, with its warning)
-// opens a qcow2 node without its backing file; other backing overrides are
-// kUnimplemented (unknown options when backing files are not opened).
+// opens a qcow2 node without its backing file. `backing.*` options (e.g.
+// backing.driver=qcow2, backing.node-name=base, backing.file.filename=b)
+// are laid over the backing file the image names, as QEMU 7.2's
+// bdrv_open_backing_file does (a `file.filename` among them replaces the
+// stored name); `backing=NODE` is "Could not open backing file: Cannot
+// find device='NODE' nor node-name='NODE'". On an image without a backing
+// file, backing options without a file child fail as QEMU's ("A block
+// device must be specified for "file""), others are kUnimplemented. When
+// backing files are not opened (OpenSettings::no_backing) they are
+// unknown options.
 // As in QEMU, a child's errors come before its parent's, value errors before
 // the driver's open errors, and unknown keys are reported after the node
 // opened (then it is closed again).

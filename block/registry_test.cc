@@ -511,10 +511,22 @@ TEST_F(OpenGraphTest, OpensBackingChainsThroughTheRegistry) {
   EXPECT_EQ(alone->node->backing(), nullptr);
   EXPECT_TRUE(io::RunSync(*engine_, alone->node->Close()).ok());
 
-  // Overriding the backing file is not implemented yet.
+  // backing.* options override the stored backing file (QEMU's
+  // bdrv_open_backing_file); backing=NODE names a node.
+  absl::StatusOr<OpenedGraph> raw = Open("driver=qcow2,file.filename=" +
+                                         overlay_ + ",backing.file.filename=" +
+                                         raw_ + ",backing.driver=raw");
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  ASSERT_NE(raw->node->backing(), nullptr);
+  EXPECT_EQ(raw->node_names.at(raw->node->backing()), raw_);
+  EXPECT_TRUE(io::RunSync(*engine_, raw->node->Close()).ok());
+  EXPECT_EQ(Result("driver=qcow2,file.filename=" + overlay_ + ",backing=x"),
+            "Could not open backing file: Cannot find device='x' nor "
+            "node-name='x'");
   EXPECT_EQ(Result("driver=qcow2,file.filename=" + overlay_ +
-                   ",backing.file.filename=" + raw_),
-            "Block format 'qcow2' option 'backing' is not supported yet");
+                   ",backing.foo=1"),
+            "Could not open backing file: Block format 'qcow2' does not "
+            "support the option 'foo'");
 }
 
 TEST_F(OpenGraphTest, EmptyBackingOpensWithoutBackingFile) {

@@ -134,6 +134,30 @@ same_io chain -c 'open -o driver=copy-on-read,file.driver=qcow2,foo=1 top.qcow2'
 same_io chain -c 'open -o driver=copy-on-read,file.driver=qcow2 top.qcow2' \
   -c 'truncate 2M' -c 'length'
 
+echo "== bottom"
+same_io chain3 -c 'open -o driver=copy-on-read,file.driver=qcow2,file.backing.node-name=mid,bottom=mid top.qcow2' \
+  -c 'read -q 0 1M' -c map
+same_io chain3 -c 'open -o driver=copy-on-read,file.driver=qcow2,file.backing.backing.node-name=base,bottom=base top.qcow2' \
+  -c 'read -q 32k 256k' -c map
+same_io chain3 -c 'open -o driver=copy-on-read,file.driver=qcow2,file.backing.node-name=mid,bottom=mid top.qcow2' \
+  -c 'read -q 100k 1k' -c 'read -q 0 4k' -c map
+
+echo "== backing options"
+plain() { mk n.qcow2 1M; }
+for o in backing=foo backing.driver=qcow2,backing.node-name=foo \
+  backing.driver=raw backing.file.filename=mid.qcow2 \
+  backing.driver=qcow2,backing.file.filename=base.qcow2 backing.foo=1 \
+  backing.driver=qcow2,backing.backing.driver=raw backing= backing.driver=foo; do
+  same_io chain3 -c "open -o $o top.qcow2" -c 'read -q -P 2 64k 64k' -c map
+done
+same_io chain3 --image-opts -c 'read -q -P 1 0 4k' \
+  driver=qcow2,file.filename=top.qcow2,backing.driver=qcow2,backing.backing.node-name=b
+same_io chain3 -c 'read -q -P 2 128k 4k' \
+  'json:{"driver":"qcow2","file":{"filename":"top.qcow2"},"backing":{"driver":"qcow2","node-name":"x"}}'
+for o in backing=foo backing.driver=qcow2 backing.foo=1; do
+  same_io plain -c "open -o $o n.qcow2"
+done
+
 echo "== cor_write through blkdebug"
 # The cluster at 1M+64k is copied; a rule on sector 2048 (1M) never fires
 # because the allocated cluster at 1M is not written again.
