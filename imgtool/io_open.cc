@@ -354,10 +354,7 @@ bool Session::CmdOpen(const CommandDef& def, std::vector<std::string>& words) {
 }
 
 bool Session::CmdClose(const CommandDef&, std::vector<std::string>&) {
-  if (absl::Status st = Close(); !st.ok()) {
-    Error(WithoutFilename(st, current_.spec.filename));
-    return false;
-  }
+  Close();
   return true;
 }
 
@@ -465,10 +462,7 @@ bool Session::CmdReopen(const CommandDef& def,
   r.spec.format.clear();
   r.spec.image_opts = true;
   const OpenRequest old = current_;
-  if (absl::Status st = Close(); !st.ok()) {
-    Error(WithoutFilename(st, old.spec.filename));
-    return false;
-  }
+  Close();
   absl::Status st = Open(r);
   if (st.ok()) return true;
   absl::string_view cause = st.message();

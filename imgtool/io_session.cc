@@ -153,15 +153,24 @@ bool Session::Execute(const std::string& line) {
   return !quit_;
 }
 
-absl::Status Session::Close() {
-  if (image_.node == nullptr) return absl::OkStatus();
+void Session::Close() {
+  if (image_.node == nullptr) return;
   DrainAio();
   streams_.out.flush();
+  const std::string filename = current_.spec.filename;
   absl::Status st = CloseImage(image_);
   image_ = OpenedImage();
   driver_dropped_ = false;
   corruption_reported_ = false;
-  return st;
+  if (!st.ok()) {
+    for (absl::string_view line :
+         absl::StrSplit(WithoutFilename(st, filename), '\n')) {
+      Error(line);
+    }
+    // QEMU's stderr is unbuffered: these lines go out before any output a
+    // pipe still holds.
+    err().flush();
+  }
 }
 
 std::string Session::FailureText(const absl::Status& status) {

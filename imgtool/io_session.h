@@ -144,8 +144,11 @@ class Session {
   bool Execute(const std::string& line);
 
   // Waits for the aio requests, prints their completions and closes the
-  // image (if one is open); returns the close error.
-  absl::Status Close();
+  // image (if one is open). As qemu-io, a close never fails: what went
+  // wrong is reported on stderr, one "qemu-io: " line per line of the
+  // error (QEMU's error_report calls in the drivers' close, e.g. qcow2's
+  // "Failed to flush the L2 table cache: ..."), and nothing else changes.
+  void Close();
 
   // --image-opts on the command line: `open PATH` then parses PATH as
   // options, and `open -o` is refused.

@@ -164,6 +164,23 @@ const char* PreallocModeName(PreallocMode mode) {
   return "off";
 }
 
+namespace {
+
+// Counts a write-type request as finished when it leaves scope, whatever
+// its outcome (block/io.c's bdrv_co_write_req_finish bumps write_gen).
+class GenerationBump {
+ public:
+  explicit GenerationBump(uint64_t* generation) : generation_(generation) {}
+  GenerationBump(const GenerationBump&) = delete;
+  GenerationBump& operator=(const GenerationBump&) = delete;
+  ~GenerationBump() { ++*generation_; }
+
+ private:
+  uint64_t* generation_;
+};
+
+}  // namespace
+
 Task<absl::Status> BlockNode::Read(uint64_t offset, IoVec buf) {
   if (Overflows(offset, buf.size())) {
     co_return absl::OutOfRangeError(absl::StrFormat(
@@ -188,6 +205,7 @@ Task<absl::Status> BlockNode::Write(uint64_t offset, ConstIoVec data) {
   if (RaisesWriteEvents()) co_return co_await DoWrite(offset, data);
   // block/io.c's bdrv_aligned_pwritev raises these on the node written.
   co_await DebugEvent(BlkdebugEvent::kPwritev);
+  const GenerationBump bump(&write_generation_);
   absl::Status st = co_await DoWrite(offset, data);
   co_await DebugEvent(BlkdebugEvent::kPwritevDone);
   co_return st;
@@ -206,6 +224,7 @@ Task<absl::Status> BlockNode::WriteZeroes(uint64_t offset, uint64_t length,
   }
   if (length == 0) co_return absl::OkStatus();
   co_await DebugEvent(BlkdebugEvent::kPwritevZero);
+  const GenerationBump bump(&write_generation_);
   absl::Status st = co_await DoWriteZeroes(offset, length, flags);
   if (!absl::IsUnimplemented(st) || flags.no_fallback) {
     co_await DebugEvent(BlkdebugEvent::kPwritevDone);
@@ -233,16 +252,23 @@ Task<absl::Status> BlockNode::Discard(uint64_t offset, uint64_t length) {
         length, offset));
   }
   if (length == 0) co_return absl::OkStatus();
+  const GenerationBump bump(&write_generation_);
   co_return co_await DoDiscard(offset, length);
 }
 
 Task<absl::Status> BlockNode::Flush() {
-  // bdrv_co_flush raises these on the node's primary child.
+  const uint64_t generation = write_generation_;
+  // bdrv_co_flush raises these on the node's primary child, flush_to_disk
+  // only if the node was written since its last successful flush.
   if (BlockNode* child = primary_child(); child != nullptr) {
     co_await child->DebugEvent(BlkdebugEvent::kFlushToOs);
-    co_await child->DebugEvent(BlkdebugEvent::kFlushToDisk);
+    if (generation != flushed_generation_) {
+      co_await child->DebugEvent(BlkdebugEvent::kFlushToDisk);
+    }
   }
-  co_return co_await DoFlush();
+  absl::Status st = co_await DoFlush();
+  if (st.ok()) flushed_generation_ = std::max(flushed_generation_, generation);
+  co_return st;
 }
 
 Task<absl::Status> BlockNode::Truncate(uint64_t size, PreallocMode prealloc) {
@@ -258,6 +284,7 @@ Task<absl::Status> BlockNode::Truncate(uint64_t size, PreallocMode prealloc) {
     co_return absl::InvalidArgumentError(
         "Preallocation can only be used for growing images");
   }
+  const GenerationBump bump(&write_generation_);
   co_return co_await DoTruncate(size, prealloc);
 }
 

@@ -164,7 +164,9 @@ class BlockNode {
   Task<absl::Status> Discard(uint64_t offset, uint64_t length);
 
   // Makes completed writes durable (fdatasync for files). Raises
-  // flush_to_os and flush_to_disk on primary_child() first (bdrv_co_flush).
+  // flush_to_os on primary_child() first, and flush_to_disk there too if
+  // this node was written since its last successful flush (bdrv_co_flush's
+  // write_gen/flushed_gen).
   Task<absl::Status> Flush();
 
   // Sets the length to `size`. Growing backs the new range per `prealloc`;
@@ -259,6 +261,14 @@ class BlockNode {
   BlockNode(std::string filename, bool read_only)
       : filename_(std::move(filename)), read_only_(read_only) {}
 
+  // Whether a write, zero write, discard or truncate of this node finished
+  // (with any outcome) since the start of its last successful Flush (QEMU's
+  // write_gen != flushed_gen). A driver whose flush has nothing to do
+  // otherwise (blkdebug's rule check) looks at it in DoFlush.
+  bool WrittenSinceFlush() const {
+    return write_generation_ != flushed_generation_;
+  }
+
   virtual Task<absl::Status> DoRead(uint64_t offset, IoVec buf) = 0;
   virtual Task<absl::Status> DoWrite(uint64_t offset, ConstIoVec data) = 0;
   virtual Task<absl::Status> DoWriteZeroes(uint64_t offset, uint64_t length,
@@ -275,6 +285,8 @@ class BlockNode {
 
   std::string filename_;
   bool read_only_;
+  uint64_t write_generation_ = 0;    // write-type requests finished
+  uint64_t flushed_generation_ = 0;  // write_generation_ at the last flush
 };
 
 }  // namespace imgtool::io

@@ -58,7 +58,33 @@ class MetadataIo {
   virtual io::Task<absl::Status> BeforeAllocate() = 0;
   // Current length of the image file in bytes.
   virtual uint64_t FileSize() const = 0;
+  // Raises a debug event on the image file (QEMU's BLKDBG_EVENT(bs->file,
+  // event)); co_await it. Default: nothing handles it.
+  virtual io::DebugEventAwaitable FileDebugEvent(io::BlkdebugEvent event) {
+    (void)event;
+    return io::DebugEventAwaitable();
+  }
 };
+
+// ReadMetadata / WriteMetadata after raising `event` on the file (the
+// table caches' loads and write-backs, as QEMU's qcow2_cache_do_get and
+// qcow2_cache_entry_flush: l2_load on an L2 table read, l2_update and
+// refblock_update_part on a write-back).
+inline io::Task<absl::Status> ReadMetadataAfter(MetadataIo& io,
+                                                io::BlkdebugEvent event,
+                                                uint64_t offset,
+                                                io::IoVec buf) {
+  co_await io.FileDebugEvent(event);
+  co_return co_await io.ReadMetadata(offset, buf);
+}
+inline io::Task<absl::Status> WriteMetadataAfter(MetadataIo& io,
+                                                 io::BlkdebugEvent event,
+                                                 uint64_t offset,
+                                                 io::ConstIoVec data,
+                                                 uint32_t ignore) {
+  co_await io.FileDebugEvent(event);
+  co_return co_await io.WriteMetadata(offset, data, ignore);
+}
 
 }  // namespace imgtool::qcow2
 

@@ -112,34 +112,57 @@ io::Task<absl::StatusOr<TableCache::Ref>> Qcow2Node::GetL2ForWrite(
   if (old != 0 && (raw & format::kCopiedFlag) != 0) {
     co_return co_await LoadL2(index);
   }
-  // A new table, or a private copy of a shared one (refcount > 1).
-  TableCache::Ref old_table;
-  if (old != 0) {
-    CO_ASSIGN_OR_RETURN(old_table, co_await LoadL2(index));
-  }
+  // A new table, or a private copy of a shared one (refcount > 1), in
+  // QEMU 7.2's order (l2_allocate, then get_cluster_table frees the old
+  // table): allocate, write the refcounts, fill the table (l2_alloc_cow_read
+  // before reading the old one), l2_alloc_write, write the table, then the
+  // L1 entry. On failure after the allocation the L1 entry is restored and
+  // the new cluster freed, as l2_allocate's fail path does.
   CO_ASSIGN_OR_RETURN(const uint64_t table, co_await refcounts_->Allocate(cluster_size_));
   if (table == 0) {
     co_return co_await SignalCorruption(
         "Preventing invalid allocation of L2 table at offset 0");
   }
-  // Its refcount goes to disk before anything uses the cluster.
-  CO_RETURN_IF_ERROR(co_await refcounts_->WriteDirty());
-  CO_RETURN_IF_ERROR(co_await SyncFile());
-  CO_ASSIGN_OR_RETURN(TableCache::Ref ref, co_await l2_cache_->GetEmpty(table));
-  if (old_table) {
-    std::memcpy(ref.data().data(), old_table.data().data(), cluster_size_);
-    old_table.reset();
+  TableCache::Ref ref;
+  absl::Status st = co_await [&]() -> io::Task<absl::Status> {
+    // Its refcount goes to disk before anything uses the cluster.
+    CO_RETURN_IF_ERROR(co_await refcounts_->WriteDirty());
+    CO_RETURN_IF_ERROR(co_await SyncFile());
+    CO_ASSIGN_OR_RETURN(ref, co_await l2_cache_->GetEmpty(table));
+    if (old != 0) {
+      co_await file_->DebugEvent(io::BlkdebugEvent::kL2AllocCowRead);
+      CO_ASSIGN_OR_RETURN(TableCache::Ref old_table, co_await LoadL2(index));
+      std::memcpy(ref.data().data(), old_table.data().data(), cluster_size_);
+    }
+    co_await file_->DebugEvent(io::BlkdebugEvent::kL2AllocWrite);
+    CO_RETURN_IF_ERROR(co_await l2_cache_->WriteOne(table));
+    CO_RETURN_IF_ERROR(co_await SyncFile());
+    l1_[index] = table | format::kCopiedFlag;
+    co_return co_await WriteL1Entry(index);
+  }();
+  if (!st.ok()) {
+    l1_[index] = raw;
+    ref.reset();
+    if (broken_.ok()) {
+      // Freed with QCOW2_DISCARD_ALWAYS: the cluster is discarded in the
+      // file once its refcount is 0. Errors: QEMU only reports them; the
+      // request's error counts.
+      absl::Status undo = co_await refcounts_->Free(table, cluster_size_);
+      absl::StatusOr<uint64_t> rc = co_await refcounts_->Get(table >> cluster_bits_);
+      if (undo.ok() && rc.ok() && *rc == 0) {
+        absl::Status d = co_await file_->Discard(table, cluster_size_);
+        (void)d;
+      }
+    }
+    co_return st;
   }
-  // The table, then the L1 entry pointing to it.
-  CO_RETURN_IF_ERROR(co_await l2_cache_->WriteOne(table));
-  CO_RETURN_IF_ERROR(co_await SyncFile());
-  l1_[index] = table | format::kCopiedFlag;
-  CO_RETURN_IF_ERROR(co_await WriteL1Entry(index));
   l2_offsets_.insert(table);
   if (old != 0) {
     l2_offsets_.erase(old);
-    // The L1 entry no longer points to it on disk.
-    CO_RETURN_IF_ERROR(co_await refcounts_->Free(old, cluster_size_));
+    // The L1 entry no longer points to it on disk; as QEMU, a failure to
+    // free it only leaks the cluster.
+    absl::Status freed = co_await refcounts_->Free(old, cluster_size_);
+    (void)freed;
   }
   co_return ref;
 }
@@ -386,8 +409,33 @@ io::Task<absl::Status> Qcow2Node::CheckFreeOrFail(const format::L2Entry& e) {
 
 // ---- Reads --------------------------------------------------------------------
 
+io::Task<absl::Status> Qcow2Node::WriteData(uint64_t host,
+                                            io::ConstIoVec data) {
+  co_await file_->DebugEvent(io::BlkdebugEvent::kWriteAio);
+  co_return co_await file_->Write(host, data);
+}
+
+io::Task<absl::Status> Qcow2Node::WriteMergedCow(uint64_t host,
+                                                  io::ConstIoVec data) {
+  co_await file_->DebugEvent(io::BlkdebugEvent::kWriteAio);
+  co_await file_->DebugEvent(io::BlkdebugEvent::kCowWrite);
+  co_return co_await file_->Write(host, data);
+}
+
+io::Task<absl::Status> Qcow2Node::CowRead(const format::L2Entry& old,
+                                          uint64_t offset, io::IoVec buf) {
+  if (buf.empty()) co_return absl::OkStatus();
+  co_await file_->DebugEvent(io::BlkdebugEvent::kCowRead);
+  co_return co_await ReadOldContents(old, offset, buf);
+}
+
 io::Task<absl::Status> Qcow2Node::ReadBacking(uint64_t offset, io::IoVec buf) {
   uint64_t n = 0;
+  // Raised whenever there is a backing file, even past its end, as
+  // qcow2_co_preadv_task does.
+  if (backing_ != nullptr) {
+    co_await file_->DebugEvent(io::BlkdebugEvent::kReadBackingAio);
+  }
   if (backing_ != nullptr && offset < backing_->size()) {
     n = std::min<uint64_t>(buf.size(), backing_->size() - offset);
     CO_RETURN_IF_ERROR(co_await backing_->Read(offset, buf.first(n)));
@@ -402,6 +450,7 @@ io::Task<absl::Status> Qcow2Node::ReadCompressed(uint64_t l2_word,
   const format::CompressedDescriptor d =
       format::DecodeCompressedDescriptor(l2_word, cluster_bits_);
   std::vector<uint8_t> src(d.size());
+  co_await file_->DebugEvent(io::BlkdebugEvent::kReadCompressed);
   CO_RETURN_IF_ERROR(co_await file_->Read(d.host_offset, io::IoVec(src)));
   std::vector<uint8_t> cluster(cluster_size_);
   absl::Status st = DecompressCluster(header_.compression_type, src,
@@ -445,6 +494,7 @@ io::Task<absl::Status> Qcow2Node::ReadGuest(uint64_t offset, io::IoVec buf) {
         std::fill(part.begin(), part.end(), 0);
         break;
       case ClusterType::kNormal:
+        co_await file_->DebugEvent(io::BlkdebugEvent::kReadAio);
         st = co_await file_->Read(m.host_offset, part);
         break;
       case ClusterType::kCompressed:
@@ -477,6 +527,7 @@ io::Task<absl::Status> Qcow2Node::ReadOldContents(const format::L2Entry& old,
       io::IoVec piece = buf.first(n);
       switch (format::GetSubclusterType(old, sc, l2_format_)) {
         case format::SubclusterType::kNormal:
+          co_await file_->DebugEvent(io::BlkdebugEvent::kReadAio);
           CO_RETURN_IF_ERROR(co_await file_->Read(old.host_offset() + pos, piece));
           break;
         case format::SubclusterType::kZeroPlain:
@@ -506,6 +557,7 @@ io::Task<absl::Status> Qcow2Node::ReadOldContents(const format::L2Entry& old,
       std::fill(buf.begin(), buf.end(), 0);
       co_return absl::OkStatus();
     case ClusterType::kNormal:
+      co_await file_->DebugEvent(io::BlkdebugEvent::kReadAio);
       co_return co_await file_->Read(old.host_offset() + in_cluster, buf);
     case ClusterType::kCompressed:
       co_return co_await ReadCompressed(old.word, in_cluster, buf);
@@ -602,17 +654,18 @@ io::Task<absl::StatusOr<bool>> Qcow2Node::ZeroThenWrite(uint64_t zero_at,
                                                         Inflight* inflight) {
   io::WriteZeroesFlags flags;
   flags.no_fallback = true;
+  co_await file_->DebugEvent(io::BlkdebugEvent::kClusterAllocSpace);
   absl::Status st = co_await file_->WriteZeroes(zero_at, zero_bytes, flags);
   if (absl::IsUnimplemented(st)) co_return false;
   CO_RETURN_IF_ERROR(st);
   if (inflight == nullptr) {
-    CO_RETURN_IF_ERROR(co_await file_->Write(data_at, data));
+    CO_RETURN_IF_ERROR(co_await WriteData(data_at, data));
     co_return true;
   }
   // Writers waiting to go beside this one queue their requests after its
   // own: a sequential stream reaches the file in order.
   inflight->ready = true;
-  CO_RETURN_IF_ERROR(co_await StartThen(file_->Write(data_at, data),
+  CO_RETURN_IF_ERROR(co_await StartThen(WriteData(data_at, data),
                                         [inflight] { inflight->settled.Set(); }));
   co_return true;
 }
@@ -659,7 +712,7 @@ io::Task<absl::Status> Qcow2Node::WriteAllocated(
   inflight.data_begin = offset;
   inflight.data_end = data_end;
   if (head == 0 && tail == 0) {
-    co_return co_await file_->Write(host, data);
+    co_return co_await WriteData(host, data);
   }
   if (OldContentsAreZero(olds.front(), start, head) &&
       OldContentsAreZero(olds.back(), data_end, tail)) {
@@ -683,17 +736,17 @@ io::Task<absl::Status> Qcow2Node::WriteAllocated(
   }
   if (head != 0 && tail != 0 && one_source &&
       data.size() <= kCowMergeGap) {
-    CO_RETURN_IF_ERROR(co_await ReadOldContents(
+    CO_RETURN_IF_ERROR(co_await CowRead(
         olds.front(), start, io::IoVec(buf.data(), bytes)));
   } else {
-    CO_RETURN_IF_ERROR(co_await ReadOldContents(
+    CO_RETURN_IF_ERROR(co_await CowRead(
         olds.front(), start, io::IoVec(buf.data(), head)));
-    CO_RETURN_IF_ERROR(co_await ReadOldContents(
+    CO_RETURN_IF_ERROR(co_await CowRead(
         olds.back(), data_end,
         io::IoVec(buf.data() + head + data.size(), tail)));
   }
   std::memcpy(buf.data() + head, data.data(), data.size());
-  co_return co_await file_->Write(host, io::ConstIoVec(buf.data(), bytes));
+  co_return co_await WriteMergedCow(host, io::ConstIoVec(buf.data(), bytes));
 }
 
 io::Task<absl::Status> Qcow2Node::LinkL2(
@@ -852,7 +905,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
     const uint64_t seq = BeginDataOp();
     l2.reset();
     absl::Status st =
-        co_await StartThenUnlock(lock, file_->Write(host, part));
+        co_await StartThenUnlock(lock, WriteData(host, part));
     EndDataOp(seq);
     CO_RETURN_IF_ERROR(st);
     if (!co_await WaitBeside(beside)) co_return uint64_t{0};
@@ -972,7 +1025,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteInPlaceThenNew(
       CO_RETURN_IF_ERROR(
           co_await file_->Write(new_host + new_bytes - tail, Zeroes(tail)));
     }
-    co_return co_await file_->Write(host, data.first(bytes));
+    co_return co_await WriteData(host, data.first(bytes));
   };
   st = co_await StartThenUnlock(lock, write());
   EndDataOp(seq);
@@ -1058,7 +1111,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
     const uint64_t seq = BeginDataOp();
     l2.reset();
     absl::Status st =
-        co_await StartThenUnlock(lock, file_->Write(host, part));
+        co_await StartThenUnlock(lock, WriteData(host, part));
     EndDataOp(seq);
     CO_RETURN_IF_ERROR(st);
     ++write_gen_;
@@ -1166,7 +1219,7 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   const uint64_t tail = cow_end - (in_cluster + bytes);
   bool done = false;
   if (head == 0 && tail == 0) {
-    st = co_await file_->Write(host + in_cluster, part);
+    st = co_await WriteData(host + in_cluster, part);
     done = true;
   } else if (type != ClusterType::kCompressed && !last.compressed() &&
              SubclustersReadZero(old, start + cow_start, head) &&
@@ -1185,20 +1238,20 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
     // one write for head, data and tail.
     CowBuffer buf(this, cow_end - cow_start);
     if (head != 0 && tail != 0 && bytes <= kCowMergeGap && n == 1) {
-      st = co_await ReadOldContents(old, start + cow_start,
-                                    io::IoVec(buf.data(), cow_end - cow_start));
+      st = co_await CowRead(old, start + cow_start,
+                            io::IoVec(buf.data(), cow_end - cow_start));
     } else {
-      st = co_await ReadOldContents(old, start + cow_start,
-                                    io::IoVec(buf.data(), head));
+      st = co_await CowRead(old, start + cow_start,
+                            io::IoVec(buf.data(), head));
       if (st.ok()) {
-        st = co_await ReadOldContents(
+        st = co_await CowRead(
             last, offset + bytes, io::IoVec(buf.data() + head + bytes, tail));
       }
     }
     if (st.ok()) {
       std::memcpy(buf.data() + head, part.data(), bytes);
-      st = co_await file_->Write(host + cow_start,
-                                 io::ConstIoVec(buf.data(), cow_end - cow_start));
+      st = co_await WriteMergedCow(
+          host + cow_start, io::ConstIoVec(buf.data(), cow_end - cow_start));
     }
   }
   EndDataOp(seq);
@@ -1331,6 +1384,7 @@ io::Task<absl::Status> Qcow2Node::WriteCompressedCluster(uint64_t offset,
     const uint64_t seq = BeginDataOp();
     l2.reset();
     lock.Release();
+    co_await file_->DebugEvent(io::BlkdebugEvent::kWriteCompressed);
     absl::Status st =
         co_await file_->Write(host, io::ConstIoVec(out.data(), *compressed));
     EndDataOp(seq);
@@ -1343,6 +1397,7 @@ io::Task<absl::Status> Qcow2Node::WriteCompressedCluster(uint64_t offset,
       absl::StatusOr<TableCache::Ref> again =
           co_await GetL2ForWrite(l1_index(offset));
       if (again.ok()) {
+        co_await file_->DebugEvent(io::BlkdebugEvent::kL2UpdateCompressed);
         L2Entry e;
         e.word = word;
         SetEntry(*again, index, e);

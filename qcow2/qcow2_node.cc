@@ -4,11 +4,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/errno_status.h"
 #include "base/status_macros.h"
 #include "io/aligned_buffer.h"
 #include "qcow2/check.h"
@@ -59,7 +63,10 @@ Qcow2Node::Qcow2Node(std::unique_ptr<io::BlockNode> file, format::Header header,
   l2_format_.external_data_file = header_.has_data_file();
   l2_cache_ = std::make_unique<TableCache>(
       cluster_size_, config_.l2_cache_tables,
-      [this](uint64_t offset, io::IoVec buf) { return ReadMetadata(offset, buf); },
+      [this](uint64_t offset, io::IoVec buf) {
+        return ReadMetadataAfter(*this, io::BlkdebugEvent::kL2Load, offset,
+                                 buf);
+      },
       [this](uint64_t offset, io::ConstIoVec data) {
         return WriteL2Table(offset, data);
       });
@@ -477,6 +484,7 @@ io::Task<absl::Status> Qcow2Node::WriteL1Entry(uint64_t index) {
   const uint64_t n = std::min<uint64_t>(kPerSector, l1_.size() - first);
   std::vector<uint8_t> bytes(n * 8);
   for (uint64_t i = 0; i < n; ++i) StoreBE64(bytes.data() + i * 8, l1_[first + i]);
+  co_await file_->DebugEvent(io::BlkdebugEvent::kL1Update);
   CO_RETURN_IF_ERROR(co_await WriteMetadata(
       header_.l1_table_offset + first * 8, bytes, kOverlapActiveL1));
   co_return co_await SyncFile();
@@ -516,6 +524,7 @@ io::Task<absl::Status> Qcow2Node::PrepareL2Write() {
 io::Task<absl::Status> Qcow2Node::WriteL2Table(uint64_t offset,
                                                io::ConstIoVec data) {
   CO_RETURN_IF_ERROR(co_await PrepareL2Write());
+  co_await file_->DebugEvent(io::BlkdebugEvent::kL2Update);
   co_return co_await WriteMetadata(offset, data, kOverlapActiveL2);
 }
 
@@ -608,13 +617,43 @@ io::Task<absl::Status> Qcow2Node::DoFlush() {
   co_return co_await FlushAll();
 }
 
+io::Task<absl::Status> Qcow2Node::FlushCachesForClose() {
+  // The L2 table cache: its dirty tables, then a flush of the file.
+  absl::Status l2 = co_await l2_cache_->WriteDirty();
+  if (l2.ok()) l2 = co_await SyncFile();
+  absl::Status refs;
+  if (l2.ok() && !pending_frees_.empty()) refs = co_await ApplyPendingFrees();
+  // The refcount block cache: dirty blocks wait for dirty L2 tables (QEMU's
+  // cache dependency), then a flush of the file.
+  if (refs.ok() && refcounts_->dirty() && l2_cache_->HasDirty()) {
+    refs = co_await l2_cache_->WriteDirty();
+    if (refs.ok()) refs = co_await SyncFile();
+  }
+  if (refs.ok()) refs = co_await refcounts_->WriteDirty();
+  if (refs.ok()) refs = co_await SyncFile();
+  if (l2.ok() && refs.ok()) co_return absl::OkStatus();
+  auto text = [](const absl::Status& st) {
+    const int e = StatusErrno(st);
+    return e != 0 ? std::string(std::strerror(e)) : std::string(st.message());
+  };
+  std::vector<std::string> lines;
+  if (!l2.ok()) {
+    lines.push_back(absl::StrCat("Failed to flush the L2 table cache: ", text(l2)));
+  }
+  if (!refs.ok()) {
+    lines.push_back(
+        absl::StrCat("Failed to flush the refcount block cache: ", text(refs)));
+  }
+  co_return WithMessage(l2.ok() ? refs : l2, absl::StrJoin(lines, "\n"));
+}
+
 io::Task<absl::Status> Qcow2Node::Close() {
   if (closed_) co_return absl::OkStatus();
   closed_ = true;
   absl::Status result;
   if (!read_only() && broken_.ok()) {
     auto lock = co_await io::ScopedLock::Take(meta_lock_);
-    result = co_await FlushAll();
+    result = co_await FlushCachesForClose();
     if (result.ok() && dirty_set_by_us_) {
       header_.incompatible_features &= ~format::kIncompatibleDirty;
       result = co_await WriteIncompatibleFeatures();

@@ -133,7 +133,10 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   absl::StatusOr<uint64_t> AllocatedSize() const override;
   io::BlockNode* backing() const override { return backing_.get(); }
   // Flushes caches, frees what is left to free, clears the dirty bit this
-  // node set, then closes the backing node and the file.
+  // node set, then closes the backing node and the file. If writing back
+  // the caches fails, the error's message is QEMU's report of it, one line
+  // per cache ("Failed to flush the L2 table cache: Input/output error",
+  // see FlushCachesForClose), and the dirty bit stays.
   io::Task<absl::Status> Close() override;
 
   // Writes the guest clusters from `offset` (cluster aligned) compressed,
@@ -288,6 +291,10 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   io::BlockNode& file() const { return *file_; }
   // `file` (QEMU's primary child of a qcow2 node).
   io::BlockNode* primary_child() const override { return file_.get(); }
+  // Debug events go to `file`, as QEMU's qcow2 raises them on bs->file.
+  io::DebugEventAwaitable FileDebugEvent(io::BlkdebugEvent event) override {
+    return file_->DebugEvent(event);
+  }
 
  protected:
   io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override;
@@ -478,6 +485,17 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
 
   // Data paths (no lock held).
   io::Task<absl::Status> ReadBacking(uint64_t offset, io::IoVec buf);
+  // Writes guest data (or data merged with its copy-on-write) to the file
+  // at `host`, raising write_aio on the file first (qcow2_co_pwritev_task).
+  io::Task<absl::Status> WriteData(uint64_t host, io::ConstIoVec data);
+  // Writes guest data merged with its copy-on-write head and tail as one
+  // request, raising write_aio then cow_write first (QEMU's perform_cow
+  // with data_qiov).
+  io::Task<absl::Status> WriteMergedCow(uint64_t host, io::ConstIoVec data);
+  // Reads a copy-on-write region (nothing if `buf` is empty) with
+  // ReadOldContents, raising cow_read first (do_perform_cow_read).
+  io::Task<absl::Status> CowRead(const format::L2Entry& old, uint64_t offset,
+                                 io::IoVec buf);
   io::Task<absl::Status> ReadCompressed(uint64_t l2_word,
                                         uint64_t offset_in_cluster,
                                         io::IoVec buf);
@@ -673,6 +691,13 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
 
   // Flush (metadata lock held): L2 tables, refcount blocks, sync, frees.
   io::Task<absl::Status> FlushAll();
+  // Close's write-back, as QEMU 7.2's qcow2_inactivate: the L2 table cache
+  // (dirty tables, then a flush of the file), then the refcount block
+  // cache (dirty L2 tables first if it has dirty blocks, its blocks, a
+  // flush). The error of the first that failed, its message one line per
+  // failed cache: "Failed to flush the L2 table cache: <strerror>",
+  // "Failed to flush the refcount block cache: <strerror>".
+  io::Task<absl::Status> FlushCachesForClose();
   // Before an L2 table write: the refcounts and data it relies on.
   io::Task<absl::Status> PrepareL2Write();
   io::Task<absl::Status> WriteL2Table(uint64_t offset, io::ConstIoVec data);

@@ -54,23 +54,45 @@ io::Task<absl::Status> Qcow2Node::GrowL1(uint64_t min_size, bool exact) {
     co_return ErrnoStatus("", "Failed to grow the L1 table", EFBIG);
   }
   const uint64_t bytes = new_size * 8;
+  // QEMU 7.2's qcow2_grow_l1_table: l1_grow_alloc_table, the allocation,
+  // the refcounts written, l1_grow_write_table, the table written,
+  // l1_grow_activate_table, the header's L1 fields written; on a failure
+  // after the allocation the new table's clusters are freed again.
+  co_await file_->DebugEvent(io::BlkdebugEvent::kL1GrowAllocTable);
   CO_ASSIGN_OR_RETURN(const uint64_t table, co_await refcounts_->Allocate(bytes));
-  CO_RETURN_IF_ERROR(co_await refcounts_->WriteDirty());
-  CO_RETURN_IF_ERROR(co_await SyncFile());
-  io::AlignedBuffer data(bytes);
-  for (uint64_t i = 0; i < l1_.size(); ++i) StoreBE64(data.data() + i * 8, l1_[i]);
-  CO_RETURN_IF_ERROR(co_await WriteMetadata(table, data.span(), 0));
-  CO_RETURN_IF_ERROR(co_await SyncFile());
-  uint8_t field[12];
-  StoreBE32(field, static_cast<uint32_t>(new_size));
-  StoreBE64(field + 4, table);
-  CO_RETURN_IF_ERROR(co_await WriteHeaderField(kL1SizeOffset, io::ConstIoVec(field, 12)));
+  absl::Status st = co_await [&]() -> io::Task<absl::Status> {
+    CO_RETURN_IF_ERROR(co_await refcounts_->WriteDirty());
+    CO_RETURN_IF_ERROR(co_await SyncFile());
+    io::AlignedBuffer data(bytes);
+    for (uint64_t i = 0; i < l1_.size(); ++i) {
+      StoreBE64(data.data() + i * 8, l1_[i]);
+    }
+    co_await file_->DebugEvent(io::BlkdebugEvent::kL1GrowWriteTable);
+    CO_RETURN_IF_ERROR(co_await WriteMetadata(table, data.span(), 0));
+    CO_RETURN_IF_ERROR(co_await SyncFile());
+    uint8_t field[12];
+    StoreBE32(field, static_cast<uint32_t>(new_size));
+    StoreBE64(field + 4, table);
+    co_await file_->DebugEvent(io::BlkdebugEvent::kL1GrowActivateTable);
+    co_return co_await WriteHeaderField(kL1SizeOffset,
+                                        io::ConstIoVec(field, 12));
+  }();
+  if (!st.ok()) {
+    if (broken_.ok()) {
+      absl::Status undo = co_await refcounts_->Free(table, bytes);
+      (void)undo;  // QEMU only reports it; the error above counts
+    }
+    co_return st;
+  }
   const uint64_t old_table = header_.l1_table_offset;
   const uint64_t old_bytes = l1_.size() * 8;
   header_.l1_table_offset = table;
   header_.l1_size = static_cast<uint32_t>(new_size);
   l1_.resize(new_size, 0);
-  co_return co_await refcounts_->Free(old_table, old_bytes);
+  // As QEMU, a failure to free the old table only leaks its clusters.
+  absl::Status freed = co_await refcounts_->Free(old_table, old_bytes);
+  (void)freed;
+  co_return absl::OkStatus();
 }
 
 std::pair<uint64_t, uint64_t> Qcow2Node::CowBounds(const format::L2Entry& old,
@@ -184,16 +206,18 @@ io::Task<absl::Status> Qcow2Node::PreallocateMetadata(uint64_t from,
             in_cluster != 0 ? CowBounds(olds.front(), in_cluster).first : 0;
         if (head_from < in_cluster) {
           std::vector<uint8_t> head(in_cluster - head_from);
-          CO_RETURN_IF_ERROR(co_await ReadOldContents(
+          CO_RETURN_IF_ERROR(co_await CowRead(
               olds.front(), (pos & ~mask) + head_from, io::IoVec(head)));
+          co_await file_->DebugEvent(io::BlkdebugEvent::kCowWrite);
           CO_RETURN_IF_ERROR(co_await file_->Write(host + head_from, head));
         }
         const uint64_t tail_to =
             tail_in != 0 ? CowBounds(olds[n - 1], tail_in - 1).second : 0;
         if (tail_to > tail_in) {
           std::vector<uint8_t> tail(tail_to - tail_in);
-          CO_RETURN_IF_ERROR(co_await ReadOldContents(olds[n - 1], piece_end,
-                                                      io::IoVec(tail)));
+          CO_RETURN_IF_ERROR(co_await CowRead(olds[n - 1], piece_end,
+                                              io::IoVec(tail)));
+          co_await file_->DebugEvent(io::BlkdebugEvent::kCowWrite);
           CO_RETURN_IF_ERROR(co_await file_->Write(
               host + ((n - 1) << cluster_bits_) + tail_in, tail));
         }

@@ -62,7 +62,9 @@ Refcounts::Refcounts(MetadataIo& io, uint32_t cluster_bits,
             return io_.ReadMetadata(offset, buf);
           },
           [this](uint64_t offset, io::ConstIoVec data) {
-            return io_.WriteMetadata(offset, data, kOverlapRefcountBlock);
+            return WriteMetadataAfter(io_,
+                                      io::BlkdebugEvent::kRefblockUpdatePart,
+                                      offset, data, kOverlapRefcountBlock);
           }) {
   table.resize((uint64_t{table_clusters} << cluster_bits) / 8, 0);
   for (uint64_t& e : table) e &= format::kRefcountTableOffsetMask;
@@ -218,6 +220,7 @@ io::Task<absl::StatusOr<uint64_t>> Refcounts::FindFree(uint64_t count) {
 }
 
 io::Task<absl::StatusOr<uint64_t>> Refcounts::Allocate(uint64_t bytes) {
+  co_await io_.FileDebugEvent(io::BlkdebugEvent::kClusterAlloc);
   CO_RETURN_IF_ERROR(co_await io_.BeforeAllocate());
   while (true) {
     CO_ASSIGN_OR_RETURN(uint64_t offset,
@@ -229,6 +232,7 @@ io::Task<absl::StatusOr<uint64_t>> Refcounts::Allocate(uint64_t bytes) {
 }
 
 io::Task<absl::StatusOr<uint64_t>> Refcounts::AllocateBytes(uint64_t size) {
+  co_await io_.FileDebugEvent(io::BlkdebugEvent::kClusterAllocBytes);
   CO_RETURN_IF_ERROR(co_await io_.BeforeAllocate());
   const uint64_t cs = cluster_size();
   uint64_t offset = free_byte_offset_;
@@ -285,8 +289,12 @@ io::Task<absl::Status> Refcounts::FlushBlocks() {
 
 io::Task<absl::StatusOr<TableCache::Ref>> Refcounts::EnsureBlock(
     uint64_t cluster_index) {
+  // QEMU's alloc_refcount_block raises refblock_alloc on every call, and
+  // load_refcount_block refblock_load on every load (cached or not).
+  co_await io_.FileDebugEvent(io::BlkdebugEvent::kRefblockAlloc);
   const uint64_t table_index = cluster_index >> block_bits_;
   if (table_index < table_.size() && table_[table_index] != 0) {
+    co_await io_.FileDebugEvent(io::BlkdebugEvent::kRefblockLoad);
     co_return co_await LoadBlock(table_index);
   }
   // Allocate the block itself: it must describe itself or be described by
@@ -309,11 +317,13 @@ io::Task<absl::StatusOr<TableCache::Ref>> Refcounts::EnsureBlock(
     CO_ASSIGN_OR_RETURN(block, co_await cache_.GetEmpty(new_block));
   }
   // The new block goes to disk before anything points to it.
+  co_await io_.FileDebugEvent(io::BlkdebugEvent::kRefblockAllocWrite);
   CO_RETURN_IF_ERROR(co_await FlushBlocks());
 
   if (table_index < table_.size()) {
     uint8_t entry[8];
     StoreBE64(entry, new_block);
+    co_await io_.FileDebugEvent(io::BlkdebugEvent::kRefblockAllocHookup);
     CO_RETURN_IF_ERROR(co_await io_.WriteMetadata(
         table_offset_ + table_index * 8, entry, kOverlapRefcountTable));
     CO_RETURN_IF_ERROR(co_await io_.SyncFile());
@@ -333,6 +343,9 @@ io::Task<absl::StatusOr<TableCache::Ref>> Refcounts::EnsureBlock(
   CO_ASSIGN_OR_RETURN(uint64_t end, co_await RefcountArea(meta_offset, 0, false,
                                                           table_index, new_block));
   (void)end;
+  // QEMU loads the new block here (refblock_load) before its -EAGAIN; the
+  // block is cached, so only the event remains.
+  co_await io_.FileDebugEvent(io::BlkdebugEvent::kRefblockLoad);
   co_return Retry();
 }
 
@@ -466,9 +479,12 @@ io::Task<absl::StatusOr<uint64_t>> Refcounts::RefcountArea(
       cache_.MarkDirty(block);
     }
   }
+  co_await io_.FileDebugEvent(io::BlkdebugEvent::kRefblockAllocWriteBlocks);
   CO_RETURN_IF_ERROR(co_await FlushBlocks());
 
+  co_await io_.FileDebugEvent(io::BlkdebugEvent::kRefblockAllocWriteTable);
   CO_RETURN_IF_ERROR(co_await WriteTable(new_table, new_table_offset));
+  co_await io_.FileDebugEvent(io::BlkdebugEvent::kRefblockAllocSwitchTable);
   CO_RETURN_IF_ERROR(co_await io_.SetRefcountTable(
       new_table_offset, static_cast<uint32_t>(table_clusters)));
 

@@ -75,8 +75,10 @@ class Refcounts {
   }
 
   // Decrements the refcounts of [offset, offset + length) now.
+  // Raises cluster_free on the file first.
   io::Task<absl::Status> Free(uint64_t offset, uint64_t length) {
-    return Update(offset, length, 1, true);
+    co_await io_.FileDebugEvent(io::BlkdebugEvent::kClusterFree);
+    co_return co_await Update(offset, length, 1, true);
   }
 
   // Lays out refcount blocks and a new refcount table at `start_offset`

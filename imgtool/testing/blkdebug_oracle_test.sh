@@ -123,4 +123,25 @@ io_case "unaligned discard" setup_qcow2_4m --image-opts \
   -c 'discard 100001 3M' -c 'map' -c 'read -P 0 1M 2M' \
   driver=blkdebug,image.driver=qcow2,image.file.filename=t.qcow2,align=512,opt-discard=1M,max-discard=1M
 
+# --- Errors at the qcow2 driver's events ------------------------------------
+for event in write_aio l2_update l1_update cluster_alloc refblock_alloc \
+    refblock_update_part l2_alloc_write; do
+  for errno in 5 28; do
+    for once in on off; do
+      eval "setup_q() { setup_qcow2; conf $event $errno $once; }"
+      io_case "$event $errno once=$once" setup_q \
+        -c 'write -P 0x22 0 64k' -c 'read -P 0x22 0 64k' \
+        blkdebug:blkdebug.conf:t.qcow2
+    done
+  done
+done
+for event in read_aio l2_load; do
+  for once in on off; do
+    eval "setup_q() { setup_qcow2_data; conf $event 5 $once; }"
+    io_case "$event 5 once=$once" setup_q \
+      -c 'read -P 0x11 0 64k' -c 'read -P 0x11 0 64k' \
+      blkdebug:blkdebug.conf:t.qcow2
+  done
+done
+
 finish
