@@ -202,10 +202,10 @@ Task<absl::Status> BlockNode::Write(uint64_t offset, ConstIoVec data) {
         data.size(), offset));
   }
   if (data.empty()) co_return absl::OkStatus();
+  const GenerationBump bump(&write_generation_);
   if (RaisesWriteEvents()) co_return co_await DoWrite(offset, data);
   // block/io.c's bdrv_aligned_pwritev raises these on the node written.
   co_await DebugEvent(BlkdebugEvent::kPwritev);
-  const GenerationBump bump(&write_generation_);
   absl::Status st = co_await DoWrite(offset, data);
   co_await DebugEvent(BlkdebugEvent::kPwritevDone);
   co_return st;
