@@ -18,36 +18,6 @@ if ! command -v qemu-io >/dev/null; then
   exit 1
 fi
 
-# qemu-io's timing lines vary from run to run.
-normalize_io() {
-  sed -E -e '/^[0-9.]+ (bytes|KiB|MiB|GiB|TiB|PiB|EiB), [0-9]+ ops; /d' \
-    -e 's/^qemu-io: /imgtool: /' "$1"
-}
-
-# same_io SETUP ARGS...: `qemu-io ARGS` and `imgtool io ARGS`, each in a
-# directory prepared by SETUP, print the same, exit the same and leave the
-# same files.
-same_io() {
-  local setup=$1
-  shift
-  checks=$((checks + 1))
-  local q="$WORK/io.q" i="$WORK/io.i" f
-  rm -rf "$q" "$i"
-  mkdir -p "$q" "$i"
-  (cd "$q" && $setup)
-  (cd "$i" && $setup)
-  (cd "$q" && qemu-io "$@" >"$WORK/q.out" 2>"$WORK/q.err")
-  local q_rc=$?
-  (cd "$i" && "$IMGTOOL" io "$@" >"$WORK/i.out" 2>"$WORK/i.err")
-  local i_rc=$?
-  for f in out err; do
-    diff_text "io $*" "std$f" "$(normalize_io "$WORK/i.$f")" \
-      "$(normalize_io "$WORK/q.$f")" || return
-  done
-  diff_text "io $*" "exit status" "$i_rc" "$q_rc" || return
-  diff_text "io $*" "resulting files" "$(state "$i")" "$(state "$q")"
-}
-
 # base.qcow2 (1 MiB, 64 KiB clusters): data at 0 and 512k, a zero cluster
 # at 256k; top.qcow2 over it with its own data at 128k.
 chain() {

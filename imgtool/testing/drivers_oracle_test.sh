@@ -18,37 +18,6 @@ if ! command -v qemu-img >/dev/null; then
   exit 1
 fi
 
-# qemu-io's timing lines vary from run to run; it names itself in errors.
-normalize_io() {
-  sed -E \
-    -e '/^[0-9.]+ (bytes|KiB|MiB|GiB|TiB|PiB|EiB), [0-9]+ ops; /d' \
-    -e 's/^qemu-io: /imgtool: /' "$1"
-}
-
-# same_io SETUP ARGS...: `qemu-io ARGS` and `imgtool io ARGS` in two
-# directories prepared by the shell function SETUP print the same (stdout
-# and stderr apart), exit the same and leave the same files.
-same_io() {
-  local setup=$1
-  shift
-  checks=$((checks + 1))
-  local q="$WORK/io.q" i="$WORK/io.i" f
-  rm -rf "$q" "$i"
-  mkdir -p "$q" "$i"
-  (cd "$q" && $setup)
-  (cd "$i" && $setup)
-  (cd "$q" && qemu-io "$@" >"$WORK/q.out" 2>"$WORK/q.err")
-  local q_rc=$?
-  (cd "$i" && "$IMGTOOL" io "$@" >"$WORK/i.out" 2>"$WORK/i.err")
-  local i_rc=$?
-  for f in out err; do
-    diff_text "io $*" "std$f" "$(normalize_io "$WORK/i.$f")" \
-      "$(normalize_io "$WORK/q.$f")" || return
-  done
-  diff_text "io $*" "exit status" "$i_rc" "$q_rc" || return
-  diff_text "io $*" "resulting files" "$(state "$i")" "$(state "$q")"
-}
-
 D="$WORK/images"
 mkdir -p "$D"
 no_files() { :; }

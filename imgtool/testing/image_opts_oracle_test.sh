@@ -259,10 +259,6 @@ done
 
 echo "== io"
 # qemu-io's timing lines vary; it names itself in its errors.
-normalize_io() {
-  sed -E -e '/^[0-9.]+ (bytes|KiB|MiB|GiB|TiB|PiB|EiB), [0-9]+ ops; /d' \
-    -e 's/^qemu-io: /imgtool: /' "$1"
-}
 io_same() {
   checks=$((checks + 1))
   local a="$WORK/io.a" b="$WORK/io.b"
