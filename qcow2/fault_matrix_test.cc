@@ -218,7 +218,10 @@ class RecordingNode final : public testing::ForwardingNode {
 class FaultMatrix {
  public:
   FaultMatrix() = default;
-  ~FaultMatrix() { Shell("rm -rf " + Dir() + "/matrix*.qcow2"); }
+  ~FaultMatrix() {
+    Shell("rm -f " + Dir() + "/matrix*.qcow2");
+    if (Dir().rfind("/dev/shm/fault_matrix.", 0) == 0) rmdir(Dir().c_str());
+  }
 
   // Runs one case; gtest failures say what went wrong. With `probe`, no
   // error is injected: the events the operation raises are put in it.
