@@ -51,7 +51,9 @@
 #include "gtest/gtest.h"
 #include "io/block_node.h"
 #include "io/task.h"
+#include "qcow2/bytes.h"
 #include "qcow2/check.h"
+#include "qcow2/format/header.h"
 #include "qcow2/qcow2_node.h"
 #include "qcow2/qcow2_options.pb.h"
 #include "qcow2/test_util.h"
@@ -155,9 +157,9 @@ io::Task<absl::Status> Raise(io::BlockNode& node, BlkdebugEvent event) {
 }
 
 bool CorruptBitSet(const std::string& path) {
-  // Header byte 79: the low byte of incompatible_features (bit 1: corrupt).
   const std::vector<uint8_t> bytes = testing::ReadFile(path);
-  return bytes.size() > 79 && (bytes[79] & 2) != 0;
+  auto header = format::DecodeHeader(bytes, bytes.size());
+  return header.ok() && header->corrupt();
 }
 
 // Failures recorded in the running test so far.
@@ -185,13 +187,24 @@ std::string Dir() {
   return dir;
 }
 
-// FAULT_MATRIX_ONLY="KIND OP EVENT" runs only the cases of that image kind,
-// operation and event (e.g. "standard write l2_update"), to debug one.
+// "KIND OP EVENT", e.g. "standard write l2_update".
+std::string CaseName(const Kind& kind, Op op, BlkdebugEvent event) {
+  return absl::StrCat(kind.name, " ", OpName(op), " ",
+                      BlkdebugEventName(event));
+}
+
+// CaseName, the errno and the mode: one case.
+std::string CaseLabel(const Kind& kind, Op op, BlkdebugEvent event, int error,
+                      bool once) {
+  return absl::StrCat(CaseName(kind, op, event), " errno ", error,
+                      once ? " once" : " always");
+}
+
+// FAULT_MATRIX_ONLY="KIND OP EVENT" (a CaseName) runs only the cases of that
+// image kind, operation and event, to debug one.
 bool Selected(const Kind& kind, Op op, BlkdebugEvent event) {
   const char* only = getenv("FAULT_MATRIX_ONLY");
-  return only == nullptr ||
-         absl::StrCat(kind.name, " ", OpName(op), " ",
-                      BlkdebugEventName(event)) == only;
+  return only == nullptr || CaseName(kind, op, event) == only;
 }
 
 // Records the debug events raised on it (after Arm()) instead of acting on
@@ -292,20 +305,18 @@ void FaultMatrix::Prepare(const Kind& kind, Op op) {
   ASSERT_TRUE(env_.Run((*node)->Close()).ok());
   model_.Flushed(true);
   if (op == Op::kCheck) {
-    // A leaked cluster: refcount 1 for the cluster after the file's end
-    // (the first refcount block covers it in both kinds).
-    const std::vector<uint8_t> header = testing::ReadFile(path_);
-    auto be64 = [](const std::vector<uint8_t>& b, uint64_t at) {
-      uint64_t v = 0;
-      for (int i = 0; i < 8; ++i) v = v << 8 | b[at + i];
-      return v;
-    };
-    const uint64_t reftable = be64(header, 48);
-    const uint64_t cluster = (header.size() + kind.cluster_size - 1) /
+    // A leaked cluster: refcount 1 for the cluster after the file's end,
+    // in the refcount block that covers it.
+    const std::vector<uint8_t> bytes = testing::ReadFile(path_);
+    auto header = format::DecodeHeader(bytes, bytes.size());
+    ASSERT_TRUE(header.ok()) << header.status();
+    const uint64_t cluster = (bytes.size() + kind.cluster_size - 1) /
                              kind.cluster_size;
     const uint64_t per_block = kind.cluster_size / 2;  // 16-bit refcounts
     const uint64_t refblock =
-        be64(header, reftable + 8 * (cluster / per_block)) & ~uint64_t{511};
+        LoadBE64(&bytes[header->refcount_table_offset +
+                        8 * (cluster / per_block)]) &
+        ~uint64_t{511};
     ASSERT_NE(refblock, 0u) << "no refcount block covers cluster " << cluster;
     testing::PatchHex(path_, refblock + 2 * (cluster % per_block), "0001");
     ASSERT_EQ(truncate(path_.c_str(), (cluster + 1) * kind.cluster_size), 0);
@@ -399,10 +410,7 @@ void FaultMatrix::Operate(const Kind& kind, Op op, Qcow2Node& node,
 void FaultMatrix::RunCase(const Kind& kind, Op op, BlkdebugEvent event,
                           int error, bool once, bool* injected,
                           std::set<BlkdebugEvent>* probe) {
-  const std::string label =
-      absl::StrCat(kind.name, " ", OpName(op), " ", BlkdebugEventName(event),
-                   " errno ", error, once ? " once" : " always");
-  SCOPED_TRACE(label);
+  SCOPED_TRACE(CaseLabel(kind, op, event, error, once));
   failures_ = 0;
   const int failed_before = FailedParts();
   Prepare(kind, op);
@@ -572,9 +580,7 @@ TEST(FaultMatrixTest, EveryEventErrnoModeOperation) {
             if (FailedParts() == failed_before) {
               ++totals.survived;
             } else {
-              lost.push_back(absl::StrCat(kind.name, " ", OpName(op), " ",
-                                          BlkdebugEventName(event), " ", error,
-                                          once ? " once" : " always"));
+              lost.push_back(CaseLabel(kind, op, event, error, once));
             }
             if (lost.size() > 20) {
               GTEST_FAIL() << "stopping after 20 failing cases";
