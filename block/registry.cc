@@ -587,6 +587,11 @@ io::Task<absl::StatusOr<Opened>> OpenFile(const Driver& driver,
   co_return out;
 }
 
+// Adds the values of `from` that `into` lacks (the values `into` has stay).
+void AddMissingValues(const NodeOptions& from, NodeOptions* into) {
+  for (const auto& [key, value] : from.values) into->values.try_emplace(key, value);
+}
+
 // Lays the values and children of `over` over `base` (values of `over`
 // win).
 void MergeOptions(const NodeOptions& over, NodeOptions* base) {
@@ -638,10 +643,7 @@ io::Task<absl::StatusOr<std::unique_ptr<io::BlockNode>>> OpenBacking(
       CO_RETURN_IF_ERROR(PlaceFilename(filename, &options));
     } else {
       CO_ASSIGN_OR_RETURN(NodeOptions protocol, ProtocolNodeOptions(filename));
-      NodeOptions& file = options.children["file"];
-      for (auto& [key, value] : protocol.values) {
-        file.values.try_emplace(key, value);
-      }
+      AddMissingValues(protocol, &options.children["file"]);
     }
   }
   ++ctx.backing_depth;
@@ -1267,7 +1269,7 @@ absl::Status PlaceFilename(const std::string& filename, NodeOptions* node) {
     }
     NodeOptions parsed;
     RETURN_IF_ERROR(driver->parse_filename(filename, &parsed));
-    for (auto& [key, value] : parsed.values) node->values.try_emplace(key, value);
+    AddMissingValues(parsed, node);
     return absl::OkStatus();
   }
   if (!driver->has_file_child ||
@@ -1279,9 +1281,7 @@ absl::Status PlaceFilename(const std::string& filename, NodeOptions* node) {
     if (child.values.count("filename") != 0) return absl::OkStatus();
     NodeOptions protocol;
     RETURN_IF_ERROR(ProtocolOptions(filename, &protocol));
-    for (auto& [key, value] : protocol.values) {
-      child.values.try_emplace(key, value);
-    }
+    AddMissingValues(protocol, &child);
     return absl::OkStatus();
   }
   return PlaceFilename(filename, &child);
