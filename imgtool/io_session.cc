@@ -156,7 +156,9 @@ bool Session::Execute(const std::string& line) {
 void Session::Close() {
   if (image_.node == nullptr) return;
   DrainAio();
-  streams_.out.flush();
+  // stdout is not flushed here: qemu-io's stays buffered until exit (or a
+  // full buffer), so close's error lines on stderr come before a failed
+  // command's "write failed" when both go to one file (iotest 026).
   const std::string filename = current_.spec.filename;
   absl::Status st = CloseImage(image_);
   image_ = OpenedImage();

@@ -135,6 +135,26 @@ for event in write_aio l2_update l1_update cluster_alloc refblock_alloc \
     done
   done
 done
+# stdout and stderr into one file: qemu-io's stdout stays buffered until exit,
+# so close's "Failed to flush ..." lines come before "write failed" (iotest
+# 026 pipes only stdout through its filter). No flush of stdout at close or
+# before an error line.
+for event in refblock_load l2_alloc_write; do
+  checks=$((checks + 1))
+  for tool in a b; do
+    rm -rf "$WORK/$tool" && mkdir -p "$WORK/$tool"
+    (cd "$WORK/$tool" &&
+      qemu-img create -q -f qcow2 -o cluster_size=1024 t.qcow2 1G &&
+      conf $event 5 off)
+  done
+  (cd "$WORK/a" && "$IMGTOOL" io -c 'write 0 128k' \
+    blkdebug:blkdebug.conf:t.qcow2 >"$WORK/a.all" 2>&1)
+  (cd "$WORK/b" && qemu-io -c 'write 0 128k' \
+    blkdebug:blkdebug.conf:t.qcow2 >"$WORK/b.all" 2>&1)
+  diff_text "$event once=off, 2>&1" "stdout and stderr" \
+    "$(normalize "$WORK/a.all")" "$(normalize "$WORK/b.all")"
+done
+
 for event in read_aio l2_load; do
   for once in on off; do
     eval "setup_q() { setup_qcow2_data; conf $event 5 $once; }"
