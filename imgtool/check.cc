@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "base/errno_status.h"
 #include "base/json_printer.h"
 #include "base/status_macros.h"
@@ -32,6 +33,15 @@
 
 namespace imgtool::cli {
 namespace {
+
+// The checker starts QEMU's error_report lines with "imgtool: "; run as
+// qemu-img (argv[0]) they carry that name, as imgtool's other messages do.
+std::string WithProgramPrefix(absl::string_view messages) {
+  std::string text = absl::StrCat("\n", messages);
+  absl::StrReplaceAll({{"\nimgtool: ", absl::StrCat("\n", ProgramName(), ": ")}},
+                      &text);
+  return text.substr(1);
+}
 
 constexpr char kUsage[] =
     "Usage: imgtool check [-q] [-f FMT] [--output=human|json] [-r leaks|all] "
@@ -375,8 +385,10 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
     }
   }
 
+  std::ostringstream messages;
   absl::StatusOr<qcow2::CheckResult> result =
-      io::RunSync(*engine, qcow2::CheckQcow2(node, repair, streams.err));
+      io::RunSync(*engine, qcow2::CheckQcow2(node, repair, messages));
+  streams.err << WithProgramPrefix(messages.str());
   absl::Status closed = close();
   if (!result.ok()) {
     // The checker names the file node; qemu-img names the image as given

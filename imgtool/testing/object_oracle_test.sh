@@ -39,6 +39,11 @@ mkdir -p "$T"
   printf 'cGFzc3cwcmQ=\n' >key.b64
   printf '%032d' 0 >key32
   printf 'a\0b' >nul
+  # A snapshot table at an offset that is not cluster-aligned: check's
+  # "ERROR ..." line carries the program's name.
+  cp a.qcow2 snapoff.qcow2
+  printf '\0\0\0\1\0\0\0\0\0\1\0\10' |
+    dd of=snapoff.qcow2 bs=1 seek=60 conv=notrunc status=none
 ) || fail "setup"
 
 # same TOOL ARGS...: the real TOOL and imgtool under TOOL's name, each run
@@ -97,6 +102,7 @@ SEC='secret,id=sec0,data=passw0rd'
 same qemu-img info --object "$SEC" -f raw r.raw
 same qemu-img map --object secret,id=sec0,file=key --image-opts driver=qcow2,file.filename=ov.qcow2
 same qemu-img check --object "$SEC" a.qcow2
+same qemu-img check snapoff.qcow2
 same qemu-img map --object "$SEC" --output=json a.qcow2
 same qemu-img measure --object "$SEC" -O qcow2 a.qcow2
 same qemu-img compare --object "$SEC" a.qcow2 ov.qcow2
