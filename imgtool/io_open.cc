@@ -256,6 +256,8 @@ absl::StatusOr<OpenedImage> Session::OpenSnapshot(const ImageSpec& spec) {
   absl::StatusOr<OpenedImage> opened =
       OpenImage(overlay_spec, err(), base.engine);
   unlink(overlay.c_str());  // QEMU's BDRV_O_TEMPORARY: gone once closed
+  snapshot_overlay_ = overlay;
+  snapshot_reopened_ = false;
   return opened;
 }
 
@@ -405,10 +407,7 @@ bool Session::CmdReopen(const CommandDef& def,
     Error("Cannot set both -c and the cache options");
     return false;
   }
-  if (current_.snapshot || current_.copy_on_read) {
-    Error("reopen of an image opened with -s or -C is not supported yet");
-    return false;
-  }
+  if (current_.snapshot) return ReopenSnapshot(read_only, cache, *list);
   absl::StatusOr<NodeOptions> tree = block::ImageOptions(
       current_.spec.filename, current_.spec.format, current_.spec.image_opts);
   if (!tree.ok()) {
@@ -458,6 +457,13 @@ bool Session::CmdReopen(const CommandDef& def,
     }
     SetOption(*tree, key, value);
   }
+  if (current_.copy_on_read && r.spec.read_only) {
+    // QEMU's bdrv_reopen_prepare, naming the node by its generated name.
+    Error(absl::StrFormat(
+        "Can't set node '#block%03d' to r/o with copy-on-read enabled",
+        ++generated_node_names_));
+    return false;
+  }
   r.spec.filename = FlattenOptions(*tree);
   r.spec.format.clear();
   r.spec.image_opts = true;
@@ -470,6 +476,47 @@ bool Session::CmdReopen(const CommandDef& def,
   Error(cause);
   if (absl::Status again = Open(old); !again.ok()) Error(again.message());
   return false;
+}
+
+bool Session::ReopenSnapshot(std::optional<bool> read_only,
+                             const std::optional<std::string>& cache,
+                             const OptionList& options) {
+  // QEMU reopens the -s overlay's file by its name, which was unlinked once
+  // open: a reopen that has to open it again fails (read-only changes, or
+  // O_DIRECT before or after), and so does every reopen after the first
+  // (QEMU 7.2's file-posix then always opens again). The image stays as it
+  // was.
+  bool ro = read_only.value_or(current_.spec.read_only);
+  const auto direct = [](absl::string_view mode) {
+    return mode == "none" || mode == "directsync";
+  };
+  const std::string& mode = cache.value_or(current_.spec.cache);
+  bool odirect = direct(mode);
+  for (const auto& [key, value] : options) {
+    if (key != "read-only" && key != "cache.direct") {
+      Error("reopen -o of an image opened with -s is not supported yet");
+      return false;
+    }
+    absl::StatusOr<bool> on = ParseBoolOption(key, value);
+    if (!on.ok()) {
+      Error(on.status().message());
+      return false;
+    }
+    (key == "read-only" ? ro : odirect) = *on;
+  }
+  if (snapshot_reopened_ || ro != current_.spec.read_only || odirect ||
+      direct(current_.spec.cache)) {
+    Error(absl::StrCat("Could not open '", snapshot_overlay_,
+                       "': ", std::strerror(ENOENT)));
+    return false;
+  }
+  if ((mode == "unsafe") != (current_.spec.cache == "unsafe")) {
+    Error("reopen -c unsafe of an image opened with -s is not supported yet");
+    return false;
+  }
+  snapshot_reopened_ = true;
+  current_.spec.cache = mode;  // writethrough or not (WriteThrough())
+  return true;
 }
 
 }  // namespace imgtool::cli::qemu_io

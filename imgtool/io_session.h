@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "base/options.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
 #include "imgtool/io_output.h"
@@ -311,6 +312,12 @@ class Session {
   // separated; false after the parser's message if it is malformed.
   bool AppendOptions(const char* arg, std::string* options);
 
+  // reopen of an image opened with -s, as QEMU's fails or not (the new
+  // read-only flag and cache mode, and reopen's -o options).
+  bool ReopenSnapshot(std::optional<bool> read_only,
+                      const std::optional<std::string>& cache,
+                      const OptionList& options);
+
   // -s: opens `spec`'s image read-only as the backing file of a new
   // temporary qcow2 overlay (deleted once open), which takes the writes.
   absl::StatusOr<OpenedImage> OpenSnapshot(const ImageSpec& spec);
@@ -323,6 +330,11 @@ class Session {
   Streams streams_;
   OpenedImage image_;
   OpenRequest current_;  // how image_ was opened
+  // -s: the temporary overlay's path (unlinked once open) and whether a
+  // reopen has happened since (QEMU's later reopens all fail).
+  std::string snapshot_overlay_;
+  bool snapshot_reopened_ = false;
+  int generated_node_names_ = 0;  // QEMU's "#blockNNN" names in messages
   bool image_opts_ = false;
   bool discard_ignored_ = false;
   bool failed_ = false;
