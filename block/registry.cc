@@ -26,6 +26,7 @@
 #include "blkdebug/blkdebug.h"
 #include "blkdebug/blkdebug_options.pb.h"
 #include "block/objects.h"
+#include "compress_filter/compress_filter.h"
 #include "cor_filter/cor_filter.h"
 #include "cor_filter/cor_options.pb.h"
 #include "google/protobuf/message.h"
@@ -146,6 +147,11 @@ const std::vector<Driver>& Drivers() {
         .kind = DriverKind::kFilter,
         .options = cor_filter::CorOptions::descriptor(),
         .keys = {"bottom"},
+        .has_file_child = true,
+    });
+    d->push_back(Driver{
+        .name = "compress",
+        .kind = DriverKind::kFilter,
         .has_file_child = true,
     });
     d->push_back(Driver{
@@ -892,6 +898,41 @@ io::Task<absl::StatusOr<Opened>> OpenCor(const Driver& driver,
   co_return out;
 }
 
+// compress (QEMU 7.2's compress_open): the child must be a format that
+// writes compressed clusters (qcow2), else ENOTSUP "Compression is not
+// supported for underlying format: raw"; the filter's request alignment is
+// the child's cluster size, and QEMU's permission check refuses writing
+// through it when the child's size is not a multiple of that.
+io::Task<absl::StatusOr<Opened>> OpenCompress(const Driver& driver,
+                                              Context ctx, Opened child) {
+  absl::Status refused;
+  if (child.driver->name != "qcow2" || child.qcow2 == nullptr) {
+    refused = absl::UnimplementedError(
+        absl::StrCat("Compression is not supported for underlying format: ",
+                     child.driver->name));
+  } else if (!ctx.read_only &&
+             child.qcow2->size() % child.qcow2->cluster_size() != 0) {
+    refused = absl::FailedPreconditionError(
+        "Cannot get 'write' permission without 'resize': Image size is not "
+        "a multiple of request alignment");
+  }
+  if (!refused.ok()) {
+    absl::Status closed = co_await child.node->Close();
+    closed.IgnoreError();  // the open error is the one to report
+    co_return refused;
+  }
+  qcow2::Qcow2Node* qcow2 = child.qcow2;
+  compress_filter::CompressSettings settings{
+      .cluster_size = qcow2->cluster_size(),
+      .write_compressed = [qcow2](uint64_t offset, io::ConstIoVec data) {
+        return qcow2->WriteCompressed(offset, data);
+      }};
+  Opened out = Over(driver, child);
+  out.node = std::make_unique<compress_filter::CompressNode>(
+      std::move(child.node), std::move(settings));
+  co_return out;
+}
+
 io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
                                           Slot slot) {
   // 1. The driver: named, implied by a filename (a `file` child is a
@@ -1070,6 +1111,8 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
     opened = co_await OpenPreallocate(driver, node, *std::move(file_child));
   } else if (driver.name == "copy-on-read") {
     opened = co_await OpenCor(driver, node, ctx, *std::move(file_child));
+  } else if (driver.name == "compress") {
+    opened = co_await OpenCompress(driver, ctx, *std::move(file_child));
   } else if (driver.name == "blkdebug") {
     consumed.push_back("inject-error");
     consumed.push_back("set-state");

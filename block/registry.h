@@ -14,7 +14,12 @@
 // active), `copy-on-read` (filter, cor_filter: `bottom` names a node opened
 // with `node-name` below it, "Bottom node 'x' not found" / "Bottom node 'x'
 // is a filter" (blkdebug counts as one, as in QEMU); over a read-only
-// graph "Block node is read-only", kFailedPrecondition), `null-co` and
+// graph "Block node is read-only", kFailedPrecondition), `compress`
+// (filter, compress_filter: its child must be a qcow2 node, else
+// kUnimplemented "Compression is not supported for underlying format: raw";
+// read-write over a child whose size is not a multiple of its cluster size
+// kFailedPrecondition "Cannot get 'write' permission without 'resize':
+// Image size is not a multiple of request alignment"), `null-co` and
 // `null-aio` (protocols, null_block: named
 // "null-co://" unless size or read-zeroes is given). json:{...} names list a
 // node's keys in QEMU's QDict order (its hash buckets), values as given

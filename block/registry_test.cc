@@ -35,9 +35,9 @@ NodeOptions Opts(const std::string& text) {
 
 TEST(RegistryTest, KnowsQemusDriverNames) {
   EXPECT_EQ(DriverNames(),
-            (std::vector<std::string>{"blkdebug", "copy-on-read", "file",
-                                      "null-aio", "null-co", "preallocate",
-                                      "qcow2", "raw"}));
+            (std::vector<std::string>{"blkdebug", "compress", "copy-on-read",
+                                      "file", "null-aio", "null-co",
+                                      "preallocate", "qcow2", "raw"}));
   EXPECT_EQ(FindDriver("copy-on-read")->kind, DriverKind::kFilter);
   EXPECT_EQ(FindDriver("null-co")->kind, DriverKind::kProtocol);
   EXPECT_EQ(FindDriver("blkdebug")->kind, DriverKind::kProtocol);

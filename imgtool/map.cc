@@ -16,6 +16,7 @@
 #include "absl/strings/str_replace.h"
 #include "base/size.h"
 #include "base/status_macros.h"
+#include "block/registry.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
 #include "posix_file/file_node.h"
@@ -116,6 +117,14 @@ absl::StatusOr<MapEntry> GetEntry(OpenedImage& image, uint64_t offset,
   MapEntry e;
   e.start = offset;
   io::BlockNode* node = image.node.get();
+  // qemu-img map looks through filters on top of the image (QEMU's
+  // bdrv_skip_filters): a filter over qcow2 (preallocate, copy-on-read,
+  // compress) maps as that qcow2 node.
+  if (const block::Driver* top = block::FindDriver(image.format);
+      top != nullptr && top->kind == block::DriverKind::kFilter &&
+      image.qcow2_below != nullptr) {
+    node = image.qcow2_below;
+  }
   for (int depth = 0;; ++depth) {
     e.depth = depth;
     const uint64_t node_size = node->size();
