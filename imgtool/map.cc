@@ -119,9 +119,12 @@ absl::StatusOr<MapEntry> GetEntry(OpenedImage& image, uint64_t offset,
   io::BlockNode* node = image.node.get();
   // qemu-img map looks through filters on top of the image (QEMU's
   // bdrv_skip_filters): a filter over qcow2 (preallocate, copy-on-read,
-  // compress) maps as that qcow2 node.
+  // compress, and blkdebug, a protocol over a child here) maps as that
+  // qcow2 node.
   if (const block::Driver* top = block::FindDriver(image.format);
-      top != nullptr && top->kind == block::DriverKind::kFilter &&
+      top != nullptr &&
+      (top->kind == block::DriverKind::kFilter ||
+       (top->kind == block::DriverKind::kProtocol && top->has_file_child)) &&
       image.qcow2_below != nullptr) {
     node = image.qcow2_below;
   }

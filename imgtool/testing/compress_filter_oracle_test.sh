@@ -123,6 +123,26 @@ for cmd in info "info --output=json" map "map --output=json" check; do
   # shellcheck disable=SC2086
   same_output "$WORK/img" $cmd --image-opts "$OPTS"
 done
+# map looks through a filter on top of qcow2 to the qcow2 node and its
+# backing chain (QEMU's bdrv_skip_filters; iotest 204 maps through
+# blkdebug).
+chain() {
+  mk -o cluster_size=64k base.qcow2 2M
+  qio -c 'write -P 1 0 1M' base.qcow2
+  mk -b base.qcow2 -F qcow2 c.qcow2
+  qio -c 'write -P 2 64k 64k' -c 'write -z 512k 64k' c.qcow2
+}
+for top in compress preallocate blkdebug; do
+  child=file
+  [[ $top == blkdebug ]] && child=image
+  for fmt in "" "--output=json"; do
+    checks=$((checks + 1))
+    rm -rf "$WORK/img" && mkdir -p "$WORK/img" && (cd "$WORK/img" && chain)
+    # shellcheck disable=SC2086
+    same_output "$WORK/img" map $fmt --image-opts \
+      "driver=$top,$child.driver=qcow2,$child.file.filename=c.qcow2"
+  done
+done
 src() {
   qemu-img create -q -f raw src.raw 2M
   qio -f raw -c 'write -P 5 0 300k' -c 'write -P 7 1M 64k' src.raw
