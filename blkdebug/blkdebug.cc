@@ -516,35 +516,10 @@ io::Task<absl::Status> BlkdebugNode::WriteAligned(uint64_t offset,
   co_return absl::OkStatus();
 }
 
-io::Task<void> BlkdebugNode::WaitForConflicts(Tracked& self) {
-  for (;;) {
-    Tracked* conflict = nullptr;
-    for (Tracked* other : tracked_) {
-      if (other == &self || (!other->serialising && !self.serialising)) {
-        continue;
-      }
-      if (other->start < self.end && self.start < other->end &&
-          other->waiting_for == nullptr) {
-        conflict = other;
-        break;
-      }
-    }
-    if (conflict == nullptr) co_return;
-    self.waiting_for = conflict;
-    co_await conflict->done.Wait();
-    self.waiting_for = nullptr;
-  }
-}
-
-void BlkdebugNode::EndTracked(Tracked& t) {
-  tracked_.remove(&t);
-  t.done.Set();
-}
-
 io::Task<absl::Status> BlkdebugNode::DoRead(uint64_t offset, io::IoVec buf) {
   Tracked t{.start = offset, .end = offset + buf.size()};
-  tracked_.push_back(&t);
-  co_await WaitForConflicts(t);
+  tracked_.Begin(t);
+  co_await tracked_.WaitForConflicts(t);
   absl::Status st;
   if (offset % align_ == 0 && buf.size() % align_ == 0) {
     st = co_await ReadAligned(offset, buf);
@@ -557,7 +532,7 @@ io::Task<absl::Status> BlkdebugNode::DoRead(uint64_t offset, io::IoVec buf) {
       std::memcpy(buf.data(), bounce.data() + (offset - start), buf.size());
     }
   }
-  EndTracked(t);
+  tracked_.End(t);
   co_return st;
 }
 
@@ -570,10 +545,10 @@ io::Task<absl::Status> BlkdebugNode::DoWrite(uint64_t offset,
     t.end = AlignUp(offset + data.size(), align_);
     t.serialising = true;
   }
-  tracked_.push_back(&t);
-  co_await WaitForConflicts(t);
+  tracked_.Begin(t);
+  co_await tracked_.WaitForConflicts(t);
   absl::Status st = co_await WriteRmw(offset, data, &t);
-  EndTracked(t);
+  tracked_.End(t);
   co_return st;
 }
 
@@ -585,7 +560,7 @@ io::Task<absl::Status> BlkdebugNode::WriteRmw(uint64_t offset,
     if (tracked != nullptr) {
       // QEMU's bdrv_aligned_pwritev: the wait, then the events around the
       // write.
-      co_await WaitForConflicts(*tracked);
+      co_await tracked_.WaitForConflicts(*tracked);
       co_await DebugEvent(BlkdebugEvent::kPwritev);
     }
     absl::Status st = co_await WriteAligned(at, bytes);

@@ -179,15 +179,9 @@ class BlkdebugNode final : public io::BlockNode {
     std::shared_ptr<io::Event> resumed;
   };
 
-  // A request in flight (QEMU's BdrvTrackedRequest): bytes [start, end); a
-  // read-modify-write is serialising over its range widened to `align`.
-  struct Tracked {
-    uint64_t start = 0;
-    uint64_t end = 0;
-    bool serialising = false;
-    Tracked* waiting_for = nullptr;
-    io::Event done;  // set when the request ends
-  };
+  // A request in flight; a read-modify-write is serialising over its range
+  // widened to `align`.
+  using Tracked = io::TrackedRequests::Request;
 
   BlkdebugNode(std::unique_ptr<io::BlockNode> image,
                const BlkdebugOptions& options);
@@ -204,12 +198,6 @@ class BlkdebugNode final : public io::BlockNode {
   io::Task<absl::Status> WriteAligned(uint64_t offset, io::ConstIoVec data);
   // Resumes the first request suspended under `tag`; false if none is.
   bool ResumeOne(absl::string_view tag);
-  // QEMU's bdrv_wait_serialising_requests: waits while another request
-  // overlaps `self`, either of them is serialising and the other is not
-  // itself waiting (so that two never wait for each other).
-  io::Task<void> WaitForConflicts(Tracked& self);
-  // Ends `t`'s tracking and wakes the requests waiting for it.
-  void EndTracked(Tracked& t);
   // The write of DoWrite without tracking or events: unaligned requests
   // read-modify-written (pwritev_rmw_* events), then written in pieces.
   // `tracked` (or null) waits for conflicts after its reads.
@@ -227,7 +215,7 @@ class BlkdebugNode final : public io::BlockNode {
   std::list<Rule> rules_[io::kBlkdebugEventCount];
   std::list<Rule*> armed_;
   std::list<Suspended> suspended_;
-  std::list<Tracked*> tracked_;  // requests in flight; not owned
+  io::TrackedRequests tracked_;  // requests in flight
   std::ostream* messages_;
 };
 

@@ -61,7 +61,28 @@ CorNode::CorNode(std::unique_ptr<io::BlockNode> file, CorSettings settings)
       file_(std::move(file)),
       settings_(settings) {}
 
+io::TrackedRequests::Request CorNode::Span(uint64_t offset, uint64_t bytes,
+                                           bool serialising) const {
+  io::TrackedRequests::Request r{.start = offset, .end = offset + bytes};
+  const uint64_t cluster = settings_.cluster_size;
+  if (serialising && cluster != 0) {
+    r.start = offset / cluster * cluster;
+    r.end = (r.end + cluster - 1) / cluster * cluster;
+  }
+  r.serialising = serialising;
+  return r;
+}
+
 io::Task<absl::Status> CorNode::DoRead(uint64_t offset, io::IoVec buf) {
+  io::TrackedRequests::Request r = Span(offset, buf.size(), true);
+  tracked_.Begin(r);
+  co_await tracked_.WaitForConflicts(r);
+  absl::Status st = co_await ReadCopying(offset, buf);
+  tracked_.End(r);
+  co_return st;
+}
+
+io::Task<absl::Status> CorNode::ReadCopying(uint64_t offset, io::IoVec buf) {
   if (settings_.bottom == nullptr) co_return co_await CopyOnRead(offset, buf);
   uint64_t done = 0;
   while (done < buf.size()) {
@@ -157,16 +178,31 @@ io::Task<absl::Status> CorNode::CopyOnRead(uint64_t offset, io::IoVec buf) {
 }
 
 io::Task<absl::Status> CorNode::DoWrite(uint64_t offset, io::ConstIoVec data) {
-  co_return co_await file_->Write(offset, data);
+  io::TrackedRequests::Request r = Span(offset, data.size(), false);
+  tracked_.Begin(r);
+  co_await tracked_.WaitForConflicts(r);
+  absl::Status st = co_await file_->Write(offset, data);
+  tracked_.End(r);
+  co_return st;
 }
 
 io::Task<absl::Status> CorNode::DoWriteZeroes(uint64_t offset, uint64_t length,
                                               io::WriteZeroesFlags flags) {
-  co_return co_await file_->WriteZeroes(offset, length, flags);
+  io::TrackedRequests::Request r = Span(offset, length, false);
+  tracked_.Begin(r);
+  co_await tracked_.WaitForConflicts(r);
+  absl::Status st = co_await file_->WriteZeroes(offset, length, flags);
+  tracked_.End(r);
+  co_return st;
 }
 
 io::Task<absl::Status> CorNode::DoDiscard(uint64_t offset, uint64_t length) {
-  co_return co_await file_->Discard(offset, length);
+  io::TrackedRequests::Request r = Span(offset, length, false);
+  tracked_.Begin(r);
+  co_await tracked_.WaitForConflicts(r);
+  absl::Status st = co_await file_->Discard(offset, length);
+  tracked_.End(r);
+  co_return st;
 }
 
 io::Task<absl::Status> CorNode::DoFlush() { co_return co_await file_->Flush(); }

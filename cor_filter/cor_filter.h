@@ -29,11 +29,19 @@
 // opening over a read-only child is QEMU's "Block node is read-only"
 // (block/registry.cc checks it before opening).
 //
-// Differences from QEMU 7.2: the write-back goes through the child's
-// public Write/WriteZeroes, so the child also raises pwritev/pwritev_zero
-// and pwritev_done (QEMU's bdrv_driver_pwritev does not); concurrent reads
-// of one cluster are not serialised (qemu-io issues one request at a time
-// unless aio_read overlaps), so two may copy the same cluster (same data).
+// Concurrent requests are tracked as QEMU's (io::TrackedRequests): a read
+// is serialising over its range widened to whole clusters, so it waits for
+// every overlapping request in flight and they wait for it; writes, zero
+// writes and discards wait only for such reads. A write that arrives while
+// a read copies its cluster therefore lands after the copy and is never
+// overwritten by the older data from the backing chain, and two reads of
+// one cluster copy it once. (QEMU makes only the reads it copies for
+// serialising; imgtool makes every read through the filter so, which can
+// only delay requests, never change their results.)
+//
+// Difference from QEMU 7.2: the write-back goes through the child's public
+// Write/WriteZeroes, so the child also raises pwritev/pwritev_zero and
+// pwritev_done (QEMU's bdrv_driver_pwritev does not).
 //
 // Units: bytes. Thread model: like every node, used from its engine's
 // thread only.
@@ -47,6 +55,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "io/block_node.h"
+#include "io/sync.h"
 #include "io/task.h"
 
 namespace imgtool::cor_filter {
@@ -98,12 +107,19 @@ class CorNode final : public io::BlockNode {
       uint64_t offset, uint64_t max_length) override;
 
  private:
+  // A tracked request over [offset, offset + bytes), widened to whole
+  // clusters if serialising.
+  io::TrackedRequests::Request Span(uint64_t offset, uint64_t bytes,
+                                    bool serialising) const;
+  // DoRead once tracked: the copying walk described above.
+  io::Task<absl::Status> ReadCopying(uint64_t offset, io::IoVec buf);
   // Reads [offset, offset + buf.size()) of the child, copying what its own
   // layer lacks into it (QEMU's read with BDRV_REQ_COPY_ON_READ).
   io::Task<absl::Status> CopyOnRead(uint64_t offset, io::IoVec buf);
 
   std::unique_ptr<io::BlockNode> file_;
   const CorSettings settings_;
+  io::TrackedRequests tracked_;  // requests in flight through the filter
 };
 
 // Whether [offset, offset + n) of `node`'s own layer is allocated (data or

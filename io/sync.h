@@ -17,7 +17,9 @@
 #define IMGTOOL_IO_SYNC_H_
 
 #include <coroutine>
+#include <cstdint>
 #include <deque>
+#include <list>
 #include <utility>
 
 #include "io/task.h"
@@ -122,6 +124,57 @@ class Event {
  private:
   bool set_ = false;
   std::deque<std::coroutine_handle<>> waiters_;
+};
+
+// Requests in flight over byte ranges of one node, as QEMU's tracked
+// requests (BdrvTrackedRequest and bdrv_wait_serialising_requests in
+// block/io.c): a request waits while another one overlaps it, either of
+// the two is serialising and the other is not itself waiting (so that two
+// never wait for each other). Ranges are [start, end) in bytes. Requests
+// are owned by their callers (usually a local of the coroutine) and must
+// be ended before they are destroyed. Not thread-safe, as Mutex and Event.
+class TrackedRequests {
+ public:
+  struct Request {
+    uint64_t start = 0;
+    uint64_t end = 0;
+    bool serialising = false;
+    Request* waiting_for = nullptr;
+    Event done;  // set by End()
+  };
+
+  // Starts tracking `r` (before its first wait).
+  void Begin(Request& r) { requests_.push_back(&r); }
+
+  // Returns once no conflicting request overlaps `self` (see above).
+  Task<void> WaitForConflicts(Request& self) {
+    for (;;) {
+      Request* conflict = nullptr;
+      for (Request* other : requests_) {
+        if (other == &self || (!other->serialising && !self.serialising)) {
+          continue;
+        }
+        if (other->start < self.end && self.start < other->end &&
+            other->waiting_for == nullptr) {
+          conflict = other;
+          break;
+        }
+      }
+      if (conflict == nullptr) co_return;
+      self.waiting_for = conflict;
+      co_await conflict->done.Wait();
+      self.waiting_for = nullptr;
+    }
+  }
+
+  // Ends `r`'s tracking and wakes the requests waiting for it.
+  void End(Request& r) {
+    requests_.remove(&r);
+    r.done.Set();
+  }
+
+ private:
+  std::list<Request*> requests_;  // not owned
 };
 
 }  // namespace imgtool::io

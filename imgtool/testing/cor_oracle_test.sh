@@ -143,6 +143,19 @@ same_io big -c "open -o driver=copy-on-read,file.driver=blkdebug,file.config=$WO
   -c 'read -q -P 0 1M 128k' -c 'read -q 960k 128k'
 same_io big -f qcow2 -c map top.qcow2
 
+# Requests in flight together: a write to a cluster that a copy-on-read is
+# still reading from the backing file (suspended at read_backing_aio) waits
+# for the copy, so the older backing data never lands over it (QEMU's
+# serialising copy-on-read requests); two reads of one cluster copy it once.
+same_io chain -C --image-opts -c 'break read_backing_aio A' \
+  -c 'aio_read -q -P 5 0 4k' -c 'wait_break A' -c 'aio_write -q -P 9 0 4k' \
+  -c 'resume A' -c aio_flush -c 'read -q -P 9 0 4k' -c 'read -q -P 5 4k 4k' \
+  -c map driver=qcow2,file.driver=blkdebug,file.image.filename=top.qcow2
+same_io chain -C --image-opts -c 'break read_backing_aio A' \
+  -c 'aio_read -q -P 5 0 4k' -c 'wait_break A' -c 'aio_write -q -z 0 64k' \
+  -c 'aio_read -q 4k 4k' -c 'resume A' -c aio_flush -c 'read -q -P 0 0 64k' \
+  -c map driver=qcow2,file.driver=blkdebug,file.image.filename=top.qcow2
+
 echo "== qemu-img"
 for o in driver=copy-on-read,file.driver=qcow2,file.file.filename=top.qcow2 \
   driver=copy-on-read,file.filename=top.qcow2; do
