@@ -192,10 +192,11 @@ normalize_io() {
     -e 's/^qemu-io: /imgtool: /' "$1"
 }
 
-# same_io SETUP ARGS...: `qemu-io ARGS` and `imgtool io ARGS` in two
-# directories prepared by the shell function SETUP print the same (stdout
-# and stderr apart), exit the same and leave the same files.
-same_io() {
+# io_pair SETUP ARGS...: runs `qemu-io ARGS` in $WORK/io.q and `imgtool io
+# ARGS` in $WORK/io.i, both prepared by the shell function SETUP, and
+# compares their stdout, stderr (normalize_io) and exit status; returns 1
+# after the first difference. Counts one check.
+io_pair() {
   local setup=$1
   shift
   checks=$((checks + 1))
@@ -210,10 +211,17 @@ same_io() {
   local i_rc=$?
   for f in out err; do
     diff_text "io $*" "std$f" "$(normalize_io "$WORK/i.$f")" \
-      "$(normalize_io "$WORK/q.$f")" || return
+      "$(normalize_io "$WORK/q.$f")" || return 1
   done
-  diff_text "io $*" "exit status" "$i_rc" "$q_rc" || return
-  diff_text "io $*" "resulting files" "$(state "$i")" "$(state "$q")"
+  diff_text "io $*" "exit status" "$i_rc" "$q_rc"
+}
+
+# same_io SETUP ARGS...: io_pair, and the two leave the same files.
+same_io() {
+  io_pair "$@" || return
+  shift
+  diff_text "io $*" "resulting files" "$(state "$WORK/io.i")" \
+    "$(state "$WORK/io.q")"
 }
 
 finish() {
