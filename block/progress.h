@@ -44,10 +44,10 @@ class Progress {
     Print(static_cast<float>(bytes) / static_cast<float>(base) * 100, 100);
   }
 
-  // Ends the line (only if enabled).
+  // Ends the line (only if enabled), without flushing: as qemu-img's, the
+  // newline waits in stdout's buffer (imgtool/main.cc KeepStdioBuffering).
   void End() {
     if (enabled_) out_ << "\n";
-    out_.flush();
   }
 
  private:

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "block/copy.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
 #include "imgtool/progress.h"
@@ -145,7 +146,9 @@ class Side {
     return e;
   }
 
-  // Reads [offset, offset + length) into buffer(). Errors: exit code 4.
+  // Reads [offset, offset + length) into buffer(). Errors: exit code 4,
+  // "Error while reading offset N of <image>: <strerror>" (qemu-img's text:
+  // the request's errno, not the file layer's message naming the file).
   absl::Status Read(uint64_t offset, uint64_t length) {
     absl::Status st = io::RunSync(
         *image_.engine,
@@ -154,7 +157,7 @@ class Side {
     return WithExitCode(
         absl::Status(st.code(),
                      absl::StrCat("Error while reading offset ", offset, " of ",
-                                  filename_, ": ", st.message())),
+                                  filename_, ": ", block::RequestError(st))),
         kReadError);
   }
 
