@@ -137,6 +137,7 @@ class BlkdebugNode final : public io::BlockNode {
   // closes the image, returning its status.
   io::Task<absl::Status> Close() override;
   io::BlockNode* primary_child() const override { return image_.get(); }
+  io::BlockNode* filtered_child() const override { return image_.get(); }
 
   // The node below. Owned by this node.
   io::BlockNode& image() const { return *image_; }

@@ -80,6 +80,7 @@ class CompressNode final : public io::BlockNode {
     return file_->AllocatedSize();
   }
   io::BlockNode* primary_child() const override { return file_.get(); }
+  io::BlockNode* filtered_child() const override { return file_.get(); }
   // Closes the child.
   io::Task<absl::Status> Close() override;
 

@@ -111,7 +111,10 @@ uint64_t RequestAlignment(const io::BlockNode* file) {
 // chain as qemu-img map walks it: the first node that has the range
 // allocated (data or zero) answers at its depth; a node without a backing
 // file, or whose backing file ends before `offset`, answers "zero, not
-// present" at its own depth; a raw file always answers (present).
+// present" at its own depth; a raw file always answers (present). Filters
+// (blkdebug, copy-on-read, preallocate) are looked through at every depth,
+// as qemu-img's bdrv_skip_filters: the node they filter answers, with its
+// backing file below it.
 absl::StatusOr<MapEntry> GetEntry(OpenedImage& image, uint64_t offset,
                                   uint64_t bytes) {
   MapEntry e;
@@ -129,6 +132,7 @@ absl::StatusOr<MapEntry> GetEntry(OpenedImage& image, uint64_t offset,
     node = image.qcow2_below;
   }
   for (int depth = 0;; ++depth) {
+    while (node->filtered_child() != nullptr) node = node->filtered_child();
     e.depth = depth;
     const uint64_t node_size = node->size();
     if (offset >= node_size) {

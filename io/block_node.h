@@ -241,6 +241,13 @@ class BlockNode {
   // format driver overrides only this. Not owned by the caller.
   virtual BlockNode* primary_child() const { return nullptr; }
 
+  // The child a filter passes requests to (QEMU's bdrv_filter_bs for
+  // drivers with is_filter: preallocate, copy-on-read, blkdebug, compress); null for
+  // formats and protocols (the default). A backing chain is looked for
+  // through filters (io/chain_status.h), as QEMU's bdrv_cow_bs of
+  // bdrv_skip_filters. Not owned by the caller.
+  virtual BlockNode* filtered_child() const { return nullptr; }
+
  protected:
   // A driver that handles debug events (blkdebug) returns true here and
   // overrides the five Do* below; the defaults handle nothing.

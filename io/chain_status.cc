@@ -5,6 +5,18 @@
 #include "base/status_macros.h"
 
 namespace imgtool::io {
+namespace {
+
+// The backing node of `node`, looking through filters (QEMU's
+// bdrv_cow_bs(bdrv_skip_filters(node))), or null.
+BlockNode* BackingBelow(BlockNode* node) {
+  while (node->backing() == nullptr && node->filtered_child() != nullptr) {
+    node = node->filtered_child();
+  }
+  return node->backing();
+}
+
+}  // namespace
 
 Task<absl::StatusOr<ChainStatus>> GetChainStatus(BlockNode& top,
                                                  uint64_t offset,
@@ -17,7 +29,7 @@ Task<absl::StatusOr<ChainStatus>> GetChainStatus(BlockNode& top,
     CO_ASSIGN_OR_RETURN(BlockStatus st,
                         co_await node->GetBlockStatus(offset, length));
     length = std::min(length, st.length);
-    BlockNode* backing = node->backing();
+    BlockNode* backing = BackingBelow(node);
     const bool allocated = st.data || st.zero;
     if (allocated || backing == nullptr || offset >= backing->size()) {
       // A protocol node (no backing) always answers; a format node answers

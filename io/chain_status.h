@@ -20,7 +20,9 @@ struct ChainStatus {
   bool present = true;  // false: allocated in no node of the chain
 };
 
-// Walks top, top->backing(), ... for the range at `offset` (< top.size()),
+// Walks top, its backing node, ... for the range at `offset` (< top.size()),
+// where the backing node of a filter (BlockNode::filtered_child) is that of
+// the node it filters (blkdebug over qcow2: the qcow2 node's backing file),
 // at most `max_length` bytes. A backing node shorter than the top reads as
 // zeroes beyond its end, answered by the node above it (not present). Errors: those of GetBlockStatus.
 Task<absl::StatusOr<ChainStatus>> GetChainStatus(BlockNode& top,

@@ -114,6 +114,7 @@ class PreallocFilterNode : public io::BlockNode {
   // The node below. Owned by the filter.
   io::BlockNode& file() const { return *file_; }
   io::BlockNode* primary_child() const override { return file_.get(); }
+  io::BlockNode* filtered_child() const override { return file_.get(); }
   // False: pure pass-through (read-only, or the file is shared).
   bool active() const { return active_; }
 

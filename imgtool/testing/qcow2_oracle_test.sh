@@ -148,6 +148,15 @@ done
 same_output "$WORK" map files/sub/ov.qcow2
 same_output "$D" map -f qcow2 plain.raw
 same_output "$D" map -f raw --output=json top.qcow2
+# Through filters over the top image, the backing chain below still shows
+# (qemu-img map skips filters at every depth; iotest 204).
+for opts in "driver=blkdebug,image.driver=qcow2,image.file.filename=top.qcow2" \
+  "driver=blkdebug,image.driver=qcow2,image.file.filename=top.qcow2,align=4k" \
+  "driver=qcow2,file.driver=preallocate,file.file.filename=top.qcow2"; do
+  same_output "$D" map --image-opts "$opts"
+  same_output "$D" map --output=json --image-opts "$opts"
+done
+same_output "$D" map "json:{\"driver\": \"blkdebug\", \"image\": {\"driver\": \"qcow2\", \"file\": {\"driver\": \"file\", \"filename\": \"top.qcow2\"}}}"
 
 echo "== check"
 for f in $qcow2_images; do
