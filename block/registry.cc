@@ -1,6 +1,8 @@
 #include "block/registry.h"
 
 #include <fcntl.h>
+#include <linux/cdrom.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,9 +49,9 @@ using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using google::protobuf::Reflection;
 
-constexpr std::array<const char*, 13> kUnsupportedDrivers = {
-    "qcow", "qed",       "vmdk",  "vdi",   "vpc",   "vhdx",       "luks",
-    "dmg",  "parallels", "bochs", "cloop", "vvfat", "host_device"};
+constexpr std::array<const char*, 12> kUnsupportedDrivers = {
+    "qcow", "qed",       "vmdk",  "vdi",   "vpc",   "vhdx",
+    "luks", "dmg",       "parallels", "bochs", "cloop", "vvfat"};
 
 constexpr char kQcowMagic[] = {'Q', 'F', 'I', '\xfb'};
 
@@ -58,22 +60,64 @@ constexpr std::array<const char*, 5> kGenericKeys = {
     "driver", "node-name", "read-only", "auto-read-only", "force-share"};
 
 // Protocols QEMU 7.2 has and imgtool does not (bdrv_find_protocol's names).
-constexpr std::array<const char*, 22> kUnsupportedProtocols = {
-    "host_device", "host_cdrom", "nbd",   "nbd+tcp",     "nbd+unix",
-    "ssh",         "http",       "https", "ftp",         "ftps",
-    "iscsi",       "iser",       "rbd",   "gluster",     "gluster+tcp",
-    "gluster+unix", "gluster+rdma", "nfs", "fat",        "blkverify",
-    "nvme",        "vxhs"};
+constexpr std::array<const char*, 20> kUnsupportedProtocols = {
+    "nbd",          "nbd+tcp",      "nbd+unix", "ssh",  "http",
+    "https",        "ftp",          "ftps",     "iscsi", "iser",
+    "rbd",          "gluster",      "gluster+tcp", "gluster+unix",
+    "gluster+rdma", "nfs",          "fat",      "blkverify", "nvme", "vxhs"};
 
-// QEMU's bdrv_parse_filename_strip_prefix(filename, "file"): "file:" is
-// stripped, and "./" put before a rest that would read as a protocol.
-absl::Status ParseFileFilename(absl::string_view filename, NodeOptions* node) {
-  if (absl::ConsumePrefix(&filename, "file:") && HasProtocolPrefix(filename)) {
+// QEMU's bdrv_parse_filename_strip_prefix(filename, "<protocol>:"): the
+// prefix is stripped, and "./" put before a rest that would read as a
+// protocol.
+absl::Status StripPrefixFilename(absl::string_view prefix,
+                                 absl::string_view filename,
+                                 NodeOptions* node) {
+  if (absl::ConsumePrefix(&filename, prefix) && HasProtocolPrefix(filename)) {
     node->values["filename"] = absl::StrCat("./", filename);
   } else {
     node->values["filename"] = std::string(filename);
   }
   return absl::OkStatus();
+}
+absl::Status ParseFileFilename(absl::string_view filename, NodeOptions* node) {
+  return StripPrefixFilename("file:", filename, node);
+}
+absl::Status ParseHostDeviceFilename(absl::string_view filename,
+                                     NodeOptions* node) {
+  return StripPrefixFilename("host_device:", filename, node);
+}
+absl::Status ParseHostCdromFilename(absl::string_view filename,
+                                    NodeOptions* node) {
+  return StripPrefixFilename("host_cdrom:", filename, node);
+}
+
+// The posix_file drivers: `file` and its device twins.
+bool IsPosixFileDriver(absl::string_view name) {
+  return name == "file" || name == "host_device" || name == "host_cdrom";
+}
+
+// QEMU's find_hdev_driver: the device driver a filename names before any
+// protocol prefix is looked at (QEMU's bdrv_probe_device scores, the
+// highest wins): "host_cdrom" (100) for a block device that answers the
+// CDROM_DRIVE_STATUS ioctl, else "host_device" for a character or block
+// device (100) or a name starting with "/dev/cdrom" (50); "" for anything
+// else (a regular file, a missing file, "file:/dev/sda").
+std::string HostDeviceDriverFor(const std::string& filename) {
+  const int fd = open(filename.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd >= 0) {
+    struct stat st;
+    const bool cdrom = fstat(fd, &st) == 0 && S_ISBLK(st.st_mode) &&
+                       ioctl(fd, CDROM_DRIVE_STATUS, CDSL_CURRENT) >= 0;
+    close(fd);
+    if (cdrom) return "host_cdrom";
+  }
+  if (absl::StartsWith(filename, "/dev/cdrom")) return "host_device";
+  struct stat st;
+  if (stat(filename.c_str(), &st) == 0 &&
+      (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))) {
+    return "host_device";
+  }
+  return "";
 }
 
 absl::Status ParseNullCo(absl::string_view filename, NodeOptions*) {
@@ -100,6 +144,17 @@ const std::vector<Driver>& Drivers() {
         .protocol = "file",
         .parse_filename = ParseFileFilename,
     });
+    // QEMU's host_device and host_cdrom: the file driver for block and
+    // character devices, with its options.
+    for (const char* name : {"host_device", "host_cdrom"}) {
+      Driver device = d->back();
+      device.name = name;
+      device.protocol = name;
+      device.parse_filename = std::string(name) == "host_device"
+                                  ? ParseHostDeviceFilename
+                                  : ParseHostCdromFilename;
+      d->push_back(std::move(device));
+    }
     for (const char* name : {"null-co", "null-aio"}) {
       d->push_back(Driver{
           .name = name,
@@ -461,7 +516,8 @@ bool IsOtherProtocol(const NodeOptions& node) {
   auto driver = node.values.find("driver");
   if (driver == node.values.end()) return false;
   const Driver* d = FindDriver(driver->second);
-  return d != nullptr && d->kind == DriverKind::kProtocol && d->name != "file";
+  return d != nullptr && d->kind == DriverKind::kProtocol &&
+         !IsPosixFileDriver(d->name);
 }
 
 // `"backing": null` in json: or `backing=` (QEMU's deprecated spelling of
@@ -532,8 +588,8 @@ io::Task<absl::StatusOr<Opened>> OpenFile(const Driver& driver,
   CO_RETURN_IF_ERROR(FillDriverOptions(driver, node, &options));
   const std::string filename = options.filename();
   if (filename.empty()) {
-    co_return absl::InvalidArgumentError(
-        "The 'file' block driver requires a file name");
+    co_return absl::InvalidArgumentError(absl::StrCat(
+        "The '", driver.name, "' block driver requires a file name"));
   }
   for (const char* key : {"aio", "locking"}) {
     auto it = node.values.find(key);
@@ -551,10 +607,6 @@ io::Task<absl::StatusOr<Opened>> OpenFile(const Driver& driver,
   struct stat st;
   std::optional<FileId> id;
   if (stat(filename.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) {
-      co_return absl::InvalidArgumentError(absl::StrCat(
-          "'file' driver requires '", filename, "' to be a regular file"));
-    }
     id = FileId{st.st_dev, st.st_ino};
     if (std::find(ctx.ancestors.begin(), ctx.ancestors.end(), *id) !=
         ctx.ancestors.end()) {
@@ -562,6 +614,7 @@ io::Task<absl::StatusOr<Opened>> OpenFile(const Driver& driver,
           "Backing file '", filename, "' creates an infinite loop."));
     }
   }
+  options.set_driver(driver.name);
   options.set_cache(CacheMode(ctx.cache));
   options.set_read_only(ctx.read_only);
   options.set_force_share(ctx.force_share);
@@ -588,7 +641,8 @@ io::Task<absl::StatusOr<Opened>> OpenFile(const Driver& driver,
   out.exact_filename = filename;
   std::string quoted;
   AppendJsonString(filename, &quoted);
-  out.json = absl::StrCat("{\"driver\": \"file\", \"filename\": ", quoted, "}");
+  out.json = absl::StrCat("{\"driver\": \"", driver.name, "\", \"filename\": ",
+                          quoted, "}");
   if (id.has_value()) out.files.push_back(*id);
   co_return out;
 }
@@ -963,7 +1017,8 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
         co_return absl::InvalidArgumentError(
             "Must specify either driver or file");
       }
-      driver_name = "file";
+      driver_name = HostDeviceDriverFor(node.values.at("filename"));
+      if (driver_name.empty()) driver_name = "file";
     } else if (node.children.count("file") != 0 &&
                (ChainHasFormatOtherThanRaw(node.children.at("file")) ||
                 IsOtherProtocol(node.children.at("file")))) {
@@ -1065,7 +1120,7 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
 
   // 4. The node itself.
   absl::StatusOr<Opened> opened;
-  if (driver.name == "file") {
+  if (IsPosixFileDriver(driver.name)) {
     opened = co_await OpenFile(driver, node, ctx);
   } else if (driver.name == "null-co" || driver.name == "null-aio") {
     opened = co_await OpenNull(driver, node, ctx);
@@ -1366,6 +1421,12 @@ bool HasProtocolPrefix(absl::string_view filename) {
 
 absl::StatusOr<NodeOptions> ProtocolNodeOptions(absl::string_view filename,
                                                 const Driver* driver) {
+  if (driver == nullptr) {
+    // Devices first, even with a ':' in their names (QEMU's
+    // bdrv_find_protocol).
+    const std::string device = HostDeviceDriverFor(std::string(filename));
+    if (!device.empty()) driver = FindDriver(device);
+  }
   if (driver == nullptr && HasProtocolPrefix(filename)) {
     const absl::string_view prefix = filename.substr(0, filename.find(':'));
     for (const Driver& d : Drivers()) {

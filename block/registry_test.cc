@@ -36,8 +36,10 @@ NodeOptions Opts(const std::string& text) {
 TEST(RegistryTest, KnowsQemusDriverNames) {
   EXPECT_EQ(DriverNames(),
             (std::vector<std::string>{"blkdebug", "compress", "copy-on-read",
-                                      "file", "null-aio", "null-co",
-                                      "preallocate", "qcow2", "raw"}));
+                                      "file", "host_cdrom", "host_device",
+                                      "null-aio", "null-co", "preallocate",
+                                      "qcow2", "raw"}));
+  EXPECT_EQ(FindDriver("host_device")->kind, DriverKind::kProtocol);
   EXPECT_EQ(FindDriver("copy-on-read")->kind, DriverKind::kFilter);
   EXPECT_EQ(FindDriver("null-co")->kind, DriverKind::kProtocol);
   EXPECT_EQ(FindDriver("blkdebug")->kind, DriverKind::kProtocol);
@@ -478,6 +480,52 @@ TEST_F(OpenGraphTest, ErrorsAreQemus) {
     ASSERT_FALSE(g.ok()) << text;
     EXPECT_EQ(g.status().message(), error) << text;
   }
+}
+
+// QEMU 7.2's file-posix checks, after open(2) (iotest 226): `file` takes
+// regular files only, host_device and host_cdrom devices only; a directory
+// opened read-write fails in open(2) already. A device named without a
+// driver is a host_device node.
+TEST_F(OpenGraphTest, FileAndDeviceDriversCheckTheKindOfFile) {
+  EXPECT_EQ(Result("driver=file,filename=" + dir_),
+            "'file' driver requires '" + dir_ + "' to be a regular file");
+  EXPECT_EQ(Result("driver=file,filename=" + dir_, /*read_only=*/false),
+            "Could not open '" + dir_ + "': Is a directory");
+  EXPECT_EQ(Result("driver=file,filename=/dev/null,locking=off"),
+            "'file' driver requires '/dev/null' to be a regular file");
+  EXPECT_EQ(Result("driver=file,filename=/dev/null", /*read_only=*/false),
+            "'file' driver requires '/dev/null' to be a regular file");
+  for (const char* driver : {"host_device", "host_cdrom"}) {
+    EXPECT_EQ(Result(absl::StrCat("driver=", driver, ",filename=", dir_)),
+              absl::StrCat("'", driver, "' driver requires '", dir_,
+                           "' to be either a character or block device"));
+    EXPECT_EQ(Result(absl::StrCat("driver=", driver, ",filename=", dir_),
+                     /*read_only=*/false),
+              "Could not open '" + dir_ + "': Is a directory");
+    EXPECT_EQ(Result(absl::StrCat("driver=", driver, ",filename=", raw_)),
+              absl::StrCat("'", driver, "' driver requires '", raw_,
+                           "' to be either a character or block device"));
+    EXPECT_EQ(Result(absl::StrCat("driver=", driver,
+                                  ",filename=/dev/null,locking=off"),
+                     /*read_only=*/false),
+              absl::StrCat("ok: /dev/null ", driver));
+    EXPECT_EQ(Result(absl::StrCat("driver=", driver, ",filename=")),
+              absl::StrCat("The '", driver,
+                           "' block driver requires a file name"));
+  }
+  EXPECT_EQ(Result("driver=raw,file.filename=/dev/null,file.locking=off"),
+            "ok: /dev/null raw");
+  absl::StatusOr<NodeOptions> plain = ImageOptions("/dev/null", "", false);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->children.at("file").values.at("driver"), "host_device");
+  absl::StatusOr<NodeOptions> prefixed =
+      ImageOptions("host_device:/dev/null", "raw", false);
+  ASSERT_TRUE(prefixed.ok()) << prefixed.status();
+  EXPECT_EQ(prefixed->children.at("file").values.at("driver"), "host_device");
+  EXPECT_EQ(prefixed->children.at("file").values.at("filename"), "/dev/null");
+  absl::StatusOr<NodeOptions> as_file = ImageOptions("/dev/null", "file", false);
+  ASSERT_TRUE(as_file.ok()) << as_file.status();
+  EXPECT_EQ(as_file->values.at("driver"), "file");
 }
 
 TEST_F(OpenGraphTest, ReadOnlyAndForceShareOptions) {

@@ -234,6 +234,7 @@ struct FileNode::State {
   io::Engine& engine;
   int fd;
   internal::FileIo io;
+  bool regular_file = true;  // false: a block or character device
   bool direct = false;
   bool no_flush = false;
   bool locked = false;  // image locks are held on fd
@@ -281,9 +282,17 @@ absl::StatusOr<std::unique_ptr<FileNode>> FileNode::Open(
     return absl::InvalidArgumentError(
         "force-share=on can only be used with read-only images");
   }
+  const std::string driver =
+      options.driver().empty() ? "file" : options.driver();
+  if (driver != "file" && driver != "host_device" && driver != "host_cdrom") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Unknown driver '", driver, "'"));
+  }
+  const bool device_driver = driver != "file";
   const bool read_only = options.read_only();
   int fd = open(path.c_str(),
-                (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC | cache.open_flags);
+                (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC | cache.open_flags |
+                    (driver == "host_cdrom" ? O_NONBLOCK : 0));
   if (fd < 0) return ErrnoStatus(path, "Could not open", errno);
 
   internal::FileIo::Config config{.fd = fd, .path = path};
@@ -293,12 +302,29 @@ absl::StatusOr<std::unique_ptr<FileNode>> FileNode::Open(
     return st;
   };
   struct stat st;
-  if (fstat(fd, &st) != 0) return fail(ErrnoStatus(path, "fstat", errno));
-  // A read-write open(2) of a directory fails with EISDIR already. Pipes
-  // and sockets are neither regular files nor QEMU's host devices.
-  if (S_ISDIR(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) {
+  if (fstat(fd, &st) != 0) {
+    return fail(ErrnoStatus("", "Could not stat file", errno));
+  }
+  // QEMU's check_hdev_writable, right after the open: a block device set
+  // read-only (blockdev --setro) opens O_RDWR but fails every write.
+  if (!read_only && S_ISBLK(st.st_mode)) {
+    int device_read_only = 0;
+    if (ioctl(fd, BLKROGET, &device_read_only) != 0) {
+      return fail(ErrnoStatus("", "The device is not writable", errno));
+    }
+    if (device_read_only != 0) {
+      return fail(ErrnoStatus("", "The device is not writable", EACCES));
+    }
+  }
+  // A read-write open(2) of a directory failed with EISDIR already.
+  if (!device_driver && !S_ISREG(st.st_mode)) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
-        "'file' driver requires '", path, "' to be a regular file")));
+        "'", driver, "' driver requires '", path, "' to be a regular file")));
+  }
+  if (device_driver && !S_ISCHR(st.st_mode) && !S_ISBLK(st.st_mode)) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("'", driver, "' driver requires '", path,
+                     "' to be either a character or block device")));
   }
   config.regular_file = S_ISREG(st.st_mode);
   const bool block_device = S_ISBLK(st.st_mode);
@@ -342,7 +368,9 @@ absl::StatusOr<std::unique_ptr<FileNode>> FileNode::Open(
     config.max_request = internal::ProbeMaxRequestBytes(st);
   }
 
+  const bool regular_file = config.regular_file;
   auto state = std::make_unique<State>(engine, std::move(config));
+  state->regular_file = regular_file;
   state->direct = (cache.open_flags & O_DIRECT) != 0;
   state->no_flush = cache.no_flush;
   state->locked = *locked;
@@ -515,6 +543,9 @@ io::Task<absl::StatusOr<io::BlockStatus>> FileNode::DoGetBlockStatus(
     status.length = length;
     return status;
   };
+  // QEMU's host_device has no block status: the block layer answers data,
+  // with its offset, for the whole range.
+  if (!state_->regular_file) co_return data(max_length);
   auto hole = [&](uint64_t length) {
     status.data = false;
     status.zero = true;

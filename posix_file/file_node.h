@@ -1,5 +1,6 @@
-// The `file` protocol driver: a block node over a regular file or block
-// device (QEMU's file-posix). Creation with preallocation and an XFS extent
+// The `file` protocol driver and its device twins `host_device` and
+// `host_cdrom`: a block node over a regular file, or over a block or
+// character device (QEMU's file-posix). Creation with preallocation and an XFS extent
 // size hint, cache modes incl. O_DIRECT with request alignment probing and
 // bounce buffers, OFD image locks, fallocate-based write zeroes/discard
 // with a probed-once fallback, and block status from SEEK_DATA/SEEK_HOLE.
@@ -63,6 +64,20 @@ class FileNode : public io::BlockNode {
   // Probes O_DIRECT alignment for cache=none and directsync. A file longer
   // than 2^63 - 2^30 bytes (rounded up to 512; QEMU's limit) is kOutOfRange
   // "Could not refresh total sector count: File too large".
+  // The file is opened first, then checked, in QEMU's order, so a
+  // directory opened read-write fails in open(2) ("<path>: Could not open:
+  // Is a directory") and read-only in the check: the `file` driver
+  // (options.driver() "file" or empty) needs a regular file,
+  // kInvalidArgument "'file' driver requires '<path>' to be a regular file"
+  // (/dev/null too); host_device and host_cdrom need a character or block
+  // device, kInvalidArgument "'host_device' driver requires '<path>' to be
+  // either a character or block device". A read-write open of a block
+  // device set read-only (BLKROGET) is kPermissionDenied "The device is not
+  // writable: Permission denied". On a device, block status is data with
+  // its offset for the whole range (QEMU's host_device has no block status
+  // of its own), the node's length is the device's, and Truncate may only
+  // keep or lower it ("Cannot grow device files"). Image locks are taken on
+  // devices as on files.
   static absl::StatusOr<std::unique_ptr<FileNode>> Open(
       io::Engine& engine, const FileOpenOptions& options,
       std::ostream* warnings);

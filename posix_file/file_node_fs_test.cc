@@ -109,6 +109,8 @@ class FileNodeFsTest : public ::testing::Test {
     options.set_filename(path);
     options.set_cache(cache);
     options.set_read_only(read_only);
+    // Devices open with QEMU's host_device driver; `file` refuses them.
+    if (absl::StartsWith(path, "/dev/")) options.set_driver("host_device");
     absl::StatusOr<std::unique_ptr<FileNode>> node =
         FileNode::Open(engine_, options, nullptr);
     EXPECT_TRUE(node.ok()) << node.status();
@@ -635,6 +637,7 @@ TEST_F(FileNodeFsTest, DirectIoRequestsTheDeviceSplitsAreMarkedMayBlock) {
   testing::OpRecorder reads(engine_, io::OpKind::kRead);
   FileOpenOptions options;
   options.set_filename(loop->device());
+  options.set_driver("host_device");
   options.set_cache("none");
   absl::StatusOr<std::unique_ptr<FileNode>> node =
       FileNode::Open(reads, options, nullptr);

@@ -155,6 +155,18 @@ class FileNodeTest : public ::testing::Test {
     return FileNode::Open(engine_, options, &warnings_);
   }
 
+    // An open with QEMU's `driver` (host_device, host_cdrom).
+  absl::StatusOr<std::unique_ptr<FileNode>> OpenAs(const std::string& driver,
+                                                   const std::string& path,
+                                                   bool read_only) {
+    FileOpenOptions options;
+    options.set_filename(path);
+    options.set_driver(driver);
+    options.set_read_only(read_only);
+    options.set_locking("off");
+    return FileNode::Open(engine_, options, &warnings_);
+  }
+
   // An open with share_all_with_others (QEMU's raw format).
   absl::StatusOr<std::unique_ptr<FileNode>> OpenSharingAll(
       const std::string& path, bool read_only = false) {
@@ -366,10 +378,46 @@ TEST_F(FileNodeTest, OpenRejectsBadOptions) {
             "'file' driver requires '" + dir + "' to be a regular file");
   auto rw_dir = Open(dir);
   EXPECT_EQ(rw_dir.status().message(), dir + ": Could not open: Is a directory");
+  // Character devices are for host_device, as in QEMU 7.2.
+  for (bool read_only : {true, false}) {
+    auto null_dev = Open("/dev/null", "", read_only, false, "off");
+    EXPECT_EQ(null_dev.status(),
+              absl::InvalidArgumentError(
+                  "'file' driver requires '/dev/null' to be a regular file"));
+  }
   auto missing = Open(Path("missing.raw"));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(missing.status().message()),
               HasSubstr(Path("missing.raw")));
+}
+
+// host_device and host_cdrom: character and block devices only, checked
+// after open(2) as QEMU does (a directory opened read-write fails there).
+TEST_F(FileNodeTest, DeviceDriversTakeDevicesOnly) {
+  const std::string dir = Path("ddir");
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  const std::string file = Path("d.raw");
+  ASSERT_TRUE(Create(file, 4096).ok());
+  for (const std::string driver : {"host_device", "host_cdrom"}) {
+    const std::string not_device = "' to be either a character or block device";
+    EXPECT_EQ(OpenAs(driver, dir, true).status(),
+              absl::InvalidArgumentError("'" + driver + "' driver requires '" +
+                                         dir + not_device));
+    EXPECT_EQ(OpenAs(driver, dir, false).status().message(),
+              dir + ": Could not open: Is a directory");
+    EXPECT_EQ(OpenAs(driver, file, false).status(),
+              absl::InvalidArgumentError("'" + driver + "' driver requires '" +
+                                         file + not_device));
+    // /dev/null: length 0, opens either way.
+    for (bool read_only : {true, false}) {
+      auto node = OpenAs(driver, "/dev/null", read_only);
+      ASSERT_TRUE(node.ok()) << node.status();
+      EXPECT_EQ((*node)->size(), 0u);
+      EXPECT_TRUE(io::RunSync(engine_, (*node)->Close()).ok());
+    }
+  }
+  EXPECT_EQ(OpenAs("nbd", file, true).status(),
+            absl::InvalidArgumentError("Unknown driver 'nbd'"));
 }
 
 TEST_F(FileNodeTest, WritesReadBackAndGrowTheNode) {
