@@ -23,6 +23,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "base/align.h"
 #include "base/errno_status.h"
 #include "base/size.h"
@@ -241,8 +243,15 @@ absl::Status RunCommit(const std::vector<std::string>& args, Streams streams) {
   progress.Print(0, 100);
   absl::Status status =
       Commit(a, image, depth, filename, progress, streams.out);
+  // As qemu-img's blk_unref: a failed close (the qcow2 caches not written
+  // back) is reported, one line per cache, before the commit's own error,
+  // and changes neither the outcome nor the exit status.
   absl::Status closed = CloseImage(image);
-  if (status.ok()) status = closed;
+  if (!closed.ok()) {
+    for (absl::string_view line : absl::StrSplit(closed.message(), '\n')) {
+      streams.err << ProgramName() << ": " << line << "\n";
+    }
+  }
   progress.End();
   RETURN_IF_ERROR(status);
   if (!a.quiet) streams.out << "Image committed.\n";

@@ -175,13 +175,22 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // Drops every cluster of the image, as QEMU 7.2's qcow2_make_empty does
   // after qemu-img commit: a version 3 image without snapshots or bitmaps
   // (whose L1 table fits beside the header in one refcount block's reach)
-  // is rewritten as a new one: header, refcount table, one refcount block
-  // and the zeroed L1 table in clusters 0, 1, 2 and 3.., the file cut after
-  // them, the header cluster rewritten (QEMU's make_completely_empty; the
-  // dirty bit is set, synced, while the refcounts are wrong). Other images
-  // get every cluster discarded (L2 entries cleared, clusters freed).
+  // is rewritten as a new one in QEMU's make_completely_empty steps, with
+  // its debug events on the file: caches written back and emptied, dirty
+  // bit set (synced), l1_update and the L1 table zeroed,
+  // empty_image_prepare and clusters 1..2+L1 zeroed, l1_update and
+  // reftable_update and the header pointed at a refcount table in cluster 1
+  // and the L1 table at cluster 3 (synced), refblock_alloc and the refcount
+  // block in cluster 2 entered in the table (synced), the first 3 + L1
+  // clusters allocated, the image marked clean (header cluster rewritten),
+  // the file cut after the L1 table. Other images get every cluster
+  // discarded (L2 entries cleared, clusters freed).
   // No request may be in flight. Errors: kFailedPrecondition on a
-  // read-only node, I/O errors of the file.
+  // read-only node, I/O errors of the file. A failure after the dirty bit
+  // is set and before the allocation succeeded leaves the refcounts wrong
+  // (the image on disk is what QEMU leaves; the next read-write open
+  // repairs it): the node is then unusable, every later request fails with
+  // ENOMEDIUM and Close writes nothing (QEMU ejects the driver).
   io::Task<absl::Status> MakeEmpty();
 
   // End in bytes of the last host cluster with a nonzero refcount

@@ -164,4 +164,54 @@ for event in read_aio l2_load; do
   done
 done
 
+# --- Errors while qemu-img commit empties the top (qcow2_make_empty) --------
+# commit_case NAME SETUP ARGS...: `imgtool commit ARGS` against `qemu-img
+# commit ARGS`; then the files, a read-write open (which repairs a dirty
+# image: its messages compared) and `qemu-img check` (iotest 098).
+commit_case() {
+  local name=$1 setup=$2
+  shift 2
+  checks=$((checks + 1))
+  local a="$WORK/a" b="$WORK/b"
+  rm -rf "$a" "$b"
+  mkdir -p "$a" "$b"
+  (cd "$a" && $setup)
+  (cd "$b" && $setup)
+  (cd "$a" && "$IMGTOOL" commit "$@" >"$WORK/a.out" 2>"$WORK/a.err")
+  local a_rc=$?
+  (cd "$b" && qemu-img commit "$@" >"$WORK/b.out" 2>"$WORK/b.err")
+  local b_rc=$?
+  diff_text "$name" stdout "$(normalize "$WORK/a.out")" \
+      "$(normalize "$WORK/b.out")" &&
+    diff_text "$name" stderr "$(normalize "$WORK/a.err")" \
+      "$(normalize "$WORK/b.err")" &&
+    diff_text "$name" "exit status" "$a_rc" "$b_rc" &&
+    diff_text "$name" "resulting files" "$(state "$a")" "$(state "$b")" &&
+    diff_text "$name" "open" \
+      "$(cd "$a" && "$IMGTOOL" io -c close t.qcow2 2>&1 | normalize /dev/stdin)" \
+      "$(cd "$b" && qemu-io -c close t.qcow2 2>&1 | normalize /dev/stdin)" &&
+    diff_text "$name" "check" \
+      "$(cd "$a" && qemu-img check t.qcow2 2>&1; echo "rc=$?")" \
+      "$(cd "$b" && qemu-img check t.qcow2 2>&1; echo "rc=$?")" &&
+    diff_text "$name" "repaired files" "$(state "$a")" "$(state "$b")"
+}
+setup_commit() {
+  qemu-img create -q -f qcow2 t.qcow2.base 64M
+  qemu-img create -q -f qcow2 -b t.qcow2.base -F qcow2 t.qcow2 64M
+  qemu-io -c 'write -P 0x33 0 64k' t.qcow2 >/dev/null
+}
+commit_case "commit" setup_commit t.qcow2
+for event in l1_update empty_image_prepare reftable_update refblock_alloc \
+    cluster_alloc refblock_update_part pwritev_zero; do
+  for once in on off; do
+    eval "setup_c() { setup_commit; conf $event 5 $once; }"
+    commit_case "commit $event 5 once=$once" setup_c \
+      blkdebug:blkdebug.conf:t.qcow2
+  done
+done
+for event in empty_image_prepare refblock_alloc; do
+  eval "setup_c() { setup_commit; conf $event 28 off; }"
+  commit_case "commit $event 28 once=off" setup_c blkdebug:blkdebug.conf:t.qcow2
+done
+
 finish
