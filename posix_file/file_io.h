@@ -166,6 +166,9 @@ class FileIo {
   // out `used_end`. One fgetxattr(2) unless this FileIo marked the file.
   bool MayHaveTailGrownAhead() const;
 
+  // False for a block or character device (Config::regular_file).
+  bool regular_file() const { return config_.regular_file; }
+
   // Cuts the file back to size() if growing ahead left it longer, and
   // removes the grown-ahead marker. Errors name the path ("ftruncate").
   absl::Status CutToSize();

@@ -234,7 +234,6 @@ struct FileNode::State {
   io::Engine& engine;
   int fd;
   internal::FileIo io;
-  bool regular_file = true;  // false: a block or character device
   bool direct = false;
   bool no_flush = false;
   bool locked = false;  // image locks are held on fd
@@ -368,9 +367,7 @@ absl::StatusOr<std::unique_ptr<FileNode>> FileNode::Open(
     config.max_request = internal::ProbeMaxRequestBytes(st);
   }
 
-  const bool regular_file = config.regular_file;
   auto state = std::make_unique<State>(engine, std::move(config));
-  state->regular_file = regular_file;
   state->direct = (cache.open_flags & O_DIRECT) != 0;
   state->no_flush = cache.no_flush;
   state->locked = *locked;
@@ -545,7 +542,7 @@ io::Task<absl::StatusOr<io::BlockStatus>> FileNode::DoGetBlockStatus(
   };
   // QEMU's host_device has no block status: the block layer answers data,
   // with its offset, for the whole range.
-  if (!state_->regular_file) co_return data(max_length);
+  if (!state_->io.regular_file()) co_return data(max_length);
   auto hole = [&](uint64_t length) {
     status.data = false;
     status.zero = true;
