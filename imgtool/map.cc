@@ -16,7 +16,6 @@
 #include "absl/strings/str_replace.h"
 #include "base/size.h"
 #include "base/status_macros.h"
-#include "block/registry.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
 #include "posix_file/file_node.h"
@@ -112,25 +111,14 @@ uint64_t RequestAlignment(const io::BlockNode* file) {
 // allocated (data or zero) answers at its depth; a node without a backing
 // file, or whose backing file ends before `offset`, answers "zero, not
 // present" at its own depth; a raw file always answers (present). Filters
-// (blkdebug, copy-on-read, preallocate) are looked through at every depth,
-// as qemu-img's bdrv_skip_filters: the node they filter answers, with its
-// backing file below it.
+// (blkdebug, copy-on-read, compress, preallocate) are looked through at
+// every depth, the top included, as qemu-img's bdrv_skip_filters: the node
+// they filter answers, with its backing file below it.
 absl::StatusOr<MapEntry> GetEntry(OpenedImage& image, uint64_t offset,
                                   uint64_t bytes) {
   MapEntry e;
   e.start = offset;
   io::BlockNode* node = image.node.get();
-  // qemu-img map looks through filters on top of the image (QEMU's
-  // bdrv_skip_filters): a filter over qcow2 (preallocate, copy-on-read,
-  // compress, and blkdebug, a protocol over a child here) maps as that
-  // qcow2 node.
-  if (const block::Driver* top = block::FindDriver(image.format);
-      top != nullptr &&
-      (top->kind == block::DriverKind::kFilter ||
-       (top->kind == block::DriverKind::kProtocol && top->has_file_child)) &&
-      image.qcow2_below != nullptr) {
-    node = image.qcow2_below;
-  }
   for (int depth = 0;; ++depth) {
     while (node->filtered_child() != nullptr) node = node->filtered_child();
     e.depth = depth;
