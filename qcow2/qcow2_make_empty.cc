@@ -55,12 +55,7 @@ io::Task<absl::Status> Qcow2Node::MakeEmpty() {
   pending_frees_.clear();
   l2_offsets_.clear();
   metadata_preallocation_.reset();
-  l2_cache_ = std::make_unique<TableCache>(
-      cluster_size_, config_.l2_cache_tables,
-      [this](uint64_t offset, io::IoVec buf) { return ReadMetadata(offset, buf); },
-      [this](uint64_t offset, io::ConstIoVec data) {
-        return WriteL2Table(offset, data);
-      });
+  l2_cache_ = NewL2Cache();
   // 2. The refcounts go wrong from here on: the dirty bit first, durable,
   // so that a failure or crash leaves an image the next read-write open
   // repairs (qcow2_mark_dirty: a synced write of the field, then a flush).

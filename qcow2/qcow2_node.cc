@@ -61,7 +61,13 @@ Qcow2Node::Qcow2Node(std::unique_ptr<io::BlockNode> file, format::Header header,
   l2_format_.cluster_bits = cluster_bits_;
   l2_format_.extended_l2 = header_.extended_l2();
   l2_format_.external_data_file = header_.has_data_file();
-  l2_cache_ = std::make_unique<TableCache>(
+  l2_cache_ = NewL2Cache();
+}
+
+Qcow2Node::~Qcow2Node() = default;
+
+std::unique_ptr<TableCache> Qcow2Node::NewL2Cache() {
+  return std::make_unique<TableCache>(
       cluster_size_, config_.l2_cache_tables,
       [this](uint64_t offset, io::IoVec buf) {
         return ReadMetadataAfter(*this, io::BlkdebugEvent::kL2Load, offset,
@@ -71,8 +77,6 @@ Qcow2Node::Qcow2Node(std::unique_ptr<io::BlockNode> file, format::Header header,
         return WriteL2Table(offset, data);
       });
 }
-
-Qcow2Node::~Qcow2Node() = default;
 
 uint64_t Qcow2Node::size() const { return header_.size; }
 

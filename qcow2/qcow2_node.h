@@ -426,6 +426,9 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   uint64_t l2_index(uint64_t guest_offset) const {
     return (guest_offset >> cluster_bits_) % l2_entries_;
   }
+  // An empty L2 table cache: a miss raises l2_load on the file and reads
+  // the table, write-back goes through WriteL2Table.
+  std::unique_ptr<TableCache> NewL2Cache();
   // The L2 table of L1 entry `index` (which must be allocated), checked.
   io::Task<absl::StatusOr<TableCache::Ref>> LoadL2(uint64_t index);
   // The L2 table for L1 entry `index`, allocated (or copied from a shared
