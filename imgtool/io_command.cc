@@ -38,7 +38,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
@@ -263,11 +262,6 @@ absl::Status RunIo(const std::vector<std::string>& args, Streams streams) {
     ASSIGN_OR_RETURN(spec.aio, io::ParseEngineKind(aio));
   }
 
-  // As qemu-io's stdio: stdout stays buffered while stderr lines go out at
-  // once, so an error is not preceded by a flush of stdout (std::cerr is
-  // tied to std::cout); restored when the session ends.
-  std::ostream* const tied = streams.err.tie(nullptr);
-  absl::Cleanup untie = [&] { streams.err.tie(tied); };
   Session session(streams);
   session.set_image_opts(spec.image_opts);
   if (operands.size() == 1) {

@@ -156,8 +156,9 @@ int RunCommand(imgtool::cli::CommandFn run,
 // Image size mismatch!" printed earlier (iotest 074). std::cout writes
 // through to C's stdout; only the tie, which flushes it before every write
 // to std::cerr, is in the way. On a terminal stdout is line-buffered and the
-// tie gives the same order. Not for qemu-io (imgtool io), whose session
-// orders its own output.
+// tie gives the same order. The same for qemu-io (imgtool io): close's
+// "Failed to flush ..." lines come before a failed write's line held in
+// stdout (iotest 026).
 void KeepStdioBuffering() {
   if (isatty(STDOUT_FILENO) == 0) std::cerr.tie(nullptr);
 }
@@ -193,6 +194,7 @@ int main(int argc, char** argv) {
   if (invoked_as == "qemu-img" || invoked_as == "qemu-io") {
     imgtool::cli::SetProgramName(std::string(invoked_as));
   }
+  KeepStdioBuffering();
   if (invoked_as == "qemu-io") {
     if (argc == 2 && (std::strcmp(argv[1], "-V") == 0 ||
                       std::strcmp(argv[1], "--version") == 0)) {
@@ -214,7 +216,6 @@ int main(int argc, char** argv) {
   }
   for (const Command& c : kCommands) {
     if (command != c.name) continue;
-    if (command != "io") KeepStdioBuffering();
     return RunCommand(c.run, std::vector<std::string>(argv + 2, argv + argc));
   }
   // qemu-img takes no options before the command but -h, -V and -T (trace).
