@@ -22,26 +22,34 @@ normalize() {
     -e 's/qemu-io: /imgtool: /; s/qemu-img: /imgtool: /' "$1"
 }
 
-# io_case NAME SETUP ARGS...: `imgtool io ARGS` against `qemu-io ARGS` in
-# two directories prepared by SETUP; then the files and `qemu-img check`.
-io_case() {
-  local name=$1 setup=$2
-  shift 2
+# pair_case NAME SETUP SUB REAL ARGS...: `imgtool SUB ARGS` in $WORK/a
+# against `REAL ARGS` in $WORK/b, both prepared by SETUP: stdout, stderr
+# and the exit status. Returns 1 after the first difference.
+pair_case() {
+  local name=$1 setup=$2 sub=$3 real=$4
+  shift 4
   checks=$((checks + 1))
   local a="$WORK/a" b="$WORK/b"
   rm -rf "$a" "$b"
   mkdir -p "$a" "$b"
   (cd "$a" && $setup)
   (cd "$b" && $setup)
-  (cd "$a" && "$IMGTOOL" io "$@" >"$WORK/a.out" 2>"$WORK/a.err")
+  (cd "$a" && "$IMGTOOL" $sub "$@" >"$WORK/a.out" 2>"$WORK/a.err")
   local a_rc=$?
-  (cd "$b" && qemu-io "$@" >"$WORK/b.out" 2>"$WORK/b.err")
+  (cd "$b" && $real "$@" >"$WORK/b.out" 2>"$WORK/b.err")
   local b_rc=$?
   diff_text "$name" stdout "$(normalize "$WORK/a.out")" \
       "$(normalize "$WORK/b.out")" &&
     diff_text "$name" stderr "$(normalize "$WORK/a.err")" \
       "$(normalize "$WORK/b.err")" &&
-    diff_text "$name" "exit status" "$a_rc" "$b_rc" &&
+    diff_text "$name" "exit status" "$a_rc" "$b_rc"
+}
+
+# io_case NAME SETUP ARGS...: `imgtool io ARGS` against `qemu-io ARGS`
+# (pair_case); then `qemu-img check` and the files.
+io_case() {
+  local name=$1 a="$WORK/a" b="$WORK/b"
+  pair_case "$1" "$2" io qemu-io "${@:3}" &&
     diff_text "$name" "check" \
       "$(cd "$a" && for f in *.qcow2; do qemu-img check "$f" 2>&1; echo "rc=$?"; done)" \
       "$(cd "$b" && for f in *.qcow2; do qemu-img check "$f" 2>&1; echo "rc=$?"; done)" &&
@@ -169,23 +177,8 @@ done
 # commit ARGS`; then the files, a read-write open (which repairs a dirty
 # image: its messages compared) and `qemu-img check` (iotest 098).
 commit_case() {
-  local name=$1 setup=$2
-  shift 2
-  checks=$((checks + 1))
-  local a="$WORK/a" b="$WORK/b"
-  rm -rf "$a" "$b"
-  mkdir -p "$a" "$b"
-  (cd "$a" && $setup)
-  (cd "$b" && $setup)
-  (cd "$a" && "$IMGTOOL" commit "$@" >"$WORK/a.out" 2>"$WORK/a.err")
-  local a_rc=$?
-  (cd "$b" && qemu-img commit "$@" >"$WORK/b.out" 2>"$WORK/b.err")
-  local b_rc=$?
-  diff_text "$name" stdout "$(normalize "$WORK/a.out")" \
-      "$(normalize "$WORK/b.out")" &&
-    diff_text "$name" stderr "$(normalize "$WORK/a.err")" \
-      "$(normalize "$WORK/b.err")" &&
-    diff_text "$name" "exit status" "$a_rc" "$b_rc" &&
+  local name=$1 a="$WORK/a" b="$WORK/b"
+  pair_case "$1" "$2" commit "qemu-img commit" "${@:3}" &&
     diff_text "$name" "resulting files" "$(state "$a")" "$(state "$b")" &&
     diff_text "$name" "open" \
       "$(cd "$a" && "$IMGTOOL" io -c close t.qcow2 2>&1 | normalize /dev/stdin)" \
