@@ -13,13 +13,11 @@ namespace imgtool::compress_filter {
 
 CompressNode::CompressNode(std::unique_ptr<io::BlockNode> file,
                            CompressSettings settings)
-    : io::BlockNode(file->filename(), file->read_only()),
-      file_(std::move(file)),
-      settings_(std::move(settings)) {}
+    : io::FilterNode(std::move(file)), settings_(std::move(settings)) {}
 
 io::Task<absl::Status> CompressNode::WriteAligned(uint64_t offset,
                                                   io::ConstIoVec data) {
-  const uint64_t end = file_->size();
+  const uint64_t end = file().size();
   if (offset >= end) co_return absl::OkStatus();
   if (data.size() > end - offset) data = data.first(end - offset);
   absl::Status st = co_await settings_.write_compressed(offset, data);
@@ -45,10 +43,10 @@ io::Task<absl::Status> CompressNode::DoWrite(uint64_t offset,
   std::vector<uint8_t> buf(padded_end - start);
   if (start != offset) {
     CO_RETURN_IF_ERROR(
-        co_await file_->Read(start, io::IoVec(buf.data(), c)));
+        co_await file().Read(start, io::IoVec(buf.data(), c)));
   }
   if (padded_end != end && (start == offset || padded_end - start > c)) {
-    CO_RETURN_IF_ERROR(co_await file_->Read(
+    CO_RETURN_IF_ERROR(co_await file().Read(
         padded_end - c, io::IoVec(buf.data() + buf.size() - c, c)));
   }
   std::memcpy(buf.data() + (offset - start), data.data(), data.size());
@@ -60,7 +58,7 @@ io::Task<absl::Status> CompressNode::ZeroPartOfCluster(uint64_t cluster_start,
                                                        uint64_t to) {
   const uint64_t c = settings_.cluster_size;
   std::vector<uint8_t> buf(c);
-  CO_RETURN_IF_ERROR(co_await file_->Read(cluster_start, io::IoVec(buf)));
+  CO_RETURN_IF_ERROR(co_await file().Read(cluster_start, io::IoVec(buf)));
   std::memset(buf.data() + from, 0, to - from);
   co_return co_await WriteAligned(cluster_start, io::ConstIoVec(buf));
 }
@@ -78,7 +76,7 @@ io::Task<absl::Status> CompressNode::DoWriteZeroes(uint64_t offset,
     length -= n;
   }
   if (const uint64_t middle = length - length % c; middle != 0) {
-    CO_RETURN_IF_ERROR(co_await file_->WriteZeroes(offset, middle, flags));
+    CO_RETURN_IF_ERROR(co_await file().WriteZeroes(offset, middle, flags));
     offset += middle;
     length -= middle;
   }
@@ -86,33 +84,6 @@ io::Task<absl::Status> CompressNode::DoWriteZeroes(uint64_t offset,
     CO_RETURN_IF_ERROR(co_await ZeroPartOfCluster(offset, 0, length));
   }
   co_return absl::OkStatus();
-}
-
-io::Task<absl::Status> CompressNode::DoRead(uint64_t offset, io::IoVec buf) {
-  co_return co_await file_->Read(offset, buf);
-}
-
-io::Task<absl::Status> CompressNode::DoDiscard(uint64_t offset,
-                                               uint64_t length) {
-  co_return co_await file_->Discard(offset, length);
-}
-
-io::Task<absl::Status> CompressNode::DoFlush() {
-  co_return co_await file_->Flush();
-}
-
-io::Task<absl::Status> CompressNode::DoTruncate(uint64_t size,
-                                                io::PreallocMode prealloc) {
-  co_return co_await file_->Truncate(size, prealloc);
-}
-
-io::Task<absl::StatusOr<io::BlockStatus>> CompressNode::DoGetBlockStatus(
-    uint64_t offset, uint64_t max_length) {
-  co_return co_await file_->GetBlockStatus(offset, max_length);
-}
-
-io::Task<absl::Status> CompressNode::Close() {
-  co_return co_await file_->Close();
 }
 
 }  // namespace imgtool::compress_filter

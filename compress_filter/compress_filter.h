@@ -46,6 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "io/block_node.h"
+#include "io/filter_node.h"
 #include "io/sync.h"
 #include "io/task.h"
 
@@ -67,38 +68,22 @@ struct CompressSettings {
   CompressedWrite write_compressed;
 };
 
-class CompressNode final : public io::BlockNode {
+// Reads, discards, flushes, truncates, block status, length and close:
+// io::FilterNode's (the child's).
+class CompressNode final : public io::FilterNode {
  public:
   // The filter over `file` (ownership passes to the node). The caller
   // checked that `file` can write compressed clusters
   // (settings.write_compressed) and that settings.cluster_size > 0.
   CompressNode(std::unique_ptr<io::BlockNode> file, CompressSettings settings);
 
-  // The child's.
-  uint64_t size() const override { return file_->size(); }
-  absl::StatusOr<uint64_t> AllocatedSize() const override {
-    return file_->AllocatedSize();
-  }
-  io::BlockNode* primary_child() const override { return file_.get(); }
-  io::BlockNode* filtered_child() const override { return file_.get(); }
-  // Closes the child.
-  io::Task<absl::Status> Close() override;
-
-  io::BlockNode& file() const { return *file_; }
   uint64_t cluster_size() const { return settings_.cluster_size; }
 
  protected:
-  io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override;
   io::Task<absl::Status> DoWrite(uint64_t offset,
                                  io::ConstIoVec data) override;
   io::Task<absl::Status> DoWriteZeroes(uint64_t offset, uint64_t length,
                                        io::WriteZeroesFlags flags) override;
-  io::Task<absl::Status> DoDiscard(uint64_t offset, uint64_t length) override;
-  io::Task<absl::Status> DoFlush() override;
-  io::Task<absl::Status> DoTruncate(uint64_t size,
-                                    io::PreallocMode prealloc) override;
-  io::Task<absl::StatusOr<io::BlockStatus>> DoGetBlockStatus(
-      uint64_t offset, uint64_t max_length) override;
 
  private:
   // Writes [offset, offset + data.size()) (cluster aligned at the start;
@@ -109,7 +94,6 @@ class CompressNode final : public io::BlockNode {
   io::Task<absl::Status> ZeroPartOfCluster(uint64_t cluster_start,
                                            uint64_t from, uint64_t to);
 
-  std::unique_ptr<io::BlockNode> file_;
   const CompressSettings settings_;
   io::Mutex write_lock_;  // one padded write or zero write at a time
 };

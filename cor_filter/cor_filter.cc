@@ -57,9 +57,7 @@ io::BlockNode* BackingChainNext(io::BlockNode& node) {
 }
 
 CorNode::CorNode(std::unique_ptr<io::BlockNode> file, CorSettings settings)
-    : io::BlockNode(file->filename(), file->read_only()),
-      file_(std::move(file)),
-      settings_(settings) {}
+    : io::FilterNode(std::move(file)), settings_(settings) {}
 
 io::TrackedRequests::Request CorNode::Span(uint64_t offset, uint64_t bytes,
                                            bool serialising) const {
@@ -91,14 +89,14 @@ io::Task<absl::Status> CorNode::ReadCopying(uint64_t offset, io::IoVec buf) {
     bool copy = false;
     uint64_t n = left;
     absl::StatusOr<std::pair<bool, uint64_t>> top =
-        co_await IsAllocated(*file_, pos, std::min(left, kMaxRequestBytes));
+        co_await IsAllocated(file(), pos, std::min(left, kMaxRequestBytes));
     // An error asking is taken as "not allocated": the copy then fails
     // with a better error, or works (QEMU).
     if (top.ok()) n = top->second;
     if (!top.ok() || !top->first) {
       if (n == 0) break;  // past the child's end: zeroes (io::BlockNode)
       absl::StatusOr<std::pair<bool, uint64_t>> above =
-          co_await IsAllocatedAbove(BackingChainNext(*file_),
+          co_await IsAllocatedAbove(BackingChainNext(file()),
                                     settings_.bottom, pos, n);
       if (above.ok()) {
         n = above->second;
@@ -112,7 +110,7 @@ io::Task<absl::Status> CorNode::ReadCopying(uint64_t offset, io::IoVec buf) {
     if (copy) {
       CO_RETURN_IF_ERROR(co_await CopyOnRead(pos, part));
     } else {
-      CO_RETURN_IF_ERROR(co_await file_->Read(pos, part));
+      CO_RETURN_IF_ERROR(co_await file().Read(pos, part));
     }
     done += n;
   }
@@ -124,9 +122,9 @@ io::Task<absl::Status> CorNode::CopyOnRead(uint64_t offset, io::IoVec buf) {
   if (bytes == 0) co_return absl::OkStatus();
   {
     absl::StatusOr<std::pair<bool, uint64_t>> allocated =
-        co_await IsAllocated(*file_, offset, bytes);
+        co_await IsAllocated(file(), offset, bytes);
     if (allocated.ok() && allocated->first && allocated->second == bytes) {
-      co_return co_await file_->Read(offset, buf);
+      co_return co_await file().Read(offset, buf);
     }
   }
   // Whole clusters around the request.
@@ -140,7 +138,7 @@ io::Task<absl::Status> CorNode::CopyOnRead(uint64_t offset, io::IoVec buf) {
   std::vector<uint8_t> bounce;
   while (pos < end) {
     absl::StatusOr<std::pair<bool, uint64_t>> state = co_await IsAllocated(
-        *file_, pos, std::min(end - pos, kMaxRequestBytes));
+        file(), pos, std::min(end - pos, kMaxRequestBytes));
     bool allocated = false;
     uint64_t n = std::min(end - pos, kMaxRequestBytes);
     if (state.ok()) {
@@ -153,13 +151,13 @@ io::Task<absl::Status> CorNode::CopyOnRead(uint64_t offset, io::IoVec buf) {
       n = std::min(n, kMaxBounceBytes);
       bounce.resize(n);
       io::IoVec piece(bounce.data(), n);
-      CO_RETURN_IF_ERROR(co_await file_->Read(pos, piece));
-      co_await file_->DebugEvent(io::BlkdebugEvent::kCorWrite);
+      CO_RETURN_IF_ERROR(co_await file().Read(pos, piece));
+      co_await file().DebugEvent(io::BlkdebugEvent::kCorWrite);
       if (IsZero(bounce.data(), n)) {
-        CO_RETURN_IF_ERROR(co_await file_->WriteZeroes(pos, n, {}));
+        CO_RETURN_IF_ERROR(co_await file().WriteZeroes(pos, n, {}));
       } else {
         CO_RETURN_IF_ERROR(
-            co_await file_->Write(pos, io::ConstIoVec(bounce.data(), n)));
+            co_await file().Write(pos, io::ConstIoVec(bounce.data(), n)));
       }
     }
     const uint64_t from = std::max(pos, offset);
@@ -167,7 +165,7 @@ io::Task<absl::Status> CorNode::CopyOnRead(uint64_t offset, io::IoVec buf) {
     if (from < to) {
       io::IoVec out = buf.subspan(from - offset, to - from);
       if (allocated) {
-        CO_RETURN_IF_ERROR(co_await file_->Read(from, out));
+        CO_RETURN_IF_ERROR(co_await file().Read(from, out));
       } else {
         std::memcpy(out.data(), bounce.data() + (from - pos), to - from);
       }
@@ -181,7 +179,7 @@ io::Task<absl::Status> CorNode::DoWrite(uint64_t offset, io::ConstIoVec data) {
   io::TrackedRequests::Request r = Span(offset, data.size(), false);
   tracked_.Begin(r);
   co_await tracked_.WaitForConflicts(r);
-  absl::Status st = co_await file_->Write(offset, data);
+  absl::Status st = co_await file().Write(offset, data);
   tracked_.End(r);
   co_return st;
 }
@@ -191,7 +189,7 @@ io::Task<absl::Status> CorNode::DoWriteZeroes(uint64_t offset, uint64_t length,
   io::TrackedRequests::Request r = Span(offset, length, false);
   tracked_.Begin(r);
   co_await tracked_.WaitForConflicts(r);
-  absl::Status st = co_await file_->WriteZeroes(offset, length, flags);
+  absl::Status st = co_await file().WriteZeroes(offset, length, flags);
   tracked_.End(r);
   co_return st;
 }
@@ -200,23 +198,9 @@ io::Task<absl::Status> CorNode::DoDiscard(uint64_t offset, uint64_t length) {
   io::TrackedRequests::Request r = Span(offset, length, false);
   tracked_.Begin(r);
   co_await tracked_.WaitForConflicts(r);
-  absl::Status st = co_await file_->Discard(offset, length);
+  absl::Status st = co_await file().Discard(offset, length);
   tracked_.End(r);
   co_return st;
 }
-
-io::Task<absl::Status> CorNode::DoFlush() { co_return co_await file_->Flush(); }
-
-io::Task<absl::Status> CorNode::DoTruncate(uint64_t size,
-                                           io::PreallocMode prealloc) {
-  co_return co_await file_->Truncate(size, prealloc);
-}
-
-io::Task<absl::StatusOr<io::BlockStatus>> CorNode::DoGetBlockStatus(
-    uint64_t offset, uint64_t max_length) {
-  co_return co_await file_->GetBlockStatus(offset, max_length);
-}
-
-io::Task<absl::Status> CorNode::Close() { co_return co_await file_->Close(); }
 
 }  // namespace imgtool::cor_filter

@@ -55,6 +55,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "io/block_node.h"
+#include "io/filter_node.h"
 #include "io/sync.h"
 #include "io/task.h"
 
@@ -75,24 +76,14 @@ struct CorSettings {
   io::BlockNode* bottom = nullptr;
 };
 
-class CorNode final : public io::BlockNode {
+// Flush, truncate, block status, length and close: io::FilterNode's (the
+// child's).
+class CorNode final : public io::FilterNode {
  public:
   // The filter over `file` (ownership passes to the node). The caller
   // checked that `file` is writable and that `settings.bottom` is a
   // non-filter node below it.
   CorNode(std::unique_ptr<io::BlockNode> file, CorSettings settings);
-
-  // The child's.
-  uint64_t size() const override { return file_->size(); }
-  absl::StatusOr<uint64_t> AllocatedSize() const override {
-    return file_->AllocatedSize();
-  }
-  io::BlockNode* primary_child() const override { return file_.get(); }
-  io::BlockNode* filtered_child() const override { return file_.get(); }
-  // Closes the child.
-  io::Task<absl::Status> Close() override;
-
-  io::BlockNode& file() const { return *file_; }
 
  protected:
   io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override;
@@ -101,11 +92,6 @@ class CorNode final : public io::BlockNode {
   io::Task<absl::Status> DoWriteZeroes(uint64_t offset, uint64_t length,
                                        io::WriteZeroesFlags flags) override;
   io::Task<absl::Status> DoDiscard(uint64_t offset, uint64_t length) override;
-  io::Task<absl::Status> DoFlush() override;
-  io::Task<absl::Status> DoTruncate(uint64_t size,
-                                    io::PreallocMode prealloc) override;
-  io::Task<absl::StatusOr<io::BlockStatus>> DoGetBlockStatus(
-      uint64_t offset, uint64_t max_length) override;
 
  private:
   // A tracked request over [offset, offset + bytes), widened to whole
@@ -118,7 +104,6 @@ class CorNode final : public io::BlockNode {
   // layer lacks into it (QEMU's read with BDRV_REQ_COPY_ON_READ).
   io::Task<absl::Status> CopyOnRead(uint64_t offset, io::IoVec buf);
 
-  std::unique_ptr<io::BlockNode> file_;
   const CorSettings settings_;
   io::TrackedRequests tracked_;  // requests in flight through the filter
 };

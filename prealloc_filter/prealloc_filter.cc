@@ -143,7 +143,7 @@ OpenPreallocFilter(std::unique_ptr<io::BlockNode> file,
   marker.data_end = v[0];
   marker.file_end = v[1];
   if (v.size() == 4) marker.before.emplace(v[2], v[3]);
-  const uint64_t file_size = node->file_->size();
+  const uint64_t file_size = node->file().size();
   uint64_t floor;
   if (file_size == marker.file_end && marker.data_end <= file_size) {
     floor = marker.data_end;
@@ -156,9 +156,9 @@ OpenPreallocFilter(std::unique_ptr<io::BlockNode> file,
     co_return node;
   }
   absl::StatusOr<uint64_t> written =
-      LastWrittenEnd(node->fd_, node->file_->filename(), floor, file_size);
+      LastWrittenEnd(node->fd_, node->file().filename(), floor, file_size);
   if (!written.ok()) {
-    (void)co_await node->file_->Close();
+    (void)co_await node->file().Close();
     co_return written.status();
   }
   const uint64_t data_end = std::max(floor, *written);
@@ -172,8 +172,7 @@ OpenPreallocFilter(std::unique_ptr<io::BlockNode> file,
 PreallocFilterNode::PreallocFilterNode(std::unique_ptr<io::BlockNode> file,
                                        bool active, uint64_t request_alignment,
                                        uint64_t align, uint64_t prealloc_size)
-    : io::BlockNode(file->filename(), file->read_only()),
-      file_(std::move(file)),
+    : io::FilterNode(std::move(file)),
       active_(active),
       request_alignment_(request_alignment),
       align_(align),
@@ -183,15 +182,11 @@ PreallocFilterNode::~PreallocFilterNode() = default;
 
 uint64_t PreallocFilterNode::size() const {
   if (active_ && data_end_.has_value()) return *data_end_;
-  return active_ ? FileLength() : file_->size();
-}
-
-absl::StatusOr<uint64_t> PreallocFilterNode::AllocatedSize() const {
-  return file_->AllocatedSize();
+  return active_ ? FileLength() : file().size();
 }
 
 uint64_t PreallocFilterNode::FileLength() const {
-  return RoundUpTo(file_->size(), 512);
+  return RoundUpTo(file().size(), 512);
 }
 
 uint64_t PreallocFilterNode::KnownFileEnd() {
@@ -337,7 +332,7 @@ io::Task<bool> PreallocFilterNode::HandleWrite(uint64_t offset, uint64_t length,
   // issued until this one is done).
   SetMarker({.data_end = *data_end_,
              .file_end = prealloc_end,
-             .before = std::make_pair(flushed_data_end_, file_->size())});
+             .before = std::make_pair(flushed_data_end_, file().size())});
   prealloc_ = std::make_unique<Prealloc>();
   prealloc_->start = start;
   prealloc_->end = prealloc_end;
@@ -350,7 +345,7 @@ io::Task<bool> PreallocFilterNode::HandleWrite(uint64_t offset, uint64_t length,
   } else {
     io::WriteZeroesFlags flags;
     flags.no_fallback = true;
-    st = co_await file_->WriteZeroes(start, prealloc_end - start, flags);
+    st = co_await file().WriteZeroes(start, prealloc_end - start, flags);
   }
   std::unique_ptr<Prealloc> done = std::move(prealloc_);
   if (st.ok() && epoch == file_end_epoch_) {
@@ -371,32 +366,27 @@ io::Task<bool> PreallocFilterNode::HandleWrite(uint64_t offset, uint64_t length,
   co_return st.ok() && merge_zero;
 }
 
-io::Task<absl::Status> PreallocFilterNode::DoRead(uint64_t offset,
-                                                  io::IoVec buf) {
-  co_return co_await file_->Read(offset, buf);
-}
-
 io::Task<absl::Status> PreallocFilterNode::DoWrite(uint64_t offset,
                                                    io::ConstIoVec data) {
-  if (!active_) co_return co_await file_->Write(offset, data);
+  if (!active_) co_return co_await file().Write(offset, data);
   (void)co_await HandleWrite(offset, data.size(), /*merge_zero=*/false);
   co_return co_await RunRequest(offset, data.size(),
-                                file_->Write(offset, data));
+                                file().Write(offset, data));
 }
 
 io::Task<absl::Status> PreallocFilterNode::DoWriteZeroes(
     uint64_t offset, uint64_t length, io::WriteZeroesFlags flags) {
-  if (!active_) co_return co_await file_->WriteZeroes(offset, length, flags);
+  if (!active_) co_return co_await file().WriteZeroes(offset, length, flags);
   const bool merged = co_await HandleWrite(offset, length, !flags.may_unmap);
   if (merged) co_return absl::OkStatus();
   co_return co_await RunRequest(offset, length,
-                                file_->WriteZeroes(offset, length, flags));
+                                file().WriteZeroes(offset, length, flags));
 }
 
 io::Task<absl::Status> PreallocFilterNode::DoDiscard(uint64_t offset,
                                                      uint64_t length) {
-  if (!active_) co_return co_await file_->Discard(offset, length);
-  co_return co_await RunRequest(offset, length, file_->Discard(offset, length));
+  if (!active_) co_return co_await file().Discard(offset, length);
+  co_return co_await RunRequest(offset, length, file().Discard(offset, length));
 }
 
 io::Task<absl::Status> PreallocFilterNode::DoFlush() {
@@ -419,12 +409,12 @@ io::Task<absl::Status> PreallocFilterNode::DoFlush() {
       SetMarker(m);
     }
   }
-  co_return co_await file_->Flush();
+  co_return co_await file().Flush();
 }
 
 io::Task<absl::Status> PreallocFilterNode::DoTruncate(
     uint64_t size, io::PreallocMode prealloc) {
-  if (!active_) co_return co_await file_->Truncate(size, prealloc);
+  if (!active_) co_return co_await file().Truncate(size, prealloc);
   co_await WaitForPrealloc();
   InitState();
   if (size > *data_end_) {
@@ -443,7 +433,7 @@ io::Task<absl::Status> PreallocFilterNode::DoTruncate(
       // Drop the filter's preallocation first, so that `off` stays sparse
       // and `full` really writes.
       absl::Status st =
-          co_await file_->Truncate(*data_end_, io::PreallocMode::kOff);
+          co_await file().Truncate(*data_end_, io::PreallocMode::kOff);
       if (!st.ok()) {
         InvalidateFileEnd();
         co_return st;
@@ -452,7 +442,7 @@ io::Task<absl::Status> PreallocFilterNode::DoTruncate(
     }
     data_end_ = size;
   }
-  absl::Status st = co_await file_->Truncate(size, prealloc);
+  absl::Status st = co_await file().Truncate(size, prealloc);
   if (!st.ok()) {
     data_end_.reset();
     zero_start_.reset();
@@ -470,14 +460,14 @@ io::Task<absl::Status> PreallocFilterNode::DoTruncate(
 
 io::Task<absl::StatusOr<io::BlockStatus>> PreallocFilterNode::DoGetBlockStatus(
     uint64_t offset, uint64_t max_length) {
-  if (offset >= file_->size()) {
+  if (offset >= file().size()) {
     // Data end raised by a write still in flight: nothing there yet.
     io::BlockStatus status;
     status.length = max_length;
     status.zero = true;
     co_return status;
   }
-  co_return co_await file_->GetBlockStatus(offset, max_length);
+  co_return co_await file().GetBlockStatus(offset, max_length);
 }
 
 io::Task<absl::Status> PreallocFilterNode::Close() {
@@ -488,14 +478,14 @@ io::Task<absl::Status> PreallocFilterNode::Close() {
       if (*data_end_ < KnownFileEnd()) {
         // Errors are ignored, as QEMU: the image is still valid.
         absl::Status st =
-            co_await file_->Truncate(*data_end_, io::PreallocMode::kOff);
+            co_await file().Truncate(*data_end_, io::PreallocMode::kOff);
         trimmed = st.ok();
         if (trimmed) file_end_ = *data_end_;
       }
       if (trimmed) RemoveMarker();
     }
   }
-  co_return co_await file_->Close();
+  co_return co_await file().Close();
 }
 
 }  // namespace imgtool::prealloc_filter

@@ -77,6 +77,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "io/block_node.h"
+#include "io/filter_node.h"
 #include "io/sync.h"
 #include "io/task.h"
 #include "posix_file/file_node.h"
@@ -97,24 +98,21 @@ inline constexpr uint64_t kDefaultPreallocSize = uint64_t{128} << 20;
 absl::Status ValidateOptions(const PreallocFilterOptions& options,
                              uint64_t child_request_alignment);
 
-class PreallocFilterNode : public io::BlockNode {
+// Reads (a correct parent never reads the tail: size() hides it, and the
+// tail reads as zeroes anyway), the allocated size ("disk size") and the
+// child: io::FilterNode's.
+class PreallocFilterNode : public io::FilterNode {
  public:
   ~PreallocFilterNode() override;
 
   // The data end while the filter is active (at first the file's length
   // rounded up to 512, as QEMU), else the file's length.
   uint64_t size() const override;
-  // The file's ("disk size").
-  absl::StatusOr<uint64_t> AllocatedSize() const override;
   // Waits for a running preallocation, truncates the file to the data end if
   // the file is longer (errors ignored, as QEMU; §5 "close"), removes the
   // crash marker, then closes the file and returns its Close() status.
   io::Task<absl::Status> Close() override;
 
-  // The node below. Owned by the filter.
-  io::BlockNode& file() const { return *file_; }
-  io::BlockNode* primary_child() const override { return file_.get(); }
-  io::BlockNode* filtered_child() const override { return file_.get(); }
   // False: pure pass-through (read-only, or the file is shared).
   bool active() const { return active_; }
 
@@ -125,9 +123,6 @@ class PreallocFilterNode : public io::BlockNode {
   std::optional<uint64_t> zero_start() const { return zero_start_; }
 
  protected:
-  // Pass-through: a correct parent never reads the tail (size() hides it),
-  // and the tail reads as zeroes anyway.
-  io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override;
   // Preallocates if the write ends past the file end (§4), then forwards.
   io::Task<absl::Status> DoWrite(uint64_t offset, io::ConstIoVec data) override;
   // As DoWrite; a zero write without may_unmap that falls inside the known
@@ -211,7 +206,6 @@ class PreallocFilterNode : public io::BlockNode {
   void SetMarker(const Marker& marker);
   void RemoveMarker();
 
-  std::unique_ptr<io::BlockNode> file_;
   const bool active_;
   const uint64_t request_alignment_;  // of the file, >= 1
   const uint64_t align_;              // max(prealloc_align, request alignment)
