@@ -216,8 +216,18 @@ io::Task<absl::Status> Qcow2Node::LoadTables() {
   const uint64_t rt_bytes = uint64_t{header_.refcount_table_clusters}
                             << cluster_bits_;
   io::AlignedBuffer bytes(rt_bytes);
-  CO_RETURN_IF_ERROR(
-      co_await file_->Read(header_.refcount_table_offset, bytes.span()));
+  // QEMU's qcow2_refcount_init raises reftable_load before the read; its
+  // error is qcow2_do_open's.
+  co_await file_->DebugEvent(io::BlkdebugEvent::kReftableLoad);
+  if (absl::Status st =
+          co_await file_->Read(header_.refcount_table_offset, bytes.span());
+      !st.ok()) {
+    const int e = StatusErrno(st);
+    co_return WithMessage(
+        st, absl::StrCat("Could not initialize refcount handling: ",
+                         e != 0 ? std::string(std::strerror(e))
+                                : std::string(st.message())));
+  }
   std::vector<uint64_t> table(rt_bytes / 8);
   for (uint64_t i = 0; i < table.size(); ++i) {
     table[i] = LoadBE64(bytes.data() + i * 8);

@@ -2,6 +2,7 @@
 // preallocation the way QEMU 7.2 lays them out, and shrinking.
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -362,33 +363,50 @@ io::Task<absl::Status> Qcow2Node::Shrink(uint64_t new_size) {
     }
     pos = stop;
   }
-  // L2 tables wholly past the end: zero their L1 entries on disk (the L1
-  // size stays), then free them.
+  // L2 tables wholly past the end (QEMU 7.2's qcow2_shrink_l1_table, run
+  // whenever the new size needs fewer L1 entries; the L1 size stays):
+  // l1_shrink_write_table, their L1 entries zeroed on disk and flushed,
+  // then l1_shrink_free_l2_clusters and the tables freed, last first.
   const uint64_t new_l1 =
       format::L1EntriesForSize(new_size, cluster_bits_, l2_format_.extended_l2);
-  std::vector<uint64_t> freed;
-  for (uint64_t i = new_l1; i < l1_.size(); ++i) {
-    const uint64_t l2 = l1_[i] & format::kL1OffsetMask;
-    if (l2 != 0) freed.push_back(l2);
-  }
-  for (uint64_t l2 : freed) {
-    // An L1 entry that points at other metadata must not free it.
-    CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(l2, cluster_size_,
-                                                   kOverlapActiveL2));
-  }
-  if (!freed.empty()) {
-    CO_RETURN_IF_ERROR(co_await FlushAll());
-    std::vector<uint8_t> zeroes((l1_.size() - new_l1) * 8, 0);
-    CO_RETURN_IF_ERROR(co_await WriteMetadata(
-        header_.l1_table_offset + new_l1 * 8, zeroes, kOverlapActiveL1));
-    CO_RETURN_IF_ERROR(co_await SyncFile());
-    for (uint64_t i = new_l1; i < l1_.size(); ++i) l1_[i] = 0;
+  if (new_l1 < l1_.size()) {
+    std::vector<uint64_t> freed;  // last entry first
+    for (uint64_t i = l1_.size(); i-- > new_l1;) {
+      const uint64_t l2 = l1_[i] & format::kL1OffsetMask;
+      if (l2 != 0) freed.push_back(l2);
+    }
     for (uint64_t l2 : freed) {
-      l2_offsets_.erase(l2);
+      // An L1 entry that points at other metadata must not free it.
+      CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(l2, cluster_size_,
+                                                     kOverlapActiveL2));
+    }
+    if (!freed.empty()) CO_RETURN_IF_ERROR(co_await FlushAll());
+    const uint64_t zero_at = header_.l1_table_offset + new_l1 * 8;
+    const uint64_t zero_bytes = (l1_.size() - new_l1) * 8;
+    CO_RETURN_IF_ERROR(
+        co_await CheckOverlapOrFail(zero_at, zero_bytes, kOverlapActiveL1));
+    co_await file_->DebugEvent(io::BlkdebugEvent::kL1ShrinkWriteTable);
+    absl::Status st =
+        co_await file_->WriteZeroes(zero_at, zero_bytes, io::WriteZeroesFlags{});
+    if (st.ok()) st = co_await SyncFile();
+    // Even after a failure the entries are dropped in memory (the table on
+    // disk may be partly zeroed): the tables are leaked, never reused while
+    // an entry on disk still points at them.
+    for (uint64_t i = new_l1; i < l1_.size(); ++i) l1_[i] = 0;
+    for (uint64_t l2 : freed) l2_offsets_.erase(l2);
+    if (!st.ok()) {
+      const int e = StatusErrno(st);
+      co_return WithMessage(
+          st, absl::StrCat("Failed to reduce the number of L2 tables: ",
+                           e != 0 ? std::string(std::strerror(e))
+                                  : std::string(st.message())));
+    }
+    co_await file_->DebugEvent(io::BlkdebugEvent::kL1ShrinkFreeL2Clusters);
+    for (uint64_t l2 : freed) {
       CO_RETURN_IF_ERROR(co_await refcounts_->Free(l2, cluster_size_));
-      // QEMU discards each one in the file (qcow2_shrink_l1_table).
-      absl::Status st = co_await file_->Discard(l2, cluster_size_);
-      (void)st;  // advisory
+      // QEMU discards each one in the file (QCOW2_DISCARD_ALWAYS).
+      absl::Status d = co_await file_->Discard(l2, cluster_size_);
+      (void)d;  // advisory
     }
   }
   CO_RETURN_IF_ERROR(co_await FlushAll());

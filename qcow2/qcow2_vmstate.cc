@@ -28,6 +28,8 @@ io::Task<absl::Status> Qcow2Node::WriteVmState(uint64_t pos,
   }
   const uint64_t l1_coverage = cluster_size_ * l2_entries_;
   uint64_t offset = vm_state_offset() + pos;
+  // QEMU's qcow2_co_save_vmstate raises vmstate_save before its write.
+  co_await file_->DebugEvent(io::BlkdebugEvent::kVmstateSave);
   // One L1 entry's range at a time: QEMU grows the L1 table when a write
   // first reaches an entry past its end.
   while (!data.empty()) {
@@ -46,6 +48,8 @@ io::Task<absl::Status> Qcow2Node::WriteVmState(uint64_t pos,
 }
 
 io::Task<absl::Status> Qcow2Node::ReadVmState(uint64_t pos, io::IoVec buf) {
+  // QEMU's qcow2_co_load_vmstate raises vmstate_load before its read.
+  co_await file_->DebugEvent(io::BlkdebugEvent::kVmstateLoad);
   co_return co_await ReadGuest(vm_state_offset() + pos, buf);
 }
 

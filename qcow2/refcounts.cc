@@ -333,6 +333,7 @@ io::Task<absl::StatusOr<TableCache::Ref>> Refcounts::EnsureBlock(
     co_return Retry();
   }
   block.reset();
+  co_await io_.FileDebugEvent(io::BlkdebugEvent::kReftableGrow);
 
   // The table is full: lay out a bigger one (and blocks covering it) past
   // everything the blocks so far cover.

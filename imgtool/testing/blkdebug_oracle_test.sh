@@ -173,12 +173,13 @@ for event in read_aio l2_load; do
 done
 
 # --- Errors while qemu-img commit empties the top (qcow2_make_empty) --------
-# commit_case NAME SETUP ARGS...: `imgtool commit ARGS` against `qemu-img
-# commit ARGS`; then the files, a read-write open (which repairs a dirty
-# image: its messages compared) and `qemu-img check` (iotest 098).
-commit_case() {
+# img_case NAME SETUP CMD ARGS...: `imgtool CMD ARGS` against `qemu-img
+# CMD ARGS` (pair_case); then the files, a read-write open of t.qcow2 (which
+# repairs a dirty image: its messages compared) and `qemu-img check`
+# (iotest 098).
+img_case() {
   local name=$1 a="$WORK/a" b="$WORK/b"
-  pair_case "$1" "$2" commit "qemu-img commit" "${@:3}" &&
+  pair_case "$1" "$2" "$3" "qemu-img $3" "${@:4}" &&
     diff_text "$name" "resulting files" "$(state "$a")" "$(state "$b")" &&
     diff_text "$name" "open" \
       "$(cd "$a" && "$IMGTOOL" io -c close t.qcow2 2>&1 | normalize /dev/stdin)" \
@@ -193,18 +194,41 @@ setup_commit() {
   qemu-img create -q -f qcow2 -b t.qcow2.base -F qcow2 t.qcow2 64M
   qemu-io -c 'write -P 0x33 0 64k' t.qcow2 >/dev/null
 }
-commit_case "commit" setup_commit t.qcow2
+img_case "commit" setup_commit commit t.qcow2
 for event in l1_update empty_image_prepare reftable_update refblock_alloc \
     cluster_alloc refblock_update_part pwritev_zero; do
   for once in on off; do
     eval "setup_c() { setup_commit; conf $event 5 $once; }"
-    commit_case "commit $event 5 once=$once" setup_c \
+    img_case "commit $event 5 once=$once" setup_c commit \
       blkdebug:blkdebug.conf:t.qcow2
   done
 done
 for event in empty_image_prepare refblock_alloc; do
   eval "setup_c() { setup_commit; conf $event 28 off; }"
-  commit_case "commit $event 28 once=off" setup_c blkdebug:blkdebug.conf:t.qcow2
+  img_case "commit $event 28 once=off" setup_c commit \
+    blkdebug:blkdebug.conf:t.qcow2
+done
+
+# --- Events of open, refcount table growth, shrink and the VM state area ---
+for once in on off; do
+  eval "setup_q() { setup_qcow2_data; conf reftable_load 5 $once; }"
+  io_case "reftable_load 5 once=$once" setup_q -c 'read -P 0x11 0 64k' \
+    blkdebug:blkdebug.conf:t.qcow2
+  # 512-byte clusters: one refcount table cluster covers 8 MiB of file.
+  eval "setup_q() { qemu-img create -q -f qcow2 -o cluster_size=512 t.qcow2 16M; conf reftable_grow 5 $once; }"
+  io_case "reftable_grow 5 once=$once" setup_q -c 'write -P 0x22 0 9M' \
+    -c 'read -P 0x22 0 9M' blkdebug:blkdebug.conf:t.qcow2
+  for event in vmstate_save vmstate_load; do
+    eval "setup_q() { setup_qcow2; conf $event 5 $once; }"
+    io_case "$event 5 once=$once" setup_q -c 'write -b -P 0x44 0 64k' \
+      -c 'read -b -P 0x44 0 64k' -c 'read -b -P 0x44 0 64k' \
+      blkdebug:blkdebug.conf:t.qcow2
+  done
+  for event in l1_shrink_write_table l1_shrink_free_l2_clusters; do
+    eval "setup_q() { qemu-img create -q -f qcow2 -o cluster_size=512 t.qcow2 4M; qemu-io -c 'write -P 0x55 0 4M' t.qcow2 >/dev/null; conf $event 5 $once; }"
+    img_case "resize --shrink $event 5 once=$once" setup_q resize --shrink \
+      blkdebug:blkdebug.conf:t.qcow2 16k
+  done
 done
 
 finish
