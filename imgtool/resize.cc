@@ -11,6 +11,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "base/errno_status.h"
 #include "base/size.h"
@@ -154,10 +156,23 @@ absl::Status RunResize(const std::vector<std::string>& args, Streams streams) {
   }
   absl::Status st =
       io::RunSync(*image.engine, image.node->Truncate(new_size, prealloc));
-  absl::Status close = CloseImage(image);
-  RETURN_IF_ERROR(WithoutFileName(spec.filename, st));
-  RETURN_IF_ERROR(close);
-  if (!quiet) streams.out << "Image resized.\n";
+  st = WithoutFileName(spec.filename, st);
+  // As qemu-img: the truncate's error or "Image resized.", then blk_unref's
+  // close, whose failures (the qcow2 caches not written back) are reported
+  // one line per cache and change neither the outcome nor the exit status.
+  if (!st.ok()) {
+    streams.err << FormatError(st);
+  } else if (!quiet) {
+    streams.out << "Image resized.\n";
+  }
+  absl::Status closed = CloseImage(image);
+  if (!closed.ok()) {
+    for (absl::string_view line : absl::StrSplit(closed.message(), '\n')) {
+      streams.err << ProgramName() << ": " << line << "\n";
+    }
+  }
+  // Already reported: an empty message, which main does not print.
+  if (!st.ok()) return absl::Status(st.code(), "");
   return absl::OkStatus();
 }
 

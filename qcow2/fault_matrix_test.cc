@@ -14,6 +14,7 @@
 //   grow       a resize to 64 MiB (a larger L1 table) and a write past the
 //              old end
 //   shrink     a resize to 16 KiB, freeing clusters
+//   vmstate    a 64 KiB write to the VM state area and a read of it back
 //   check      `check -r all` of an image with a leaked cluster
 // For each case:
 //   * every request that fails, fails with the injected errno (an error of
@@ -71,9 +72,12 @@ using testing::TempPath;
 
 constexpr uint64_t kSize = 4 << 20;
 
-enum class Op { kWrite, kZero, kDiscard, kCow, kCompressed, kGrow, kShrink, kCheck };
-constexpr Op kOps[] = {Op::kWrite,      Op::kZero, Op::kDiscard, Op::kCow,
-                       Op::kCompressed, Op::kGrow, Op::kShrink,  Op::kCheck};
+enum class Op {
+  kWrite, kZero, kDiscard, kCow, kCompressed, kGrow, kShrink, kVmState, kCheck
+};
+constexpr Op kOps[] = {Op::kWrite,  Op::kZero,   Op::kDiscard,
+                       Op::kCow,    Op::kCompressed, Op::kGrow,
+                       Op::kShrink, Op::kVmState, Op::kCheck};
 
 const char* OpName(Op op) {
   switch (op) {
@@ -84,6 +88,7 @@ const char* OpName(Op op) {
     case Op::kCompressed: return "compressed";
     case Op::kGrow: return "grow";
     case Op::kShrink: return "shrink";
+    case Op::kVmState: return "vmstate";
     case Op::kCheck: return "check";
   }
   return "?";
@@ -398,6 +403,19 @@ void FaultMatrix::Operate(const Kind& kind, Op op, Qcow2Node& node,
       } else {
         // The clusters past the new end may be gone.
         model_.Forget(size, kSize - size);
+      }
+      break;
+    }
+    case Op::kVmState: {
+      // Not guest data: what a successful write put there reads back.
+      const std::vector<uint8_t> data = Pattern(64 << 10, 29);
+      if (Result(env_.Run(node.WriteVmState(0, io::ConstIoVec(data))), error,
+                 "vmstate write")) {
+        std::vector<uint8_t> back(data.size());
+        if (Result(env_.Run(node.ReadVmState(0, io::IoVec(back))), error,
+                   "vmstate read")) {
+          EXPECT_TRUE(back == data) << "the VM state does not read back";
+        }
       }
       break;
     }

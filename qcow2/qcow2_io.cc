@@ -135,7 +135,10 @@ io::Task<absl::StatusOr<TableCache::Ref>> Qcow2Node::GetL2ForWrite(
       std::memcpy(ref.data().data(), old_table.data().data(), cluster_size_);
     }
     co_await file_->DebugEvent(io::BlkdebugEvent::kL2AllocWrite);
-    CO_RETURN_IF_ERROR(co_await l2_cache_->WriteOne(table));
+    // QEMU's l2_allocate flushes the whole L2 cache here, not just the new
+    // table: the tables earlier requests linked reach the disk with it (a
+    // later failure, e.g. at reftable_grow, leaves them mapped, not leaked).
+    CO_RETURN_IF_ERROR(co_await l2_cache_->WriteDirty());
     CO_RETURN_IF_ERROR(co_await SyncFile());
     l1_[index] = table | format::kCopiedFlag;
     co_return co_await WriteL1Entry(index);
