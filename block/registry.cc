@@ -1145,6 +1145,13 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
       std::unique_ptr<io::BlockNode> file = std::move(file_child->node);
       CO_ASSIGN_OR_RETURN(out.node,
                           raw_format::RawNode::Open(std::move(file), options));
+    } else if (dynamic_cast<blkdebug::BlkdebugNode*>(
+                   file_child->node.get()) != nullptr) {
+      // Over blkdebug, a pass-through RawNode raises QEMU's read_aio and
+      // write_aio on it; the names stay the file's.
+      std::unique_ptr<io::BlockNode> file = std::move(file_child->node);
+      CO_ASSIGN_OR_RETURN(out.node,
+                          raw_format::RawNode::Open(std::move(file), options));
     } else {
       out.node = std::move(file_child->node);
     }

@@ -28,6 +28,14 @@ io::Task<absl::Status> CompressNode::WriteAligned(uint64_t offset,
   co_return st;
 }
 
+io::Task<absl::Status> CompressNode::WriteEmpty(uint64_t offset) {
+  if (read_only() || offset % settings_.cluster_size != 0 || offset > size()) {
+    co_return absl::OkStatus();
+  }
+  auto lock = co_await io::ScopedLock::Take(write_lock_);
+  co_return co_await settings_.write_compressed(offset, io::ConstIoVec());
+}
+
 io::Task<absl::Status> CompressNode::DoWrite(uint64_t offset,
                                              io::ConstIoVec data) {
   if (data.empty()) co_return absl::OkStatus();

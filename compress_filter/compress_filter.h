@@ -79,6 +79,13 @@ class CompressNode final : public io::FilterNode {
 
   uint64_t cluster_size() const { return settings_.cluster_size; }
 
+  // A zero-length write at `offset` (BlockNode::Write drops those before
+  // DoWrite). QEMU's block layer passes one on when `offset` is a multiple
+  // of the request alignment, the cluster size, and drops it otherwise;
+  // qcow2's compressed write then pads its file to a multiple of 512 bytes
+  // (as at the end of `convert -c`). Errors: the child's truncate.
+  io::Task<absl::Status> WriteEmpty(uint64_t offset);
+
  protected:
   io::Task<absl::Status> DoWrite(uint64_t offset,
                                  io::ConstIoVec data) override;

@@ -33,6 +33,7 @@
 #include "imgtool/image.h"
 #include "imgtool/io_output.h"
 #include "imgtool/io_session.h"
+#include "compress_filter/compress_filter.h"
 #include "qcow2/qcow2_node.h"
 
 namespace imgtool::cli::qemu_io {
@@ -51,20 +52,35 @@ io::Task<absl::Status> RunRequest(io::BlockNode* node, uint64_t image_length,
       (r.offset > image_length || image_length - r.offset < r.bytes)) {
     co_return ErrnoStatus(node->filename(), "request", EIO);
   }
-  // Only qcow2 has a VM state area (QEMU: ENOTSUP from the other drivers).
   auto* qcow2 = dynamic_cast<qcow2::Qcow2Node*>(node);
-  if (vmstate && qcow2 == nullptr)
+  // Only qcow2 has a VM state area. Every other driver passes the request
+  // to its primary child (QEMU 7.2's bdrv_co_readv_vmstate/writev_vmstate:
+  // a filter such as compress or blkdebug, raw over qcow2), ENOTSUP at the
+  // bottom.
+  qcow2::Qcow2Node* vm_state = qcow2;
+  for (io::BlockNode* n = node; vmstate && vm_state == nullptr && n != nullptr;
+       n = n->primary_child()) {
+    vm_state = dynamic_cast<qcow2::Qcow2Node*>(n);
+  }
+  if (vmstate && vm_state == nullptr)
     co_return ErrnoStatus("", "vmstate", ENOTSUP);
   absl::Status status;
   switch (r.kind) {
     case Request::kReadVmState:
-      co_return co_await qcow2->ReadVmState(r.offset, r.buffer);
+      co_return co_await vm_state->ReadVmState(r.offset, r.buffer);
     case Request::kWriteVmState:
-      status = co_await qcow2->WriteVmState(r.offset, r.buffer);
+      status = co_await vm_state->WriteVmState(r.offset, r.buffer);
       break;
     case Request::kRead:
       co_return co_await node->Read(r.offset, r.buffer);
     case Request::kWrite:
+      if (auto* compress = dynamic_cast<compress_filter::CompressNode*>(node);
+          compress != nullptr && r.bytes == 0) {
+        // QEMU hands a zero-length write on to the driver (here the
+        // compress filter's compressed write); BlockNode::Write drops it.
+        status = co_await compress->WriteEmpty(r.offset);
+        break;
+      }
       status = co_await node->Write(r.offset, r.buffer);
       break;
     case Request::kWriteCompressed: {

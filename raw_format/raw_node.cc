@@ -61,11 +61,13 @@ absl::Status RawNode::CheckRange(uint64_t offset, uint64_t length) const {
 
 io::Task<absl::Status> RawNode::DoRead(uint64_t offset, io::IoVec buf) {
   CO_RETURN_IF_ERROR(CheckRange(offset, buf.size()));
+  co_await file_->DebugEvent(io::BlkdebugEvent::kReadAio);
   co_return co_await file_->Read(offset_ + offset, buf);
 }
 
 io::Task<absl::Status> RawNode::DoWrite(uint64_t offset, io::ConstIoVec data) {
   CO_RETURN_IF_ERROR(CheckRange(offset, data.size()));
+  co_await file_->DebugEvent(io::BlkdebugEvent::kWriteAio);
   co_return co_await file_->Write(offset_ + offset, data);
 }
 

@@ -2,10 +2,13 @@
 // block/raw-format.c; facts from there and from qemu-img/qemu-io 7.2 runs):
 // the image is the bytes [offset, offset + size) of its file. Without
 // `size` the image runs to the end of the file (its length follows the
-// file's). Without either option raw adds nothing, and the registry uses
-// the file node itself (no RawNode).
+// file's). Without either option raw adds nothing but those events, and
+// the registry uses the file node itself unless the file handles debug
+// events (blkdebug).
 //
-// Requests are passed to the file at offset + `offset`. With `size`, a
+// Requests are passed to the file at offset + `offset`; reads raise the
+// debug event read_aio and writes write_aio on the file first (QEMU's
+// raw_co_preadv/raw_co_pwritev, after the range check). With `size`, a
 // request past the image's end fails with ENOSPC (QEMU's raw_adjust_offset;
 // callers that check the length first, as qemu-io does, never get there).
 // Block status is the file's at the shifted offset (host offsets are the

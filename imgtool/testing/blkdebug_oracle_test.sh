@@ -172,6 +172,31 @@ for event in read_aio l2_load; do
   done
 done
 
+# The raw format raises read_aio and write_aio on its file (QEMU's
+# raw_co_preadv/raw_co_pwritev), with or without offset and size.
+for event in read_aio write_aio; do
+  eval "setup_r() { setup_raw; conf $event 5 on; }"
+  io_case "raw $event 5 once=on" setup_r -f raw -c 'read 0 4k' \
+    -c 'write -P 1 0 4k' -c 'read -P 1 0 4k' blkdebug:blkdebug.conf:t.raw
+  io_case "raw offset $event 5 once=on" setup_r --image-opts \
+    -c 'read 0 4k' -c 'write -P 1 0 4k' -c 'read -P 1 0 4k' \
+    driver=raw,offset=4096,file.driver=blkdebug,file.config=blkdebug.conf,file.image.filename=t.raw
+done
+# cor_write: QEMU 7.2 raises it on the node doing the copy-on-read, and a
+# blkdebug node sees only the events raised on itself: under a qcow2 image
+# opened with -C never; as the top node, yes (cor_oracle_test).
+setup_cor() {
+  qemu-img create -q -f qcow2 t.qcow2.base 1M
+  qemu-io -c 'write -P 0x11 0 64k' t.qcow2.base >/dev/null
+  qemu-img create -q -f qcow2 -b t.qcow2.base -F qcow2 t.qcow2 1M
+  conf cor_write 5 off
+}
+io_case "cor_write under qcow2 -C" setup_cor -C -c 'read -P 0x11 0 4k' \
+  -c 'read -P 0x11 0 4k' -c map blkdebug:blkdebug.conf:t.qcow2
+io_case "cor_write over qcow2 -C" setup_cor -C --image-opts \
+  -c 'read -P 0x11 0 4k' -c 'read -P 0x11 0 4k' -c map \
+  driver=blkdebug,config=blkdebug.conf,image.driver=qcow2,image.file.filename=t.qcow2
+
 # --- Errors while qemu-img commit empties the top (qcow2_make_empty) --------
 # img_case NAME SETUP CMD ARGS...: `imgtool CMD ARGS` against `qemu-img
 # CMD ARGS` (pair_case); then the files, a read-write open of t.qcow2 (which
