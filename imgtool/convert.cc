@@ -40,6 +40,7 @@
 #include "block/progress.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
+#include "imgtool/snapshot_load.h"
 #include "imgtool/qcow2_create.h"
 #include "io/block_node.h"
 #include "io/engine.h"
@@ -225,7 +226,7 @@ struct ConvertArgs {
 };
 
 absl::Status ParseOption(int c, const std::string& arg, ConvertArgs& a,
-                         bool& help) {
+                         bool& help, std::ostream& err) {
   switch (c) {
     case 'h':
       help = true;
@@ -256,6 +257,7 @@ absl::Status ParseOption(int c, const std::string& arg, ConvertArgs& a,
       a.option_texts.push_back(arg);
       break;
     case 'l':
+      RETURN_IF_ERROR(CheckSnapshotOption(arg, err));
       a.snapshot = arg;
       break;
     case 'S': {
@@ -510,10 +512,11 @@ absl::Status Convert(ConvertArgs a,
       return absl::InvalidArgumentError(
           "No support for concatenating multiple snapshot");
     }
-    return absl::UnimplementedError(absl::StrCat(
-        "Failed to load snapshot: Block format '", images[0].format,
-        "' used by device '' does not support temporarily loading internal "
-        "snapshots"));
+    absl::Status loaded = LoadSnapshot(images[0], *a.snapshot, streams.err);
+    if (!loaded.ok()) {
+      CloseAll(images).IgnoreError();
+      return loaded;
+    }
   }
 
   const std::string target_format =
@@ -593,7 +596,7 @@ absl::Status RunConvert(const std::vector<std::string>& args, Streams streams) {
       std::vector<std::string> operands,
       ParseOptions(args, "hf:O:B:Cco:l:S:pt:T:nm:WUr:qF:", kLongOptions, kUsage,
                    [&](int c, const std::string& arg) {
-                     return ParseOption(c, arg, a, help);
+                     return ParseOption(c, arg, a, help, streams.err);
                    }));
   if (help) {
     streams.out << kHelp;

@@ -47,6 +47,7 @@ constexpr Command kCommands[] = {
     {"measure", imgtool::cli::RunMeasure},
     {"rebase", imgtool::cli::RunRebase},
     {"resize", imgtool::cli::RunResize},
+    {"snapshot", imgtool::cli::RunSnapshot},
 };
 
 constexpr char kImgtoolVersion[] = "0.2.0";
@@ -90,6 +91,9 @@ constexpr char kHelp[] =
     "        [-F BACKING_FMT] FILE\n"
     "  resize [-q] [-f FMT] [--preallocation=MODE] [--shrink] FILE "
     "[+|-]SIZE\n"
+    "  snapshot [--image-opts] [-U] [-q] [-l | -a SNAPSHOT | -c SNAPSHOT | "
+    "-d SNAPSHOT]\n"
+    "        FILE\n"
     "\n"
     "FMT is raw (default for new images), file or qcow2; images are probed "
     "when -f\nis left out. SIZE and OFFSET take the suffixes k, M, G, T, P, "

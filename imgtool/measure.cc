@@ -21,6 +21,7 @@
 #include "base/status_macros.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
+#include "imgtool/snapshot_load.h"
 #include "imgtool/qcow2_create.h"
 #include "io/block_node.h"
 #include "io/chain_status.h"
@@ -54,8 +55,9 @@ constexpr char kHelp[] =
     "  --image-opts          FILE is an option string such as\n"
     "                        driver=qcow2,file.filename=x (or use a "
     "json:{...} FILE)\n"
-    "  -l SNAPSHOT           internal snapshot of FILE (not supported: "
-    "imgtool has none)\n"
+    "  -l SNAPSHOT           measure internal snapshot SNAPSHOT of FILE "
+    "(an id or name,\n"
+    "                        or snapshot.id=ID,snapshot.name=NAME)\n"
     "  -U, --force-share     open FILE without taking the image locks\n"
     "  --output=human|json   output format (default human)\n";
 
@@ -242,7 +244,10 @@ absl::Status RunMeasure(const std::vector<std::string>& args, Streams streams) {
                 }
                 option_texts.push_back(arg);
                 break;
-              case 'l': snapshot = arg; break;
+              case 'l':
+                RETURN_IF_ERROR(CheckSnapshotOption(arg, streams.err));
+                snapshot = arg;
+                break;
               case 'U': spec.force_share = true; break;
               case kImageOpts: spec.image_opts = true; break;
               case kOutput: {
@@ -290,19 +295,8 @@ absl::Status RunMeasure(const std::vector<std::string>& args, Streams streams) {
     spec.filename = operands[0];
     ASSIGN_OR_RETURN(image, OpenImage(spec, streams.err));
     if (snapshot.has_value()) {
-      // imgtool keeps no internal snapshots; QEMU's answer for an image
-      // without the snapshot.
-      const std::string why =
-          image->qcow2 != nullptr
-              ? (image->qcow2->header().nb_snapshots == 0
-                     ? std::string("Can't find snapshot")
-                     : std::string("internal snapshots are not supported "
-                                   "yet"))
-              : absl::StrCat("Block format '", image->format,
-                             "' used by device '' does not support temporarily "
-                             "loading internal snapshots");
-      return fail(absl::InvalidArgumentError(
-          absl::StrCat("Failed to load snapshot: ", why)));
+      absl::Status loaded = LoadSnapshot(*image, *snapshot, streams.err);
+      if (!loaded.ok()) return fail(loaded);
     }
   }
 

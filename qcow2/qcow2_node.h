@@ -281,6 +281,74 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // the errors of Truncate and of the file.
   io::Task<absl::Status> Amend(AmendOptions options);
 
+
+  // ---- Internal snapshots (qcow2 spec, "Snapshots"; qcow2_snapshot.cc,
+  // QEMU 7.2's block/qcow2-snapshot.c). No request may be in flight.
+  // A snapshot table entry (qcow2 spec, "Snapshots"), with QEMU 7.2's
+  // defaults for what its extra data lacks (qcow2_read_snapshots).
+  struct SnapshotRecord {
+    uint64_t l1_offset = 0;
+    uint32_t l1_size = 0;  // entries
+    uint32_t date_sec = 0;
+    uint32_t date_nsec = 0;
+    uint64_t vm_clock_nsec = 0;
+    uint32_t extra_size = 0;           // extra data bytes as stored
+    std::vector<uint8_t> extra;        // those bytes
+    uint64_t vm_state_size = 0;        // 64-bit field if present, else 32
+    uint64_t disk_size = 0;            // the image's size if absent
+    uint64_t icount = ~uint64_t{0};    // -1 if absent
+    std::string id;
+    std::string name;
+  };
+  // The snapshot table, in table order (kDataLoss for a broken table).
+  io::Task<absl::StatusOr<std::vector<SnapshotRecord>>> Snapshots();
+  // Index in `snapshots` of the first entry whose id (`by_id`) or name is
+  // `key`, or -1 (QEMU's find_snapshot_by_id_and_name with one of the two).
+  static int FindSnapshot(const std::vector<SnapshotRecord>& snapshots,
+                          const std::string& key, bool by_id);
+  // qcow2_snapshot_create: copies the active L1 table to new clusters,
+  // raises the refcount of every L2 table and cluster it reaches (COPIED
+  // flags cleared in the active tables), then appends the entry (id: the
+  // largest numeric id + 1; VM clock and VM state 0; version 3 extra data
+  // with the virtual size and icount 0, as qemu-img writes it) through a
+  // new snapshot table. Names may repeat (as in QEMU).
+  // Crash safety: on a version 3 image the dirty bit is set (synced) for
+  // the duration, so that a crash leaves an image whose COPIED flags the
+  // next read-write open or `check -r` fixes; refcounts always reach the
+  // disk before the table that relies on them, so a crash leaks at worst.
+  // Errors carry QEMU's errno (base/errno_status.h): EFBIG for 65536
+  // snapshots or a table over 64 MiB, EINVAL when a refcount would exceed
+  // refcount_bits (the L1 copy is then leaked, as in QEMU), EIO for
+  // corruption events; kFailedPrecondition on a read-only node.
+  io::Task<absl::Status> CreateSnapshot(const std::string& name,
+                                        uint32_t date_sec, uint32_t date_nsec);
+  // qcow2_snapshot_goto of the snapshot whose id, else name, is
+  // `id_or_name`: the image resized to the snapshot's disk size if it
+  // differs, the L1 table grown to the snapshot's, the snapshot's clusters
+  // referenced, its L1 table written as the active one (synced), the old
+  // active state's references dropped (clusters only it used freed and
+  // punched), COPIED flags recomputed. Errors: ENOENT (no such snapshot),
+  // EINVAL/EFBIG for a snapshot L1 table that is misaligned/too large
+  // (`*report` gets QEMU's error_report line, "Snapshot L1 table offset
+  // invalid"), those of Truncate and of the file.
+  io::Task<absl::Status> GotoSnapshot(const std::string& id_or_name,
+                                      std::string* report);
+  // qcow2_snapshot_delete of entry `index` of Snapshots(): the table is
+  // rewritten without it first, then its references are dropped and its L1
+  // table freed (a crash in between leaks), then COPIED flags recomputed.
+  // Errors, QEMU's words: "Snapshot L1 table offset invalid" /
+  // "... too large" (nothing changed), "Failed to remove snapshot from
+  // snapshot list: <strerror>", "Failed to free the cluster and L1 table:
+  // <strerror>", "Failed to update snapshot status in disk: <strerror>".
+  io::Task<absl::Status> DeleteSnapshot(size_t index);
+  // qcow2_snapshot_load_tmp: a read-only node reads the snapshot whose id
+  // and name match (nullopt: any) from now on; the
+  // virtual size stays the image's (as in QEMU). Errors (QEMU's words):
+  // kFailedPrecondition "Device is not readonly", kNotFound "Can't find
+  // snapshot", "Snapshot L1 table offset invalid" / "too large".
+  io::Task<absl::Status> LoadSnapshotReadOnly(
+      std::optional<std::string> id, std::optional<std::string> name);
+
   // The header as it is now (dirty and corrupt bits included).
   const format::Header& header() const { return header_; }
   uint64_t cluster_size() const { return cluster_size_; }
@@ -736,22 +804,23 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // clear the dirty bit, rewrite the header) and the zero cluster
   // expansion of a downgrade.
   io::Task<absl::Status> MarkClean();
-  // A snapshot table entry (qcow2 spec, "Snapshots"), with QEMU 7.2's
-  // defaults for what its extra data lacks (qcow2_read_snapshots).
-  struct SnapshotRecord {
-    uint64_t l1_offset = 0;
-    uint32_t l1_size = 0;  // entries
-    uint32_t date_sec = 0;
-    uint32_t date_nsec = 0;
-    uint64_t vm_clock_nsec = 0;
-    uint32_t extra_size = 0;           // extra data bytes as stored
-    std::vector<uint8_t> extra;        // those bytes
-    uint64_t vm_state_size = 0;        // 64-bit field if present, else 32
-    uint64_t disk_size = 0;            // the image's size if absent
-    uint64_t icount = ~uint64_t{0};    // -1 if absent
-    std::string id;
-    std::string name;
-  };
+  // qcow2_update_snapshot_refcount over L1 table `l1` (the active one when
+  // `active`, else a snapshot's at `l1_offset`): adds `addend` (-1, 0, 1)
+  // to the refcount of every cluster and L2 table it reaches, sets COPIED
+  // where the refcount is 1 and clears it elsewhere, writes the L2 tables
+  // and refcounts, and (addend >= 0) the L1 table if its flags changed.
+  // Clusters whose refcount drops to 0 are punched in the file.
+  io::Task<absl::Status> UpdateSnapshotRefcount(std::vector<uint64_t>& l1,
+                                                bool active, uint64_t l1_offset,
+                                                int addend);
+  // qcow2_validate_table for a snapshot's L1 table: kInvalidArgument
+  // (EINVAL) "Snapshot L1 table offset invalid", kResourceExhausted (EFBIG)
+  // "Snapshot L1 table too large".
+  absl::Status ValidateSnapshotL1(const SnapshotRecord& sn) const;
+  // Sets the dirty bit around a snapshot operation on a version 3 image
+  // (false if it was set already or the image is version 2), and clears it.
+  io::Task<absl::StatusOr<bool>> BeginSnapshotUpdate();
+  io::Task<absl::Status> EndSnapshotUpdate(bool set_dirty);
   // Reads the whole snapshot table; `*table_bytes`: its length, from the
   // first entry to the end of the last name (unpadded).
   io::Task<absl::StatusOr<std::vector<SnapshotRecord>>> ReadSnapshotRecords(
