@@ -38,6 +38,8 @@
 #include "prealloc_filter/prealloc_filter.h"
 #include "prealloc_filter/prealloc_options.pb.h"
 #include "qcow2/check.h"
+#include "quorum_block/quorum_node.h"
+#include "quorum_block/quorum_options.pb.h"
 #include "raw_format/raw_node.h"
 #include "raw_format/raw_options.pb.h"
 #include "qcow2/qcow2_options.pb.h"
@@ -208,6 +210,15 @@ const std::vector<Driver>& Drivers() {
         .name = "compress",
         .kind = DriverKind::kFilter,
         .has_file_child = true,
+    });
+    // A format in QEMU's naming (no protocol name, no `file` child): its
+    // children are `children.N`.
+    d->push_back(Driver{
+        .name = "quorum",
+        .kind = DriverKind::kFormat,
+        .options = quorum_block::QuorumOptions::descriptor(),
+        .keys = {"vote-threshold", "blkverify", "rewrite-corrupted",
+                 "read-pattern"},
     });
     d->push_back(Driver{
         .name = "preallocate",
@@ -987,6 +998,98 @@ io::Task<absl::StatusOr<Opened>> OpenCompress(const Driver& driver,
   co_return out;
 }
 
+// quorum (QEMU 7.2's quorum_open): the options are checked before any
+// child is opened (quorum_block::CheckQuorumOptions, after "Option
+// children is not a valid array" for `children` keys that are not 0..N-1),
+// then children.0, children.1, ... are opened as images of their own
+// (probed if they name no driver), keeping other writers out.
+// rewrite-corrupted needs to write to the children: "Block node is
+// read-only" (kFailedPrecondition) on a read-only graph. Named json:{...}
+// with the driver, the strong options given and "children": [...].
+io::Task<absl::StatusOr<Opened>> OpenQuorum(const Driver& driver,
+                                            const NodeOptions& node,
+                                            Context ctx) {
+  int num_children = 0;
+  const NodeOptions* list = nullptr;
+  if (auto it = node.children.find("children"); it != node.children.end()) {
+    list = &it->second;
+    while (list->values.count(absl::StrCat(num_children)) != 0 ||
+           list->children.count(absl::StrCat(num_children)) != 0) {
+      ++num_children;
+    }
+    if (list->values.size() + list->children.size() !=
+        static_cast<size_t>(num_children)) {
+      co_return absl::InvalidArgumentError(
+          "Option children is not a valid array");
+    }
+  }
+  quorum_block::QuorumOptions options;
+  if (num_children < 1) {
+    co_return absl::InvalidArgumentError(
+        "Number of provided children must be 1 or more");
+  }
+  CO_RETURN_IF_ERROR(FillDriverOptions(driver, node, &options));
+  CO_ASSIGN_OR_RETURN(quorum_block::QuorumSettings settings,
+                      quorum_block::CheckQuorumOptions(options, num_children));
+  if (settings.rewrite_corrupted && ctx.read_only) {
+    co_return absl::FailedPreconditionError("Block node is read-only");
+  }
+  Opened out;
+  out.driver = &driver;
+  std::vector<std::unique_ptr<io::BlockNode>> children;
+  std::string children_json = "[";
+  Context child_ctx = ctx;
+  child_ctx.share_all = false;
+  absl::Status failed;
+  for (int i = 0; i < num_children && failed.ok(); ++i) {
+    const std::string key = absl::StrCat(i);
+    if (auto ref = list->values.find(key); ref != list->values.end()) {
+      failed = NodeReferenceError(ref->second);
+      break;
+    }
+    absl::StatusOr<Opened> child =
+        co_await OpenNode(list->children.at(key), child_ctx, Slot::kTop);
+    if (!child.ok()) {
+      failed = child.status();
+      break;
+    }
+    (*ctx.names)[child->node.get()] = DisplayName(*child);
+    absl::StrAppend(&children_json, i == 0 ? "" : ", ", child->json);
+    out.files.insert(out.files.end(), child->files.begin(),
+                     child->files.end());
+    children.push_back(std::move(child->node));
+  }
+  std::string name;
+  if (failed.ok()) {
+    children_json += "]";
+    std::string quoted;
+    AppendJsonString(driver.name, &quoted);
+    std::vector<std::pair<std::string, std::string>> members = {
+        {"driver", quoted}, {"children", children_json}};
+    for (const std::string& key : driver.keys) {
+      if (node.values.count(key) != 0) {
+        members.emplace_back(key, JsonValue(node, key));
+      }
+    }
+    out.json = QdictJson(std::move(members));
+    name = absl::StrCat("json:", out.json);
+    absl::StatusOr<std::unique_ptr<quorum_block::QuorumNode>> quorum =
+        quorum_block::QuorumNode::Open(std::move(children), settings, name,
+                                       ctx.read_only);
+    if (quorum.ok()) {
+      out.node = *std::move(quorum);
+      co_return out;
+    }
+    failed = quorum.status();  // the children are still ours to close
+  }
+  for (auto& child : children) {
+    if (child == nullptr) continue;
+    absl::Status closed = co_await child->Close();
+    closed.IgnoreError();  // the open error is the one to report
+  }
+  co_return failed;
+}
+
 io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
                                           Slot slot) {
   // 1. The driver: named, implied by a filename (a `file` child is a
@@ -1175,6 +1278,9 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
     opened = co_await OpenCor(driver, node, ctx, *std::move(file_child));
   } else if (driver.name == "compress") {
     opened = co_await OpenCompress(driver, ctx, *std::move(file_child));
+  } else if (driver.name == "quorum") {
+    consumed.push_back("children");
+    opened = co_await OpenQuorum(driver, node, ctx);
   } else if (driver.name == "blkdebug") {
     consumed.push_back("inject-error");
     consumed.push_back("set-state");

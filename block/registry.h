@@ -21,7 +21,12 @@
 // kFailedPrecondition "Cannot get 'write' permission without 'resize':
 // Image size is not a multiple of request alignment"), `null-co` and
 // `null-aio` (protocols, null_block: named
-// "null-co://" unless size or read-zeroes is given). json:{...} names list a
+// "null-co://" unless size or read-zeroes is given), `quorum` (a format in
+// QEMU's naming, quorum_block: its children `children.N` are checked after
+// its options and opened as images of their own; "Option children is not a
+// valid array", "Number of provided children must be 1 or more" and
+// quorum_block::CheckQuorumOptions' errors; named json:{...} with
+// "children": [...]). json:{...} names list a
 // node's keys in QEMU's QDict order (its hash buckets), values as given
 // (numbers and booleans of json: filenames bare, everything else strings);
 // `blkdebug` (blkdebug/: a protocol in QEMU's naming and errors, over its

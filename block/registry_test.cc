@@ -38,7 +38,7 @@ TEST(RegistryTest, KnowsQemusDriverNames) {
             (std::vector<std::string>{"blkdebug", "compress", "copy-on-read",
                                       "file", "host_cdrom", "host_device",
                                       "null-aio", "null-co", "preallocate",
-                                      "qcow2", "raw"}));
+                                      "qcow2", "quorum", "raw"}));
   EXPECT_EQ(FindDriver("host_device")->kind, DriverKind::kProtocol);
   EXPECT_EQ(FindDriver("copy-on-read")->kind, DriverKind::kFilter);
   EXPECT_EQ(FindDriver("null-co")->kind, DriverKind::kProtocol);
@@ -46,6 +46,7 @@ TEST(RegistryTest, KnowsQemusDriverNames) {
   EXPECT_EQ(FindDriver("blkdebug")->file_child_key, "image");
   EXPECT_EQ(FindDriver("preallocate")->kind, DriverKind::kFilter);
   EXPECT_EQ(FindDriver("qcow2")->kind, DriverKind::kFormat);
+  EXPECT_EQ(FindDriver("quorum")->kind, DriverKind::kFormat);
   EXPECT_EQ(FindDriver("file")->kind, DriverKind::kProtocol);
   EXPECT_EQ(FindDriver("xyz"), nullptr);
   EXPECT_TRUE(IsUnsupportedQemuDriver("vmdk"));

@@ -73,7 +73,10 @@ std::string HumanInfo(const ImageInfo& info) {
   if (info.dirty_flag()) absl::StrAppend(&text, "cleanly shut down: no\n");
   if (info.has_backing_filename()) {
     absl::StrAppend(&text, "backing file: ", info.backing_filename());
-    if (info.full_backing_filename() != info.backing_filename()) {
+    if (!info.has_full_backing_filename()) {
+      // A relative name on a node without a directory (quorum).
+      absl::StrAppend(&text, " (cannot determine actual path)");
+    } else if (info.full_backing_filename() != info.backing_filename()) {
       absl::StrAppend(&text, " (actual path: ", info.full_backing_filename(),
                       ")");
     }
@@ -218,7 +221,9 @@ absl::StatusOr<ImageInfo> Describe(const OpenedImage& image,
     info.set_dirty_flag(q->dirty());
     if (!q->backing_filename().empty()) {
       info.set_backing_filename(q->backing_filename());
-      info.set_full_backing_filename(q->full_backing_filename());
+      if (!q->full_backing_filename().empty()) {
+        info.set_full_backing_filename(q->full_backing_filename());
+      }
     }
     if (!q->backing_format().empty()) {
       info.set_backing_filename_format(q->backing_format());
@@ -309,6 +314,12 @@ absl::Status RunInfo(const std::vector<std::string>& args, Streams streams) {
     infos.push_back(*std::move(described));
     const ImageInfo& info = infos.back();
     next.reset();
+    if (backing_chain && info.has_backing_filename() &&
+        !info.has_full_backing_filename()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Could not determine absolute backing filename, but backing "
+          "filename '", info.backing_filename(), "' present"));
+    }
     if (backing_chain && info.has_full_backing_filename()) {
       next = info.full_backing_filename();
       spec.format = info.backing_filename_format();

@@ -306,6 +306,15 @@ Task<absl::Status> BlockNode::DoWriteZeroes(uint64_t, uint64_t,
   co_return absl::UnimplementedError("write zeroes");
 }
 
+absl::StatusOr<std::string> BlockNode::Dirname() const {
+  if (const BlockNode* child = primary_child(); child != nullptr) {
+    return child->Dirname();
+  }
+  const size_t slash = filename_.rfind('/');
+  return slash == std::string::npos ? std::string()
+                                    : filename_.substr(0, slash + 1);
+}
+
 Task<absl::Status> BlockNode::DoDiscard(uint64_t, uint64_t) {
   co_return absl::UnimplementedError("discard");
 }

@@ -183,6 +183,15 @@ class BlockNode {
     return absl::UnimplementedError("allocated size unknown");
   }
 
+  // The directory that relative backing file names of an image stored on
+  // this node are resolved against (QEMU 7.2's bdrv_dirname): "" or a path
+  // ending in '/'. Default: primary_child()'s if there is one, else the
+  // part of filename() up to and including its last '/'. A node that has
+  // no directory (quorum: its children may lie in several) overrides this
+  // to fail; kInvalidArgument "Cannot generate a base directory for quorum
+  // nodes" (QEMU's text).
+  virtual absl::StatusOr<std::string> Dirname() const;
+
   // The backing node whose data shows through where this node has none
   // (qcow2's backing file), or null. Not owned by the caller.
   virtual BlockNode* backing() const { return nullptr; }

@@ -31,19 +31,22 @@ constexpr uint64_t kDefaultRefcountCacheSize = uint64_t{256} << 10;
 constexpr uint64_t kIncompatibleFeaturesOffset = 72;
 constexpr uint64_t kRefcountTableOffsetOffset = 48;
 
-// QEMU's path_combine() for backing file names.
-std::string ResolveBackingName(const std::string& image,
-                               const std::string& backing) {
+// QEMU's bdrv_make_absolute_filename for backing file names: an absolute
+// name or one with a protocol prefix ("json:", "nbd:", ...) as it is, a
+// relative one after the directory of `file` (io::BlockNode::Dirname, whose
+// error it returns).
+absl::StatusOr<std::string> ResolveBackingName(const io::BlockNode& file,
+                                               const std::string& backing) {
   if (backing.empty() || backing[0] == '/') return backing;
   const size_t colon = backing.find(':');
   const size_t slash = backing.find('/');
   if (colon != std::string::npos &&
       (slash == std::string::npos || colon < slash)) {
-    return backing;  // a protocol prefix ("json:", "nbd:", ...)
+    return backing;
   }
-  const size_t dir_end = image.rfind('/');
-  if (dir_end == std::string::npos) return backing;
-  return image.substr(0, dir_end + 1) + backing;
+  absl::StatusOr<std::string> dir = file.Dirname();
+  if (!dir.ok()) return dir.status();
+  return *dir + backing;
 }
 
 }  // namespace
@@ -179,8 +182,16 @@ io::Task<absl::StatusOr<std::unique_ptr<Qcow2Node>>> Qcow2Node::Open(
   }
 
   if (node->header_.backing_file.has_value()) {
-    node->full_backing_filename_ =
-        ResolveBackingName(node->file_->filename(), *node->header_.backing_file);
+    absl::StatusOr<std::string> full =
+        ResolveBackingName(*node->file_, *node->header_.backing_file);
+    node->full_backing_filename_ = full.ok() ? *full : std::string();
+    if (open_backing != nullptr && !full.ok()) {
+      // QEMU's bdrv_open_backing_file fails with bdrv_dirname's error
+      // itself, without "Could not open backing file: ".
+      absl::Status closed = co_await node->file_->Close();
+      (void)closed;
+      co_return full.status();
+    }
     if (open_backing != nullptr) {
       absl::StatusOr<std::unique_ptr<io::BlockNode>> backing =
           co_await open_backing(node->full_backing_filename_,
@@ -484,10 +495,12 @@ io::Task<absl::Status> Qcow2Node::ChangeBackingFile(
     std::swap(header_, next);  // the old header is what the image holds
     co_return st;
   }
-  full_backing_filename_ =
-      header_.backing_file.has_value()
-          ? ResolveBackingName(file_->filename(), *header_.backing_file)
-          : std::string();
+  full_backing_filename_.clear();
+  if (header_.backing_file.has_value()) {
+    absl::StatusOr<std::string> full =
+        ResolveBackingName(*file_, *header_.backing_file);
+    if (full.ok()) full_backing_filename_ = *full;
+  }
   co_return absl::OkStatus();
 }
 

@@ -353,7 +353,11 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   const format::Header& header() const { return header_; }
   uint64_t cluster_size() const { return cluster_size_; }
   // The backing file name as stored in the image ("" if none), and resolved
-  // against the image's directory.
+  // against the image's directory (the file's io::BlockNode::Dirname);
+  // full_backing_filename() is "" when a relative name cannot be resolved
+  // because the file has no directory (a quorum node: qemu-img info's
+  // "(cannot determine actual path)"), and opening the backing file then
+  // fails with Dirname's error, as QEMU's bdrv_get_full_backing_filename.
   std::string backing_filename() const;
   const std::string& full_backing_filename() const { return full_backing_filename_; }
   // The backing format extension ("" if none).
