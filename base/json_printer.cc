@@ -1,5 +1,7 @@
 #include "base/json_printer.h"
 
+#include "absl/strings/match.h"
+
 #include <charconv>
 
 #include <algorithm>
@@ -61,7 +63,10 @@ class Printer {
     for (int i = 0; i < descriptor->field_count(); ++i) {
       const FieldDescriptor* field = descriptor->field(i);
       if (field->is_repeated()) {
-        if (reflection->FieldSize(message, field) == 0) continue;
+        if (reflection->FieldSize(message, field) == 0 &&
+            !absl::EndsWith(field->name(), "_always")) {
+          continue;
+        }
       } else if (field->has_presence() &&
                  !reflection->HasField(message, field)) {
         continue;

@@ -3,7 +3,9 @@
 // quote them), booleans as true/false, fields in declaration order, field
 // names from the proto's json_name (set them with [json_name = "virtual-size"]
 // to get qemu-img's dashed keys), unset optional fields and empty repeated
-// fields left out, nested messages indented. An empty message is "{\n}".
+// fields left out (but for a field whose proto name ends in "_always",
+// printed as an empty list, as QEMU prints mandatory lists), nested messages
+// indented. An empty message is "{\n}".
 #ifndef IMGTOOL_BASE_JSON_PRINTER_H_
 #define IMGTOOL_BASE_JSON_PRINTER_H_
 

@@ -161,6 +161,7 @@ absl::Status RunMap(const std::vector<std::string>& args, Streams streams);
 absl::Status RunResize(const std::vector<std::string>& args, Streams streams);
 absl::Status RunSnapshot(const std::vector<std::string>& args,
                          Streams streams);
+absl::Status RunBitmap(const std::vector<std::string>& args, Streams streams);
 absl::Status RunBench(const std::vector<std::string>& args, Streams streams);
 // check (check.cc): exit codes 2 (corruptions), 3 (leaks only) and 63 (no
 // checks for the format) come with an empty message or "This image format

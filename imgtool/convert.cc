@@ -414,12 +414,65 @@ absl::Status CheckTargetFeatures(const ConvertArgs& a, size_t num_sources,
           "Compression and preallocation not supported at the same time");
     }
   }
-  if (a.bitmaps) {
-    if (num_sources > 1) {
-      return absl::InvalidArgumentError(
-          "Copying bitmaps only possible with single source");
-    }
+  return absl::OkStatus();
+}
+
+// qemu-img 7.2's convert_check_bitmaps: a qcow2 source, and (unless
+// --skip-broken-bitmaps) no inconsistent bitmap, named in QEMU's order
+// (its list holds them last-loaded first).
+absl::Status CheckSourceBitmaps(const ConvertArgs& a, const OpenedImage& src) {
+  if (src.qcow2 == nullptr) {
     return absl::InvalidArgumentError("Source lacks bitmap support");
+  }
+  if (a.skip_broken_bitmaps) return absl::OkStatus();
+  const std::vector<qcow2::Qcow2Node::BitmapInfo> bitmaps =
+      src.qcow2->Bitmaps();
+  for (auto it = bitmaps.rbegin(); it != bitmaps.rend(); ++it) {
+    if (it->inconsistent) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Cannot copy inconsistent bitmap '", it->name,
+          "'\nTry --skip-broken-bitmaps, or use 'qemu-img bitmap --remove' "
+          "to delete it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// qemu-img 7.2's convert_copy_bitmaps: each bitmap of the source added to
+// the target (same granularity, same enabled state) with the source's bits;
+// inconsistent ones skipped with a warning. The target's directory lists
+// them in the source's order, as QEMU's does.
+absl::Status CopyBitmaps(const ConvertArgs& a, const OpenedImage& src,
+                         OpenedImage& target, Streams streams) {
+  if (target.qcow2 == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Format driver '", target.format, "' does not support bitmaps"));
+  }
+  const std::vector<qcow2::Qcow2Node::BitmapInfo> bitmaps =
+      src.qcow2->Bitmaps();
+  for (auto it = bitmaps.rbegin(); it != bitmaps.rend(); ++it) {
+    if (it->inconsistent && a.skip_broken_bitmaps) {
+      streams.err << ProgramName() << ": warning: Skipping inconsistent bitmap '"
+                  << it->name << "'\n";
+    }
+  }
+  for (const qcow2::Qcow2Node::BitmapInfo& b : bitmaps) {
+    if (b.inconsistent) continue;
+    absl::Status st = io::RunSync(
+        *target.engine, target.qcow2->AddBitmap(b.name, b.granularity,
+                                                /*disabled=*/!b.enabled));
+    if (!st.ok()) {
+      return WithMessage(st, absl::StrCat("Failed to create bitmap ", b.name,
+                                          ": ", st.message()));
+    }
+    st = io::RunSync(*target.engine,
+                     target.qcow2->MergeBitmap(b.name, *src.qcow2, b.name));
+    if (!st.ok()) {
+      io::RunSync(*target.engine, target.qcow2->RemoveBitmap(b.name))
+          .IgnoreError();
+      return WithMessage(st, absl::StrCat("Failed to populate bitmap ",
+                                          b.name, ": ", st.message()));
+    }
   }
   return absl::OkStatus();
 }
@@ -507,6 +560,13 @@ absl::Status Convert(ConvertArgs a,
     images.push_back(std::move(image));
   }
   const size_t num_sources = images.size();
+  if (a.bitmaps) {
+    if (num_sources > 1) {
+      return absl::InvalidArgumentError(
+          "Copying bitmaps only possible with single source");
+    }
+    RETURN_IF_ERROR(CheckSourceBitmaps(a, images[0]));
+  }
   if (a.snapshot.has_value()) {
     if (num_sources > 1) {
       return absl::InvalidArgumentError(
@@ -583,8 +643,16 @@ absl::Status Convert(ConvertArgs a,
   spec.queue_depth = a.num_coroutines;
   ASSIGN_OR_RETURN(OpenedImage target, OpenImage(spec, streams.err, engine));
   images.push_back(std::move(target));
-  return Copy(a, absl::MakeSpan(images).first(num_sources), images.back(),
-              target_name, progress);
+  if (a.bitmaps && images.back().qcow2 == nullptr) {
+    // qemu-img 7.2 checks once the target is created and open.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Format driver '", images.back().format,
+        "' does not support bitmaps"));
+  }
+  RETURN_IF_ERROR(Copy(a, absl::MakeSpan(images).first(num_sources),
+                       images.back(), target_name, progress));
+  if (a.bitmaps) RETURN_IF_ERROR(CopyBitmaps(a, images[0], images.back(), streams));
+  return absl::OkStatus();
 }
 
 }  // namespace

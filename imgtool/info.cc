@@ -126,6 +126,19 @@ std::string HumanInfo(const ImageInfo& info) {
       absl::StrAppend(&text, "    lazy refcounts: ", flag(q.lazy_refcounts()),
                       "\n");
     }
+    if (q.bitmaps_size() > 0) {
+      absl::StrAppend(&text, "    bitmaps:\n");
+      for (int i = 0; i < q.bitmaps_size(); ++i) {
+        const Qcow2BitmapInfo& bm = q.bitmaps(i);
+        absl::StrAppend(&text, "        [", i, "]:\n", "            flags:\n");
+        for (int k = 0; k < bm.flags_always_size(); ++k) {
+          absl::StrAppend(&text, "                [", k,
+                          "]: ", bm.flags_always(k), "\n");
+        }
+        absl::StrAppend(&text, "            name: ", bm.name(), "\n",
+                        "            granularity: ", bm.granularity(), "\n");
+      }
+    }
     if (q.has_refcount_bits()) {
       absl::StrAppend(&text, "    refcount bits: ", q.refcount_bits(), "\n");
     }
@@ -238,6 +251,13 @@ absl::StatusOr<ImageInfo> Describe(const OpenedImage& image,
     data->set_compression_type(q->header().compression_type == 0 ? "zlib"
                                                                   : "zstd");
     if (q->header().version >= 3) data->set_lazy_refcounts(q->lazy_refcounts());
+    for (const qcow2::Qcow2Node::BitmapInfo& b : q->Bitmaps()) {
+      Qcow2BitmapInfo* bm = data->add_bitmaps();
+      if (b.in_use) bm->add_flags_always("in-use");
+      if (b.enabled) bm->add_flags_always("auto");
+      bm->set_name(b.name);
+      bm->set_granularity(b.granularity);
+    }
     data->set_refcount_bits(q->refcount_bits());
     if (q->header().version >= 3) {
       data->set_corrupt(q->corrupt());

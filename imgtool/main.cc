@@ -37,6 +37,7 @@ constexpr Command kCommands[] = {
     {"bench", imgtool::cli::RunBench},
     {"check", imgtool::cli::RunCheck},
     {"commit", imgtool::cli::RunCommit},
+    {"bitmap", imgtool::cli::RunBitmap},
     {"compare", imgtool::cli::RunCompare},
     {"convert", imgtool::cli::RunConvert},
     {"create", imgtool::cli::RunCreate},
@@ -65,6 +66,10 @@ constexpr char kHelp[] =
     "[-n] [--no-drain]\n"
     "        [-o OFFSET] [--pattern=BYTE] [-q] [-s SIZE] [-S STEP] [-t CACHE] "
     "[-w] [-U] FILE\n"
+    "  bitmap (--merge SOURCE | --add | --remove | --clear | --enable | "
+    "--disable)...\n"
+    "        [-b SOURCE_FILE [-F SOURCE_FMT]] [-g GRANULARITY] [-f FMT] "
+    "FILE BITMAP\n"
     "  check [-q] [-f FMT] [--output=human|json] [-r leaks|all] [-T CACHE] "
     "[-U] FILE\n"
     "  commit [--image-opts] [-q] [-f FMT] [-t CACHE] [-b BASE] "

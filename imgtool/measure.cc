@@ -379,13 +379,20 @@ absl::Status RunMeasure(const std::vector<std::string>& args, Streams streams) {
       }
       if (params->version >= 3 && image->qcow2 != nullptr &&
           image->qcow2->header().version >= 3) {
-        const auto& ext = image->qcow2->header().bitmaps;
-        if (ext.has_value() && ext->nb_bitmaps > 0) {
-          return fail(absl::UnimplementedError(
-              "measuring images with persistent bitmaps is not supported "
-              "yet"));
+        // QEMU 7.2's qcow2_get_persistent_dirty_bitmap_size, in the new
+        // image's clusters: every bitmap (inconsistent ones too) wholly
+        // allocated, its table, and the directory.
+        const uint64_t cs = g.cluster_size;
+        uint64_t total = 0;
+        uint64_t dir = 0;
+        for (const qcow2::Qcow2Node::BitmapInfo& b : image->qcow2->Bitmaps()) {
+          const uint64_t bits = ssize / b.granularity +
+                                (ssize % b.granularity != 0 ? 1 : 0);
+          const uint64_t clusters = ((bits + 7) / 8 + cs - 1) / cs;
+          total += clusters * cs + RoundUp(clusters * 8, cs);
+          dir += (24 + b.name.size() + 7) / 8 * 8;
         }
-        bitmaps = 0;
+        bitmaps = total + RoundUp(dir, cs);
       }
     }
     if (params->preallocates_data) data = RoundUp(virtual_size, g.cluster_size);

@@ -1046,6 +1046,7 @@ io::Task<absl::Status> Qcow2Node::DoWrite(uint64_t offset, io::ConstIoVec data) 
         "(%u bytes)",
         filename(), data.size(), offset, size()));
   }
+  MarkDirty(offset, data.size());  // bitmaps (qcow2_bitmap.cc)
   co_return co_await WriteGuest(offset, data);
 }
 
@@ -1338,6 +1339,7 @@ io::Task<absl::Status> Qcow2Node::WriteCompressed(uint64_t offset,
         "(%u bytes at offset %u)",
         filename(), data.size(), offset));
   }
+  MarkDirty(offset, data.size());  // bitmaps (qcow2_bitmap.cc)
   while (!data.empty()) {
     const uint64_t n = std::min<uint64_t>(data.size(), cluster_size_);
     CO_RETURN_IF_ERROR(co_await WriteCompressedCluster(offset, data.first(n)));
@@ -1729,6 +1731,7 @@ io::Task<absl::Status> Qcow2Node::DoWriteZeroes(uint64_t offset,
         "image (%u bytes)",
         filename(), length, offset, size()));
   }
+  MarkDirty(offset, length);  // bitmaps (qcow2_bitmap.cc)
   if (header_.version < 3 && has_backing_file()) {
     co_return absl::UnimplementedError("write zeroes");
   }
@@ -1752,6 +1755,7 @@ io::Task<absl::Status> Qcow2Node::DoDiscard(uint64_t offset, uint64_t length) {
         "(%u bytes)",
         filename(), length, offset, size()));
   }
+  MarkDirty(offset, length);  // bitmaps (qcow2_bitmap.cc)
   // Version 2 has no zero flag: discarded clusters would show the backing
   // file's data again. QEMU 7.2's qcow2_co_pdiscard refuses (-ENOTSUP, which
   // bdrv_co_pdiscard reports as success): the data stays.

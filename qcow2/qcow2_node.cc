@@ -172,6 +172,10 @@ io::Task<absl::StatusOr<std::unique_ptr<Qcow2Node>>> Qcow2Node::Open(
   std::unique_ptr<Qcow2Node> node(
       new Qcow2Node(std::move(file), std::move(header), config));
   CO_RETURN_IF_ERROR(co_await node->LoadTables());
+  CO_RETURN_IF_ERROR(co_await node->LoadBitmaps());
+  // As QEMU's qcow2_load_dirty_bitmaps: a read-write open marks the
+  // bitmaps in use at once (Close stores them again).
+  CO_RETURN_IF_ERROR(co_await node->MarkBitmapsInUse());
   if (!node->read_only() &&
       (node->header_.autoclear_features & ~format::kAutoclearFeaturesKnown)) {
     // As QEMU's qcow2_do_open: a writable open clears the autoclear bits it
@@ -519,12 +523,19 @@ io::Task<absl::Status> Qcow2Node::WriteL1Entry(uint64_t index) {
 
 io::Task<absl::Status> Qcow2Node::PrepareFirstWrite() {
   if (first_write_done_) co_return absl::OkStatus();
-  // Features this driver does not maintain (bitmaps, raw external data and
-  // anything newer) become invalid with the first write.
-  if (header_.autoclear_features != 0) {
-    header_.autoclear_features = 0;
+  // Features this driver does not maintain (raw external data and anything
+  // newer) become invalid with the first write; the bitmaps bit stays while
+  // there are bitmaps (in use until Close stores them). Without them it is
+  // dropped: QEMU 7.2 would take the absent directory for metadata at
+  // offset 0 and mark the image corrupt on its next write.
+  const uint64_t kept = header_.bitmaps.has_value()
+                            ? header_.autoclear_features & format::kAutoclearBitmaps
+                            : 0;
+  if (header_.autoclear_features != kept) {
+    header_.autoclear_features = kept;
     CO_RETURN_IF_ERROR(co_await WriteHeader());
   }
+  CO_RETURN_IF_ERROR(co_await MarkBitmapsInUse());
   if (config_.lazy_refcounts && !header_.dirty()) {
     header_.incompatible_features |= format::kIncompatibleDirty;
     CO_RETURN_IF_ERROR(co_await WriteIncompatibleFeatures());
@@ -680,7 +691,8 @@ io::Task<absl::Status> Qcow2Node::Close() {
   absl::Status result;
   if (!read_only() && broken_.ok()) {
     auto lock = co_await io::ScopedLock::Take(meta_lock_);
-    result = co_await FlushCachesForClose();
+    result = co_await StoreBitmaps();
+    if (result.ok()) result = co_await FlushCachesForClose();
     if (result.ok() && dirty_set_by_us_) {
       header_.incompatible_features &= ~format::kIncompatibleDirty;
       result = co_await WriteIncompatibleFeatures();

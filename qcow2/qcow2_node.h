@@ -82,6 +82,7 @@
 #include "io/block_node.h"
 #include "io/sync.h"
 #include "io/task.h"
+#include "qcow2/format/bitmap.h"
 #include "qcow2/format/header.h"
 #include "qcow2/format/l2_entry.h"
 #include "qcow2/metadata_io.h"
@@ -348,6 +349,55 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // snapshot", "Snapshot L1 table offset invalid" / "too large".
   io::Task<absl::Status> LoadSnapshotReadOnly(
       std::optional<std::string> id, std::optional<std::string> name);
+  // Persistent dirty bitmaps (qcow2_bitmap.cc; qcow2 spec "Bitmaps",
+  // QEMU 7.2's block/qcow2-bitmap.c and block/dirty-bitmap.c). Open loads
+  // the bitmap directory and the data of every bitmap not in use (errors
+  // fail the open with QEMU's words, e.g. "Bitmap 'b0' doesn't satisfy the
+  // constraints"); a bitmap found in use (a writer was killed) is
+  // inconsistent: kept on disk as it is, never tracked or stored again. A
+  // read-write open marks every consistent bitmap in use (directory
+  // rewritten in place, synced) before anything else is written, as QEMU's
+  // does (so a killed writer leaves them in use even if it wrote nothing,
+  // and Close always stores them again, moving them as QEMU does); every
+  // write, write-zeroes and discard then sets the bits of the enabled
+  // bitmaps (one bit per granularity bytes touched, whether or not the
+  // request succeeds, as QEMU's bdrv_co_write_req_finish), and Close stores
+  // them as QEMU's qcow2_store_persistent_dirty_bitmaps: new data clusters
+  // (none for an all-zero cluster), new tables, a new directory, the header
+  // (synced), then the old directory, tables and data freed; in_use clear.
+  // Read-only opens change nothing.
+  struct BitmapInfo {
+    std::string name;
+    uint32_t granularity = 0;  // bytes
+    bool in_use = false;       // as on disk
+    bool enabled = false;      // "auto" flag (for new bitmaps: as added)
+    bool inconsistent = false; // in use at open
+  };
+  // The bitmaps in directory order (then those added since open), flags as
+  // the directory on disk has them (qemu-img info's "bitmaps:").
+  std::vector<BitmapInfo> Bitmaps() const;
+  // `qemu-img bitmap` operations (QMP block-dirty-bitmap-*; errors are
+  // QEMU's messages, kInvalidArgument / kNotFound / kFailedPrecondition):
+  // Add: granularity 0 = QEMU's default (the cluster size within 4..64 KiB);
+  // a new bitmap is stored at Close. Remove: rewrites the directory at once.
+  // Clear / Enable / Disable / Merge change the in-memory bitmap, stored at
+  // Close. Merge ORs `src` (of the same virtual size, any granularity) into
+  // `target`. All need a writable node (kFailedPrecondition).
+  // Marks the bitmaps in use if the open has not (it has on a writable
+  // node). kFailedPrecondition on a read-only node; write errors.
+  io::Task<absl::Status> PrepareBitmapChanges();
+  io::Task<absl::Status> AddBitmap(const std::string& name,
+                                   uint32_t granularity, bool disabled);
+  io::Task<absl::Status> RemoveBitmap(const std::string& name);
+  io::Task<absl::Status> ClearBitmap(const std::string& name);
+  io::Task<absl::Status> EnableBitmap(const std::string& name, bool enable);
+  io::Task<absl::Status> MergeBitmap(const std::string& target,
+                                     const Qcow2Node& src_node,
+                                     const std::string& src);
+  // The set ranges [offset, end) in bytes of bitmap `name` as it is in
+  // memory (kNotFound; kFailedPrecondition if inconsistent).
+  absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> BitmapExtents(
+      const std::string& name) const;
 
   // The header as it is now (dirty and corrupt bits included).
   const format::Header& header() const { return header_; }
@@ -471,6 +521,38 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
     return ReclaimFreedClusters();
   }
   uint64_t FileSize() const override { return file_->size(); }
+
+  // Bitmaps (qcow2_bitmap.cc).
+  struct LiveBitmap {
+    format::BitmapDirEntry entry;   // as on disk (table_size 0: not yet)
+    std::vector<uint64_t> table;    // its bitmap table as read
+    std::vector<uint64_t> bits;     // bit i covers [i << g, (i + 1) << g)
+    bool inconsistent = false;      // in use at open: never stored
+    bool enabled = false;
+    bool on_disk = false;           // has a directory entry
+  };
+  io::Task<absl::Status> LoadBitmaps();
+  // At a read-write open (and before any change): the consistent bitmaps
+  // marked in use, once.
+  io::Task<absl::Status> MarkBitmapsInUse();
+  // Sets the bits of the enabled bitmaps for guest [offset, offset + length).
+  void MarkDirty(uint64_t offset, uint64_t length);
+  // Close's store (metadata lock held).
+  io::Task<absl::Status> StoreBitmaps();
+  // Writes a new directory for `entries` and points the header at it, then
+  // frees the old one (QEMU's update_ext_header_and_dir).
+  io::Task<absl::Status> ReplaceBitmapDirectory(
+      const std::vector<format::BitmapDirEntry>& entries);
+  io::Task<absl::Status> FreeBitmapClusters(const LiveBitmap& bm);
+  // Resize: kFailedPrecondition for an inconsistent bitmap; ResizeBitmaps
+  // after a successful truncate.
+  absl::Status CheckBitmapsResizable() const;
+  void ResizeBitmaps(uint64_t new_size);
+  LiveBitmap* FindBitmap(const std::string& name);
+  const LiveBitmap* FindBitmap(const std::string& name) const;
+  std::vector<LiveBitmap> bitmaps_;
+  bool bitmaps_in_use_ = false;  // we marked them in use on disk
+  bool bitmaps_changed_ = false; // something to store at Close
 
   // Open helpers.
   io::Task<absl::Status> LoadTables();

@@ -435,6 +435,7 @@ io::Task<absl::Status> Qcow2Node::DoTruncate(uint64_t new_size,
   if (new_size % 512 != 0) {
     co_return absl::InvalidArgumentError("The new size must be a multiple of 512");
   }
+  CO_RETURN_IF_ERROR(CheckBitmapsResizable());
   while (true) {
     auto lock = co_await io::ScopedLock::Take(meta_lock_);
     CO_RETURN_IF_ERROR(CheckUsable());
@@ -534,13 +535,14 @@ io::Task<absl::Status> Qcow2Node::DoTruncate(uint64_t new_size,
     CO_RETURN_IF_ERROR(
         co_await WriteHeaderField(kSizeOffset, io::ConstIoVec(field, 8)));
     header_.size = new_size;
+    ResizeBitmaps(new_size);
     const uint64_t explicit_end = l2_format_.extended_l2 ? sc_zero_start : zero_start;
     if (zero_new && explicit_end > old_size) {
       // The rest of the old last (sub)cluster: explicit zeroes (copy-on-write
       // of that cluster), as QEMU writes them.
       lock.Release();
       std::vector<uint8_t> zeroes(std::min(explicit_end, new_size) - old_size, 0);
-      co_return co_await DoWrite(old_size, zeroes);
+      co_return co_await WriteGuest(old_size, zeroes);  // no bitmap bits
     }
     co_return absl::OkStatus();
   }

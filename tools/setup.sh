@@ -10,6 +10,7 @@ packages=(
   liburing-dev libaio-dev libprotobuf-dev protobuf-compiler zlib1g-dev
   libzstd-dev
   clang libclang-rt-14-dev  # tools/fuzz.sh: --config=fuzz (libFuzzer, ASan, UBSan)
+  libnbd-bin  # nbdinfo: bitmap_oracle_test reads bitmaps through qemu-nbd
   qemu-utils xfsprogs e2fsprogs util-linux strace fio hyperfine python3
   chromium fonts-dejavu-core
   zip file  # bazel test packs undeclared outputs (dashboard_test's screenshot) with them
