@@ -11,10 +11,12 @@
 set -u
 IMGTOOL=$(realpath "$1")
 WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/bitmap_oracle.XXXXXX")
+# Unix socket paths must stay under 108 bytes (Bazel's TEST_TMPDIR is long).
+SOCKDIR=$(mktemp -d /tmp/bmo.XXXXXX)
 NBD_PID=""
 cleanup() {
   [[ -n "$NBD_PID" ]] && kill "$NBD_PID" 2>/dev/null
-  rm -rf "$WORK"
+  rm -rf "$WORK" "$SOCKDIR"
 }
 trap cleanup EXIT
 if [[ -n "${TEST_SRCDIR:-}" ]]; then
@@ -30,7 +32,7 @@ done
 # (nbdinfo --map over qemu-nbd -r -B NAME on a unix socket). qemu-nbd
 # serves one client and exits; it is waited for, never left running.
 bitmap_map() {
-  local img=$1 name=$2 sock="$WORK/nbd.sock" i
+  local img=$1 name=$2 sock="$SOCKDIR/nbd.sock" i
   rm -f "$sock"
   qemu-nbd -r -f qcow2 -B "$name" -k "$sock" "$img" 2>"$WORK/nbd.err" &
   NBD_PID=$!
@@ -39,8 +41,12 @@ bitmap_map() {
     kill -0 "$NBD_PID" 2>/dev/null || break
     sleep 0.05
   done
-  nbdinfo --map="qemu:dirty-bitmap:$name" "nbd+unix:///?socket=$sock" 2>&1 ||
-    { echo "nbdinfo failed"; cat "$WORK/nbd.err"; }
+  if ! nbdinfo --map="qemu:dirty-bitmap:$name" "nbd+unix:///?socket=$sock" \
+    2>"$WORK/nbdinfo.err"; then
+    # A failed read never compares equal to another one.
+    fail "nbdinfo --map of bitmap $name of $img: $(cat "$WORK/nbdinfo.err" "$WORK/nbd.err")"
+    echo "nbdinfo failed $RANDOM"
+  fi
   kill "$NBD_PID" 2>/dev/null
   wait "$NBD_PID" 2>/dev/null
   NBD_PID=""
