@@ -118,7 +118,8 @@ same_io_effect() { same_effect_of qemu-io io "$@"; }
 
 # same_effect_of QEMU_TOOL SUBCOMMAND SETUP ARGS...: imgtool [SUBCOMMAND]
 # ARGS against QEMU_TOOL ARGS (QEMU_TOOL's name in its messages reads as
-# imgtool's, as run() does for qemu-img).
+# imgtool's, as run() does for qemu-img). With OUT_FILTER set (a command or
+# function reading stdin), both stdouts are compared through it.
 same_effect_of() {
   local tool=$1 sub=$2 setup=$3
   shift 3
@@ -132,6 +133,10 @@ same_effect_of() {
   run "$IMGTOOL" "$a" ${sub:+"$sub"} "$@"
   local a_out=$OUT a_err=$ERR a_rc=$RC
   run "$tool" "$b" "$@"
+  if [[ -n ${OUT_FILTER:-} ]]; then
+    a_out=$(printf '%s' "$a_out" | $OUT_FILTER)
+    OUT=$(printf '%s' "$OUT" | $OUT_FILTER)
+  fi
   local b_err=${ERR//$tool/imgtool}
   diff_text "$what" stdout "$a_out" "$OUT" &&
     diff_text "$what" stderr "$a_err" "$b_err" &&
