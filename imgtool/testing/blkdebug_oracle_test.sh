@@ -22,12 +22,12 @@ normalize() {
     -e 's/qemu-io: /imgtool: /; s/qemu-img: /imgtool: /' "$1"
 }
 
-# pair_case NAME SETUP SUB REAL ARGS...: `imgtool SUB ARGS` in $WORK/a
-# against `REAL ARGS` in $WORK/b, both prepared by SETUP: stdout, stderr
-# and the exit status. Returns 1 after the first difference.
-pair_case() {
-  local name=$1 setup=$2 sub=$3 real=$4
-  shift 4
+# run_pair SETUP SUB REAL ARGS...: `imgtool SUB ARGS` in $WORK/a and
+# `REAL ARGS` in $WORK/b, both prepared by SETUP; streams in
+# $WORK/{a,b}.{out,err}, exit statuses in a_rc and b_rc.
+run_pair() {
+  local setup=$1 sub=$2 real=$3
+  shift 3
   checks=$((checks + 1))
   local a="$WORK/a" b="$WORK/b"
   rm -rf "$a" "$b"
@@ -35,9 +35,18 @@ pair_case() {
   (cd "$a" && $setup)
   (cd "$b" && $setup)
   (cd "$a" && "$IMGTOOL" $sub "$@" >"$WORK/a.out" 2>"$WORK/a.err")
-  local a_rc=$?
+  a_rc=$?
   (cd "$b" && $real "$@" >"$WORK/b.out" 2>"$WORK/b.err")
-  local b_rc=$?
+  b_rc=$?
+}
+
+# pair_case NAME SETUP SUB REAL ARGS...: run_pair, then stdout, stderr and
+# the exit status compared. Returns 1 after the first difference.
+pair_case() {
+  local name=$1
+  shift
+  local a_rc b_rc
+  run_pair "$@"
   diff_text "$name" stdout "$(normalize "$WORK/a.out")" \
       "$(normalize "$WORK/b.out")" &&
     diff_text "$name" stderr "$(normalize "$WORK/a.err")" \
@@ -240,20 +249,12 @@ done
 # exits as `REAL ARGS`, and `qemu-img check` finds imgtool's t.qcow2 free of
 # corruption (leaked clusters allowed: exit status 0 or 3).
 safe_case() {
-  local name=$1 setup=$2 sub=$3 real=$4
-  shift 4
-  checks=$((checks + 1))
-  local a="$WORK/a" b="$WORK/b"
-  rm -rf "$a" "$b"
-  mkdir -p "$a" "$b"
-  (cd "$a" && $setup)
-  (cd "$b" && $setup)
-  (cd "$a" && "$IMGTOOL" $sub "$@" >"$WORK/a.out" 2>"$WORK/a.err")
-  local a_rc=$?
-  (cd "$b" && $real "$@" >"$WORK/b.out" 2>"$WORK/b.err")
-  local b_rc=$?
+  local name=$1
+  shift
+  local a_rc b_rc
+  run_pair "$@"
   local check check_rc
-  check=$(cd "$a" && qemu-img check t.qcow2 2>&1)
+  check=$(cd "$WORK/a" && qemu-img check t.qcow2 2>&1)
   check_rc=$?
   diff_text "$name" stdout "$(normalize "$WORK/a.out")" \
       "$(normalize "$WORK/b.out")" &&
