@@ -1231,7 +1231,13 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
     raw_format::RawOptions options;
     CO_RETURN_IF_ERROR(FillDriverOptions(driver, node, &options));
     Opened out = Over(driver, *file_child);
-    if (options.has_offset() || options.has_size()) {
+    const bool window = options.has_offset() || options.has_size();
+    // Without offset/size raw is the file node itself, except over blkdebug:
+    // there a pass-through RawNode raises QEMU's read_aio and write_aio on
+    // it (the names stay the file's).
+    const bool over_blkdebug = dynamic_cast<blkdebug::BlkdebugNode*>(
+                                   file_child->node.get()) != nullptr;
+    if (window) {
       // A window of the file: a node of its own, named with its options
       // (QEMU's strong runtime options of raw).
       std::string quoted;
@@ -1245,13 +1251,8 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
       }
       out.exact_filename.clear();
       out.json = QdictJson(std::move(members));
-      std::unique_ptr<io::BlockNode> file = std::move(file_child->node);
-      CO_ASSIGN_OR_RETURN(out.node,
-                          raw_format::RawNode::Open(std::move(file), options));
-    } else if (dynamic_cast<blkdebug::BlkdebugNode*>(
-                   file_child->node.get()) != nullptr) {
-      // Over blkdebug, a pass-through RawNode raises QEMU's read_aio and
-      // write_aio on it; the names stay the file's.
+    }
+    if (window || over_blkdebug) {
       std::unique_ptr<io::BlockNode> file = std::move(file_child->node);
       CO_ASSIGN_OR_RETURN(out.node,
                           raw_format::RawNode::Open(std::move(file), options));
