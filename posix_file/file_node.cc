@@ -520,10 +520,14 @@ io::Task<absl::Status> FileNode::DoTruncate(uint64_t size,
     }
     state_->held |= internal::kPermResize;
   }
-  ++state_->write_gen;
   state_->extent_valid = false;
   state_->data_at_valid = false;
-  co_return co_await state_->io.Truncate(size, prealloc, /*exact=*/true);
+  absl::Status st =
+      co_await state_->io.Truncate(size, prealloc, /*exact=*/true);
+  // As QEMU's bdrv_co_truncate: only a truncate that succeeded counts as a
+  // write, so a refused one (a device) leaves close nothing to flush.
+  if (st.ok()) ++state_->write_gen;
+  co_return st;
 }
 
 io::Task<absl::StatusOr<io::BlockStatus>> FileNode::DoGetBlockStatus(
