@@ -4,7 +4,10 @@
 counters per suite, repetitions and aggregates.
 
 Usage: check_results.py FILE.json...   (exit 0 if all follow it; else one line
-per problem on stderr, naming the file, and exit 1).
+per problem on stderr, naming the file, and exit 1). Files that follow it and
+belong to a suite with targets (results.SUITE_TARGETS: snapshot) then get one
+line per target on stdout, e.g. "FILE: snapshot -c time: imgtool 52.0 ms /
+qemu-img 81.0 ms, ratio 0.64 (target <= 0.8): met"; targets never fail it.
 """
 import json
 import math
@@ -29,6 +32,11 @@ SUITES = {
                lambda l: {"seconds", "IOPS", "MiB_per_s"}),
     "chain": (["fs", "case", "tool"],
               lambda l: {"seconds", "max_rss_bytes", "bytes_read"}),
+    "snapshot": (["fs", "case", "tool"],
+                 lambda l: {"seconds", "cpu_seconds", "bytes_written",
+                            "max_rss_bytes"} |
+                 ({"IOPS"} if l["case"] not in ("create", "delete")
+                  else set())),
 }
 AGGREGATES = {"mean", "median", "stddev", "cv"}
 GB_FIELDS = {"name", "family_index", "per_family_instance_index", "run_name",
@@ -131,6 +139,22 @@ def check(path):
     return problems
 
 
+def print_targets(path):
+    """Prints the targets of a file's suite (results.SUITE_TARGETS: ratios
+    and costs against their bounds, on stdout); they are information, not
+    part of the contract, so a missed target is no problem."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+    from benchmarks import results  # beside this file (runfiles too)
+    try:
+        runs = results.load(path)
+    except results.ResultError:
+        return
+    for run in runs:
+        for line in results.target_lines(run.suite, run):
+            print("%s: %s" % (path, line))
+
+
 def main(argv):
     if len(argv) < 2:
         print("usage: check_results.py FILE.json...", file=sys.stderr)
@@ -138,6 +162,9 @@ def main(argv):
     problems = [p for path in argv[1:] for p in check(path)]
     for p in problems:
         print(p, file=sys.stderr)
+    if not problems:
+        for path in argv[1:]:
+            print_targets(path)
     return 1 if problems else 0
 
 

@@ -58,6 +58,10 @@ SUITE_CHARTS = {
     # time and peak RSS against qemu-img's)
     "chain": {"kind": "bar", "x": "case", "metric": "seconds",
               "x_title": "command", "ratio": ("tool", "qemu-img")},
+    # issue 18: snapshot -c/-d, writes after a snapshot, bitmap cost; its
+    # targets (results.SUITE_TARGETS) are listed under the chart
+    "snapshot": {"kind": "bar", "x": "case", "metric": "seconds",
+                 "x_title": "case", "ratio": ("tool", "qemu-img")},
 }
 
 # Shown first in the context table, then the others in file order.
@@ -339,6 +343,24 @@ def _table_html(t, shown):
     return "".join(out)
 
 
+def _targets_html(suite, runs):
+    """The suite's targets (results.target_lines) per run as a list, each
+    line marked met or missed; empty for suites without targets."""
+    items = []
+    for run in runs:
+        for line in results.target_lines(suite, run):
+            cls = ("missed" if line.endswith("MISSED") else
+                   "met" if line.endswith(": met") else "info")
+            prefix = run.letter + ": " if len(runs) > 1 else ""
+            items.append('<li class="%s">%s%s</li>' % (cls, _esc(prefix),
+                                                       _esc(line)))
+    if not items:
+        return ""
+    return ('<div class="targets"><h3>targets (medians over the '
+            'repetitions)</h3><ul class="targets" data-suite="%s">%s</ul>'
+            '</div>' % (_esc(suite), "".join(items)))
+
+
 def _context_value(key, value):
     if key == "caches" and isinstance(value, list):
         parts = []
@@ -432,6 +454,7 @@ def render_page(suites, chartjs_path, paths, by=None, now=None):
                 '<figcaption></figcaption></figure>' %
                 (_esc(chart["id"]), _esc(suite), n_series, n_points))
         body.append("</div>")
+        body.append(_targets_html(suite, runs))
         body.append('<details class="tables"><summary>comparison table '
                     "(the chosen metric; runs or variants side by side)"
                     "</summary>")

@@ -30,7 +30,7 @@ _RESULTS = ["testdata/benchmarks/run1", "testdata/benchmarks/run2"]
 
 # What each chart must show for the default metric of its suite, from the
 # files in testdata/benchmarks/run1 and run2 (2 runs: every series twice,
-# but prealloc_filter is in run2 only):
+# but prealloc_filter, chain and snapshot are in run2 only):
 # chart id -> (series, points).
 EXPECTED = {
     # bars: (xfs, ext4) x 2 runs over hints 0/1M/8M
@@ -48,6 +48,8 @@ EXPECTED = {
     "chart-engine-randwrite": (6, 54),
     # bars (run2 only): qemu-img and imgtool over the 5 commands
     "chart-chain": (2, 10),
+    # bars (run2 only): qemu-img and imgtool over the 6 snapshot cases
+    "chart-snapshot": (2, 12),
 }
 
 
@@ -187,8 +189,9 @@ class DashboardTest(unittest.TestCase):
                                  ("suite-prealloc_filter", "MiB_per_s"),
                                  ("suite-subcluster", "IOPS"),
                                  ("suite-engine", "IOPS"),
-                                 ("suite-chain", "seconds")])
-        self.assertEqual(len(self.dom.tables), 4 + 3 + 4 + 4 + 3 + 3)
+                                 ("suite-chain", "seconds"),
+                                 ("suite-snapshot", "seconds")])
+        self.assertEqual(len(self.dom.tables), 4 + 3 + 4 + 4 + 3 + 3 + 5)
 
     def test_tables_and_context_are_on_the_page(self):
         for text in ["<caption>hint: seconds (s, lower is better)",
@@ -254,6 +257,46 @@ class DashboardTest(unittest.TestCase):
                          ("max_rss_bytes", "10"))
         self.assertRegex(dom.captions["chart-chain"],
                          r"^tool:imgtool / tool:qemu-img: rebase [0-9.]+, ")
+
+    def test_snapshot_lists_its_targets(self):
+        # issue 18's targets under the snapshot chart, one line each, from
+        # the medians of run2's file (results.target_lines), marked met or
+        # missed; the IOPS view draws only the four bench cases
+        snap = dict(self.suites)["snapshot"][0]
+        lines = results.target_lines("snapshot", snap)
+        self.assertEqual(len(lines), 6)
+        self.assertRegex(
+            lines[0], r"^snapshot -c time: imgtool [0-9.]+ ms / qemu-img "
+            r"[0-9.]+ ms, ratio [0-9]+\.[0-9]{2} \(target \u2264 0.8\): "
+            r"(met|MISSED)$")
+        self.assertRegex(
+            lines[4], r"^bitmap cost in write IOPS, imgtool: [0-9,]+ with / "
+            r"[0-9,]+ without, cost -?[0-9.]+% \(target < 3%\): "
+            r"(met|MISSED)$")
+        self.assertTrue(lines[5].endswith("(for comparison)"), lines[5])
+        ours = snap.case("fs:xfs/case:delete/tool:imgtool").medians["seconds"]
+        theirs = snap.case("fs:xfs/case:delete/tool:qemu-img").medians[
+            "seconds"]
+        self.assertIn("ratio %.2f " % (ours / theirs), lines[1])
+        block = self.page.split('<ul class="targets" data-suite="snapshot">'
+                                )[1].split("</ul>")[0]
+        items = block.split("</li>")[:-1]
+        self.assertEqual(len(items), 6)
+        for item, line in zip(items, lines):
+            cls = ("missed" if line.endswith("MISSED") else
+                   "met" if line.endswith(": met") else "info")
+            self.assertEqual(item, '<li class="%s">%s' % (
+                cls, html.escape(line, quote=True)))
+        self.assertRegex(self.dom.captions["chart-snapshot"],
+                         r"^tool:imgtool / tool:qemu-img: create [0-9.]+, "
+                         r"delete [0-9.]+, cow [0-9.]+, ")
+        dom = self.switch_metric("snapshot", "IOPS")
+        self.assertEqual(dom.errors, [])
+        fig = dom.figures["chart-snapshot"]
+        self.assertEqual((fig.get("data-metric"),
+                          fig.get("data-rendered-series"),
+                          fig.get("data-rendered-points")),
+                         ("IOPS", "2", "8"))
 
     def test_bytes_from_backing_in_mib(self):
         # switched to bytes_from_backing, the subcluster axis counts MiB

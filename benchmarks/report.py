@@ -9,7 +9,9 @@ two commits) the columns are the files, A, B, ...; with one file the columns
 are the values of the suite's variant key (extended_l2, hint, ...), or of
 --by KEY. Each cell is `mean ± relative standard deviation` over the
 repetitions; the line under it gives each column's change against the first
-column in percent.
+column in percent. Suites with targets (SUITE_TARGETS in results.py:
+snapshot) end with one line per target: the medians, the ratio or cost and
+whether the target is met.
 """
 
 import argparse
@@ -30,6 +32,11 @@ def render(suites, by=None, metrics=None):
         # suites without the chosen metrics print nothing
         for t in results.build_tables(suite, runs, by=by, metrics=metrics):
             parts.append(results.table_to_text(t))
+        for run in runs:
+            lines = results.target_lines(suite, run, metrics)
+            if lines:
+                parts.append("== %s: targets (medians; %s)\n%s\n" % (
+                    suite, run.path, "".join("   %s\n" % l for l in lines)))
     return "\n".join(parts)
 
 

@@ -50,12 +50,13 @@ _METRICS = {
     "writes": ("writes", 1, None),
     "max_rss_bytes": ("MiB", 1 << 20, False),
     "bytes_read": ("MiB", 1 << 20, False),
+    "bytes_written": ("MiB", 1 << 20, False),
 }
 
 
 # The order of metrics in reports: the user's figures first.
 _METRIC_ORDER = ["IOPS", "MiB_per_s", "seconds", "max_rss_bytes",
-                 "bytes_read", "extents", "answers", "bytes_from_backing",
+                 "bytes_read", "bytes_written", "extents", "answers", "bytes_from_backing",
                  "syscalls", "allocated_bytes"]
 
 
@@ -124,6 +125,7 @@ class Case(object):
     def __init__(self, config):
         self.config = config  # list of (key, value) in name order
         self.metrics = {}  # metric name -> Stat
+        self.medians = {}  # metric name -> median over the repetitions
         self.error = None  # error message if the benchmark failed
 
     def key(self):
@@ -252,6 +254,13 @@ def load(path, display_name=None):
         run = runs[suite]
         case = Case(config)
         case.error = g["error"]
+        if "median" in g["agg"]:
+            case.medians = dict(g["agg"]["median"][0])
+        elif g["iter"]:
+            for m in set(k for it in g["iter"] for k in it):
+                vals = [it[m] for it in g["iter"] if m in it]
+                if all(math.isfinite(v) for v in vals):
+                    case.medians[m] = statistics.median(vals)
         if "mean" in g["agg"]:
             means, reps = g["agg"]["mean"]
             stddevs = g["agg"].get("stddev", ({}, reps))[0]
@@ -324,7 +333,7 @@ def expand(paths, base_dir):
 
 # Suites in the order of benchmarks/README.md; others follow, as found.
 SUITE_ORDER = ["hint", "create_prealloc", "prealloc_filter", "subcluster",
-               "engine", "chain"]
+               "engine", "chain", "snapshot"]
 
 
 def load_all(paths, base_dir=None):
@@ -481,13 +490,14 @@ SUITE_COLUMN_KEY = {
     "prealloc_filter": "filter",
     "engine": "tool",
     "chain": "tool",
+    "snapshot": "tool",
 }
 
 # Suites whose variant columns are compared as ratios against the first
 # column (the reference: the name's first-seen value, e.g. chain's
 # tool:qemu-img) rather than as percent changes: `0.80x` is 0.8 times the
 # reference's value (issue 16's targets are such ratios).
-SUITE_RATIO = frozenset(["chain"])
+SUITE_RATIO = frozenset(["chain", "snapshot"])
 
 
 def ratio(value, first):
@@ -722,3 +732,89 @@ def table_to_text(t):
     lines.append("")
     lines.extend(out)
     return "\n".join(lines) + "\n"
+
+
+# The targets of a suite, checked on the medians over the repetitions
+# (issue 18's for `snapshot`): (label, kind, case, metric, op, bound).
+#   kind "ratio": imgtool's median / qemu-img's median of `case`;
+#   kind "cost": 1 - median of `case` / median of `metric`'s base case
+#   (BASE_CASE), per tool: what an enabled bitmap costs in write IOPS.
+SUITE_TARGETS = {
+    "snapshot": [
+        ("snapshot -c time", "ratio", "create", "seconds", "<=", 0.8),
+        ("snapshot -d time", "ratio", "delete", "seconds", "<=", 0.8),
+        ("4k writes after a snapshot, IOPS", "ratio", "cow", "IOPS", ">=",
+         1.0),
+        ("the same with extended L2, IOPS", "ratio", "cow_extl2", "IOPS",
+         ">=", 1.0),
+        ("bitmap cost in write IOPS", "cost", "write_bitmap", "IOPS", "<",
+         0.03),
+    ],
+}
+BASE_CASE = {"write_bitmap": "write"}
+_OP_TEXT = {"<=": "\u2264", ">=": "\u2265", "<": "<"}
+
+
+def _median(run, case_name, tool, metric):
+    for case in run.cases:
+        if case.value("case") == case_name and case.value("tool") == tool:
+            if case.error is not None:
+                return None
+            return case.medians.get(metric)
+    return None
+
+
+def _met(value, op, bound):
+    return {"<=": value <= bound, ">=": value >= bound,
+            "<": value < bound}[op]
+
+
+def target_lines(suite, run, metrics=None):
+    """One line per target of the suite (SUITE_TARGETS) on one run, e.g.
+    `snapshot -c time: imgtool 52.0 ms / qemu-img 81.0 ms, ratio 0.64
+    (target \u2264 0.8): met`; `-` and `not measured` where a median is
+    missing (an error entry or a case left out). [] for other suites;
+    with `metrics`, only the targets on those metrics."""
+    lines = []
+    for label, kind, case_name, metric, op, bound in SUITE_TARGETS.get(
+            suite, []):
+        if metrics and metric not in metrics:
+            continue
+        if kind == "ratio":
+            ours = _median(run, case_name, "imgtool", metric)
+            theirs = _median(run, case_name, "qemu-img", metric)
+            head = "%s: imgtool %s / qemu-img %s, " % (
+                label, _fmt(ours, metric), _fmt(theirs, metric))
+            value = ours / theirs if ours is not None and theirs else None
+            lines.append(head + _verdict("ratio", value, "%.2f", op,
+                                         "%g" % bound))
+        else:
+            base = BASE_CASE[case_name]
+            for tool in ("imgtool", "qemu-img"):
+                with_ = _median(run, case_name, tool, metric)
+                without = _median(run, base, tool, metric)
+                head = "%s, %s: %s with / %s without, " % (
+                    label, tool, _fmt(with_, metric), _fmt(without, metric))
+                value = (1.0 - with_ / without
+                         if with_ is not None and without else None)
+                text = _verdict("cost", None if value is None else
+                                value * 100.0, "%.1f%%", op,
+                                "%g%%" % (bound * 100.0))
+                if tool != "imgtool":  # the target is imgtool's
+                    text = text.split(" (target")[0] + " (for comparison)"
+                lines.append(head + text)
+    return lines
+
+
+def _fmt(value, metric):
+    return "-" if value is None else format_value(value, metric)
+
+
+def _verdict(name, value, fmt, op, bound_text):
+    if value is None:
+        return "%s - (target %s %s): not measured" % (name, _OP_TEXT[op],
+                                                     bound_text)
+    bound = float(bound_text.rstrip("%"))
+    return "%s %s (target %s %s): %s" % (
+        name, fmt % value, _OP_TEXT[op], bound_text,
+        "met" if _met(value, op, bound) else "MISSED")
