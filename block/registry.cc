@@ -55,6 +55,16 @@ constexpr std::array<const char*, 12> kUnsupportedDrivers = {
     "qcow", "qed",       "vmdk",  "vdi",   "vpc",   "vhdx",
     "luks", "dmg",       "parallels", "bochs", "cloop", "vvfat"};
 
+// QEMU 7.2's format and filter drivers that cannot create images (no
+// bdrv_co_create_opts: `qemu-img create -f X -o help` of the installed
+// qemu-img 7.2 says "Format driver 'X' does not support image creation").
+constexpr std::array<const char*, 17> kNoCreationDrivers = {
+    "blkdebug",     "blklogwrites",    "blkverify",   "bochs",
+    "cloop",        "compress",        "copy-before-write",
+    "copy-on-read", "dmg",             "null-aio",    "null-co",
+    "preallocate",  "quorum",          "replication", "snapshot-access",
+    "throttle",     "vvfat"};
+
 constexpr char kQcowMagic[] = {'Q', 'F', 'I', '\xfb'};
 
 // Keys every driver takes (QEMU's block layer options).
@@ -1331,6 +1341,11 @@ std::vector<std::string> DriverNames() {
 bool IsUnsupportedQemuDriver(absl::string_view name) {
   return std::find(kUnsupportedDrivers.begin(), kUnsupportedDrivers.end(),
                    name) != kUnsupportedDrivers.end();
+}
+
+bool QemuDriverCannotCreate(absl::string_view name) {
+  return std::find(kNoCreationDrivers.begin(), kNoCreationDrivers.end(),
+                   name) != kNoCreationDrivers.end();
 }
 
 std::string FormatOfHead(const uint8_t* head, size_t got) {

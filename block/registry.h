@@ -163,6 +163,13 @@ std::vector<std::string> DriverNames();
 // "vmdk", "vdi", "vpc", "vhdx", "luks", ...).
 bool IsUnsupportedQemuDriver(absl::string_view name);
 
+// True for QEMU 7.2's drivers that cannot create an image (bochs, cloop,
+// dmg, vvfat and the filters: blkdebug, quorum, preallocate, null-co...),
+// for which qemu-img's create, convert, dd and measure say "Format driver
+// 'X' does not support image creation". Source: the installed qemu-img
+// 7.2's `create -f X -o help` for every format of `qemu-img --help`.
+bool QemuDriverCannotCreate(absl::string_view name);
+
 // The format of an image from its first `got` bytes (`head` holds at least
 // 8 bytes, zeroes after the first `got`): "qcow2", "qcow" or "raw". QEMU
 // probes a 2 KiB buffer whose bytes past the end of the file read as

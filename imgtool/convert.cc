@@ -38,6 +38,7 @@
 #include "base/status_macros.h"
 #include "block/copy.h"
 #include "block/progress.h"
+#include "block/registry.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
 #include "imgtool/snapshot_load.h"
@@ -554,7 +555,17 @@ absl::Status Convert(ConvertArgs a,
     // As qemu-img, keep writers (and convert onto itself) out.
     spec.unshare_write = true;
     spec.queue_depth = a.num_coroutines;
-    ASSIGN_OR_RETURN(OpenedImage image, OpenImage(spec, streams.err, engine));
+    absl::StatusOr<OpenedImage> opened = OpenImage(spec, streams.err, engine);
+    if (!opened.ok() && !a.image_opts && !a.skip_create &&
+        block::IsUnsupportedQemuDriver(a.source_format) &&
+        block::QemuDriverCannotCreate(a.target_format)) {
+      // A source in a format QEMU reads and imgtool does not (-f bochs):
+      // qemu-img would have opened it and failed next on the target's
+      // format, which cannot create images (iotest 113).
+      return CheckFormat(a.target_format, /*for_create=*/true);
+    }
+    if (!opened.ok()) return opened.status();
+    OpenedImage image = *std::move(opened);
     engine = image.engine;
     total += VirtualSize(image);
     images.push_back(std::move(image));

@@ -234,6 +234,26 @@ TEST_F(ConvertTest, ConvertingAnImageOntoItselfLeavesItAlone) {
   EXPECT_EQ(ReadFile("x.raw"), before);
 }
 
+// iotest 113: a source in a format imgtool cannot read (bochs) converted
+// to a format without image creation fails on the target's format, as
+// qemu-img does once it opened the source; with a target format that can
+// create images the source's error stays.
+TEST_F(ConvertTest, TargetWithoutImageCreationAfterAnUnreadableSource) {
+  MakeSparseFile("empty.bochs", 4 * kKiB);
+  CommandResult r = Convert(
+      {"-f", "bochs", "-O", "bochs", "empty.bochs", "nbd://example.com"});
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(r.status.message(),
+            "Format driver 'bochs' does not support image creation");
+  r = Convert({"-f", "bochs", "-O", "raw", "empty.bochs", "y.raw"});
+  EXPECT_EQ(r.status.message(),
+            "Could not open 'empty.bochs': Format 'bochs' is not supported yet");
+  r = Convert({"-O", "quorum", "empty.bochs", "y.raw"});
+  EXPECT_EQ(r.status.message(),
+            "Format driver 'quorum' does not support image creation");
+  EXPECT_FALSE(Exists("y.raw"));
+}
+
 TEST_F(ConvertTest, TargetSmallerThanSourcesIsRefused) {
   MakeSparseFile("src.raw", 2 * kMiB);
   MakeSparseFile("dst.raw", 1 * kMiB);

@@ -197,6 +197,16 @@ TEST_F(CreateTest, Formats) {
   EXPECT_EQ(r.stderr_text(),
             "imgtool: x.raw: Format 'vmdk' is not supported yet\n");
   EXPECT_FALSE(Exists("x.raw"));
+  // QEMU's drivers without image creation (iotests 082, 113).
+  r = Create({"-f", "bochs", "x.raw", "1M"});
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(r.stderr_text(),
+            "imgtool: x.raw: Format driver 'bochs' does not support image "
+            "creation\n");
+  EXPECT_EQ(Create({"-f", "quorum", "-o", "help"}).stderr_text(),
+            "imgtool: Format driver 'quorum' does not support image "
+            "creation\n");
+  EXPECT_FALSE(Exists("x.raw"));
 }
 
 TEST_F(CreateTest, Qcow2FormattingLineListsDefaultsInQemuOrder) {

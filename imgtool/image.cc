@@ -61,6 +61,10 @@ absl::Status CheckFormat(const std::string& format, bool for_create) {
   if (format == "raw" || format == "file" || format == "qcow2") {
     return absl::OkStatus();
   }
+  if (for_create && block::QemuDriverCannotCreate(format)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "Format driver '", format, "' does not support image creation"));
+  }
   // Other drivers of the registry (null-co, ...) open, never create.
   if (!for_create && block::FindDriver(format) != nullptr) {
     return absl::OkStatus();

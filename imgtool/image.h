@@ -133,8 +133,12 @@ absl::Status CloseImage(OpenedImage& image);
 uint64_t VirtualSize(const OpenedImage& image);
 
 // Checks a -f value for a command that creates or opens an image:
-// "raw", "file" and "qcow2" are supported; other formats QEMU knows (qcow,
-// vmdk...) are kUnimplemented "Format '<fmt>' is not supported yet";
+// "raw", "file" and "qcow2" are supported; for create, QEMU's drivers
+// without image creation (bochs, quorum, null-co, ...; see
+// block::QemuDriverCannotCreate) are kUnimplemented "Format driver '<fmt>'
+// does not support image creation", as qemu-img words it; other formats
+// QEMU knows (qcow, vmdk...) are kUnimplemented "Format '<fmt>' is not
+// supported yet";
 // anything else is kInvalidArgument "Unknown file format '<fmt>'" (create)
 // or "Unknown driver '<fmt>'" (open), as qemu-img words them.
 absl::Status CheckFormat(const std::string& format, bool for_create);

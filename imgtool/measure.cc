@@ -19,6 +19,7 @@
 #include "base/options.h"
 #include "base/size.h"
 #include "base/status_macros.h"
+#include "block/registry.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
 #include "imgtool/snapshot_load.h"
@@ -301,11 +302,8 @@ absl::Status RunMeasure(const std::vector<std::string>& args, Streams streams) {
   }
 
   // Formats QEMU knows that cannot be created, or not measured.
-  for (const char* f : {"dmg", "bochs", "cloop", "vvfat", "preallocate"}) {
-    if (out_fmt == f) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "Format driver '", out_fmt, "' does not support image creation")));
-    }
+  if (block::QemuDriverCannotCreate(out_fmt)) {
+    return fail(CheckFormat(out_fmt, /*for_create=*/true));
   }
   for (const char* f : {"qcow", "qed", "vmdk", "vdi", "vpc", "vhdx",
                         "parallels", "host_device"}) {

@@ -150,6 +150,22 @@ for args in "-f qcow2 -u -b b.qcow2 -F foo x.qcow2 1M" \
   eval same_effect nothing create "$args"
 done
 
+echo "== formats without image creation (iotests 082, 113)"
+# QEMU 7.2's drivers without image creation: create, convert, dd and measure
+# refuse them by qemu-img's words before touching any file.
+for fmt in blkdebug blklogwrites blkverify bochs cloop compress \
+  copy-before-write copy-on-read dmg null-aio null-co preallocate quorum \
+  replication snapshot-access throttle vvfat; do
+  for args in "create -f $fmt x.raw 1M" "create -f $fmt -o help" \
+    "create -f $fmt -o help x.raw" "create -f $fmt nbd://example.com 64M" \
+    "convert -O $fmt x.raw y.raw" "convert -O $fmt -o help" \
+    "convert -O $fmt -o help x.raw y.raw" "dd -O $fmt if=x.raw of=y.raw" \
+    "measure -O $fmt --size 1M" "measure -O $fmt x.raw" \
+    "amend -f $fmt -o help x.raw"; do
+    eval same_effect old_file "$args"
+  done
+done
+
 echo "== resize"
 two_mib() { head -c 2M "$WORK/seed" >r.raw; }
 odd_size() { truncate -s 1048676 r.raw; head -c 4096 "$WORK/seed" | dd of=r.raw conv=notrunc status=none; }
