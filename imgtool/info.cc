@@ -4,8 +4,6 @@
 // backing file; --backing-chain opens each file of the chain in turn.
 #include <getopt.h>
 
-#include <time.h>
-
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -21,6 +19,7 @@
 #include "imgtool/command.h"
 #include "imgtool/image.h"
 #include "imgtool/info.pb.h"
+#include "imgtool/snapshot_list.h"
 #include "io/block_node.h"
 #include "io/engine.h"
 #include "qcow2/qcow2_node.h"
@@ -87,28 +86,7 @@ std::string HumanInfo(const ImageInfo& info) {
                     info.backing_filename_format(), "\n");
   }
   if (info.snapshots_size() > 0) {
-    absl::StrAppend(&text, "Snapshot list:\n",
-                    absl::StrFormat("%-10s%-17s%8s%20s%13s%11s\n", "ID", "TAG",
-                                    "VM SIZE", "DATE", "VM CLOCK", "ICOUNT"));
-    for (const SnapshotInfo& sn : info.snapshots()) {
-      const time_t date = static_cast<time_t>(sn.date_sec());
-      struct tm tm;
-      localtime_r(&date, &tm);
-      char date_text[64];
-      strftime(date_text, sizeof(date_text), "%Y-%m-%d %H:%M:%S", &tm);
-      const uint64_t secs = sn.vm_clock_sec();
-      const std::string clock = absl::StrFormat(
-          "%02d:%02d:%02d.%03d", static_cast<int>(secs / 3600),
-          static_cast<int>(secs / 60 % 60), static_cast<int>(secs % 60),
-          static_cast<int>(sn.vm_clock_nsec() / 1000000));
-      const std::string icount =
-          sn.has_icount() ? absl::StrCat(sn.icount()) : std::string();
-      absl::StrAppend(&text,
-                      absl::StrFormat("%-9s %-16s %8s%20s%13s%11s\n", sn.id(),
-                                      sn.name(),
-                                      FormatHumanSize(sn.vm_state_size()),
-                                      date_text, clock, icount));
-    }
+    absl::StrAppend(&text, FormatSnapshotList(info.snapshots()));
   }
   if (info.has_format_specific()) {
     // QEMU dumps the data dictionary with '-' in keys shown as ' '.
@@ -164,55 +142,6 @@ std::string HumanInfo(const ImageInfo& info) {
   return text;
 }
 
-uint64_t LoadBE(const uint8_t* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v = (v << 8) | p[i];
-  return v;
-}
-
-// Reads the snapshot table of a qcow2 image (qcow2 spec, "Snapshots"):
-// entries of 40 bytes, extra data (vm_state_size_large, disk_size, icount),
-// ID and name, each entry padded to 8 bytes. The driver checked the table's
-// position and count at open.
-absl::StatusOr<std::vector<SnapshotInfo>> ReadSnapshots(
-    const OpenedImage& image) {
-  const qcow2::Qcow2Node& q = *image.qcow2;
-  std::vector<SnapshotInfo> snapshots;
-  uint64_t offset = q.header().snapshots_offset;
-  for (uint32_t i = 0; i < q.header().nb_snapshots; ++i) {
-    uint8_t head[40];
-    RETURN_IF_ERROR(io::RunSync(*image.engine,
-                                q.file().Read(offset, io::IoVec(head, 40))));
-    const uint64_t id_len = LoadBE(head + 12, 2);
-    const uint64_t name_len = LoadBE(head + 14, 2);
-    const uint64_t extra_len = LoadBE(head + 36, 4);
-    std::vector<uint8_t> rest(extra_len + id_len + name_len);
-    RETURN_IF_ERROR(io::RunSync(
-        *image.engine, q.file().Read(offset + 40, io::IoVec(rest))));
-    SnapshotInfo sn;
-    uint64_t vm_state_size = LoadBE(head + 32, 4);
-    if (extra_len >= 8) vm_state_size = LoadBE(rest.data(), 8);
-    if (extra_len >= 24) {
-      const uint64_t icount = LoadBE(rest.data() + 16, 8);
-      if (icount != UINT64_MAX) sn.set_icount(icount);
-    }
-    const uint64_t vm_clock_nsec = LoadBE(head + 24, 8);
-    sn.set_vm_clock_nsec(vm_clock_nsec % 1000000000);
-    sn.set_name(std::string(
-        reinterpret_cast<const char*>(rest.data() + extra_len + id_len),
-        name_len));
-    sn.set_date_sec(LoadBE(head + 16, 4));
-    sn.set_date_nsec(LoadBE(head + 20, 4));
-    sn.set_vm_clock_sec(vm_clock_nsec / 1000000000);
-    sn.set_id(std::string(
-        reinterpret_cast<const char*>(rest.data() + extra_len), id_len));
-    sn.set_vm_state_size(vm_state_size);
-    snapshots.push_back(std::move(sn));
-    offset += (40 + rest.size() + 7) / 8 * 8;
-  }
-  return snapshots;
-}
-
 // The information of one opened image (qemu-img's bdrv_query_image_info).
 absl::StatusOr<ImageInfo> Describe(const OpenedImage& image,
                                    const std::string& filename) {
@@ -241,9 +170,11 @@ absl::StatusOr<ImageInfo> Describe(const OpenedImage& image,
     if (!q->backing_format().empty()) {
       info.set_backing_filename_format(q->backing_format());
     }
-    ASSIGN_OR_RETURN(std::vector<SnapshotInfo> snapshots,
-                     ReadSnapshots(image));
-    for (SnapshotInfo& sn : snapshots) *info.add_snapshots() = std::move(sn);
+    ASSIGN_OR_RETURN(std::vector<qcow2::Qcow2Node::SnapshotRecord> snapshots,
+                     io::RunSync(*image.engine, image.qcow2->Snapshots()));
+    for (const auto& sn : snapshots) {
+      *info.add_snapshots() = SnapshotInfoOf(sn);
+    }
     FormatSpecificInfo* specific = info.mutable_format_specific();
     specific->set_type("qcow2");
     Qcow2SpecificInfo* data = specific->mutable_data();

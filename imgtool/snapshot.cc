@@ -22,10 +22,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/errno_status.h"
-#include "base/size.h"
 #include "base/status_macros.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
+#include "imgtool/snapshot_list.h"
 #include "io/engine.h"
 #include "qcow2/qcow2_node.h"
 
@@ -73,34 +73,6 @@ int ErrnoOf(const absl::Status& st) {
     case absl::StatusCode::kUnimplemented: return ENOTSUP;
     default: return EIO;
   }
-}
-
-// qemu-img's snapshot table (bdrv_snapshot_dump), as `info` prints it.
-std::string FormatSnapshotList(
-    const std::vector<qcow2::Qcow2Node::SnapshotRecord>& snapshots) {
-  std::string text = absl::StrCat(
-      "Snapshot list:\n",
-      absl::StrFormat("%-10s%-17s%8s%20s%13s%11s\n", "ID", "TAG", "VM SIZE",
-                      "DATE", "VM CLOCK", "ICOUNT"));
-  for (const auto& sn : snapshots) {
-    const time_t date = static_cast<time_t>(sn.date_sec);
-    struct tm tm;
-    localtime_r(&date, &tm);
-    char date_text[64];
-    strftime(date_text, sizeof(date_text), "%Y-%m-%d %H:%M:%S", &tm);
-    const uint64_t secs = sn.vm_clock_nsec / 1000000000;
-    const std::string clock = absl::StrFormat(
-        "%02d:%02d:%02d.%03d", static_cast<int>(secs / 3600),
-        static_cast<int>(secs / 60 % 60), static_cast<int>(secs % 60),
-        static_cast<int>(sn.vm_clock_nsec % 1000000000 / 1000000));
-    const std::string icount =
-        sn.icount != ~uint64_t{0} ? absl::StrCat(sn.icount) : std::string();
-    absl::StrAppend(&text, absl::StrFormat("%-9s %-16s %8s%20s%13s%11s\n",
-                                           sn.id, sn.name,
-                                           FormatHumanSize(sn.vm_state_size),
-                                           date_text, clock, icount));
-  }
-  return text;
 }
 
 }  // namespace
@@ -173,7 +145,9 @@ absl::Status RunSnapshot(const std::vector<std::string>& args,
       if (!list.ok()) {
         result = list.status();
       } else if (!list->empty()) {
-        streams.out << FormatSnapshotList(*list);
+        google::protobuf::RepeatedPtrField<SnapshotInfo> rows;
+        for (const auto& sn : *list) *rows.Add() = SnapshotInfoOf(sn);
+        streams.out << FormatSnapshotList(rows);
       }
       break;
     }
