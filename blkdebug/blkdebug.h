@@ -146,9 +146,9 @@ class BlkdebugNode final : public io::BlockNode {
   // Where "blkdebug: Suspended request ..." lines go (std::cout unless set,
   // qemu-io's stdout). Not owned; must outlive the node.
   void set_message_stream(std::ostream* out) { messages_ = out; }
+  bool HandlesDebugEvents() const override { return true; }
 
  protected:
-  bool HandlesDebugEvents() const override { return true; }
   bool RaisesWriteEvents() const override { return true; }
   io::Task<void> DoDebugEvent(io::BlkdebugEvent event) override;
   absl::Status DoDebugBreakpoint(io::BlkdebugEvent event,

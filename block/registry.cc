@@ -1245,8 +1245,7 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
     // Without offset/size raw is the file node itself, except over blkdebug:
     // there a pass-through RawNode raises QEMU's read_aio and write_aio on
     // it (the names stay the file's).
-    const bool over_blkdebug = dynamic_cast<blkdebug::BlkdebugNode*>(
-                                   file_child->node.get()) != nullptr;
+    const bool over_blkdebug = file_child->node->HandlesDebugEvents();
     if (window) {
       // A window of the file: a node of its own, named with its options
       // (QEMU's strong runtime options of raw).

@@ -257,10 +257,14 @@ class BlockNode {
   // bdrv_skip_filters. Not owned by the caller.
   virtual BlockNode* filtered_child() const { return nullptr; }
 
- protected:
-  // A driver that handles debug events (blkdebug) returns true here and
-  // overrides the five Do* below; the defaults handle nothing.
+  // Whether this node acts on debug events and breakpoints (blkdebug
+  // returns true; every other driver false). Raising events on a node that
+  // does not is free.
   virtual bool HandlesDebugEvents() const { return false; }
+
+ protected:
+  // A driver that handles debug events overrides the five Do* below and
+  // HandlesDebugEvents; the defaults handle nothing.
   // Whether DoWrite raises pwritev and pwritev_done itself (blkdebug: after
   // its read-modify-write of an unaligned request and its wait for
   // overlapping requests, where block/io.c's bdrv_aligned_pwritev raises
