@@ -707,10 +707,26 @@ io::Task<absl::Status> Qcow2Node::WriteAllocated(
     uint64_t offset, io::ConstIoVec data, uint64_t first_cluster,
     uint64_t count, uint64_t host, const std::vector<format::L2Entry>& olds,
     Inflight& inflight) {
-  const uint64_t start = first_cluster << cluster_bits_;
-  const uint64_t bytes = count << cluster_bits_;
-  const uint64_t head = offset - start;
+  uint64_t start = first_cluster << cluster_bits_;
+  uint64_t bytes = count << cluster_bits_;
   const uint64_t data_end = offset + data.size();
+  // A cluster written in place at either end of a reusing run (see
+  // WriteStep) keeps its other bytes: nothing to copy there, as QEMU's
+  // calculate_l2_meta leaves out the COW region of a normal cluster it
+  // keeps.
+  auto in_place = [](const L2Entry& e) {
+    return RawType(e, /*extended_l2=*/false) == ClusterType::kNormal &&
+           e.copied();
+  };
+  if (!l2_format_.extended_l2 && in_place(olds.front())) {
+    host += offset - start;
+    bytes -= offset - start;
+    start = offset;
+  }
+  if (!l2_format_.extended_l2 && in_place(olds.back())) {
+    bytes = data_end - start;
+  }
+  const uint64_t head = offset - start;
   const uint64_t tail = start + bytes - data_end;
   inflight.data_begin = offset;
   inflight.data_end = data_end;
@@ -806,8 +822,16 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
   olds.push_back(GetEntry(l2, first));
   CO_ASSIGN_OR_RETURN(ClusterType type,
                       co_await Classify(olds[0], l2.offset(), first));
-  const WriteKind kind =
+  WriteKind kind =
       beside.empty() ? KindOf(type, olds[0]) : WriteKind::kInPlace;
+  // A run may mix clusters written in place with preallocated zero clusters
+  // it reuses (QEMU's handle_copied keeps every COPIED cluster at
+  // contiguous host offsets, normal or zero): one data write over them all,
+  // then their L2 entries rewritten (iotest 066).
+  auto keeps_host = [](WriteKind k) {
+    return k == WriteKind::kInPlace || k == WriteKind::kReuse;
+  };
+  bool mixed = false;
   const uint64_t base_host = beside.empty() ? olds[0].host_offset()
                                             : host_in(*beside[0], cluster);
   uint64_t n = 1;
@@ -826,13 +850,18 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
     }
     CO_ASSIGN_OR_RETURN(ClusterType t,
                         co_await Classify(e, l2.offset(), first + n));
-    if (KindOf(t, e) != kind) break;
+    const WriteKind k = KindOf(t, e);
+    if (k != kind) {
+      if (!beside.empty() || !keeps_host(k) || !keeps_host(kind)) break;
+      mixed = true;
+    }
     if (kind != WriteKind::kAllocate &&
         e.host_offset() != base_host + (n << cluster_bits_)) {
       break;
     }
     olds.push_back(e);
   }
+  if (mixed) kind = WriteKind::kReuse;
   // The host offset after the step's last cluster when the step ends at a
   // cluster end (and the request may go on there), else 0.
   auto hint_after = [&](uint64_t host_start, uint64_t count) -> uint64_t {

@@ -206,6 +206,28 @@ io_case "cor_write over qcow2 -C" setup_cor -C --image-opts \
   -c 'read -P 0x11 0 4k' -c 'read -P 0x11 0 4k' -c map \
   driver=blkdebug,config=blkdebug.conf,image.driver=qcow2,image.file.filename=t.qcow2
 
+# iotest 066's last case: a write over a data cluster, a preallocated zero
+# cluster and a data cluster at contiguous host offsets is one data write
+# (one write_aio: the error armed by it never fires) that reuses all three
+# clusters; the same with a head and a tail, and with the zero cluster first.
+setup_066() {
+  qemu-img create -q -f qcow2 t.qcow2 192k
+  qemu-io -c 'write -P 42 0 192k' -c 'write -z 64k 64k' t.qcow2 >/dev/null
+}
+setup_066_first() {
+  qemu-img create -q -f qcow2 t.qcow2 192k
+  qemu-io -c 'write -P 42 0 192k' -c 'write -z 0 64k' t.qcow2 >/dev/null
+}
+armed_066="driver=qcow2,file.driver=blkdebug,file.image.filename=t.qcow2,file.set-state.0.event=write_aio,file.set-state.0.new_state=2,file.inject-error.0.event=write_aio,file.inject-error.0.state=2"
+io_case "066 reuse over zero cluster" setup_066 --image-opts \
+  -c 'write -P 42 0 192k' -c 'read -P 42 0 192k' -c map "$armed_066"
+io_case "066 reuse, head and tail in place" setup_066 --image-opts \
+  -c 'write -P 7 1k 190k' -c 'read -P 42 0 1k' -c 'read -P 7 1k 190k' \
+  -c map "$armed_066"
+io_case "066 reuse, zero cluster first" setup_066_first --image-opts \
+  -c 'write -P 7 1k 190k' -c 'read -P 0 0 1k' -c 'read -P 7 1k 190k' \
+  -c map "$armed_066"
+
 # --- Errors while qemu-img commit empties the top (qcow2_make_empty) --------
 # img_case NAME SETUP CMD ARGS...: `imgtool CMD ARGS` against `qemu-img
 # CMD ARGS` (pair_case); then the files, a read-write open of t.qcow2 (which
