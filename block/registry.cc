@@ -189,12 +189,11 @@ const std::vector<Driver>& Drivers() {
         .name = "qcow2",
         .kind = DriverKind::kFormat,
         .options = qcow2::Qcow2OpenOptions::descriptor(),
-        .keys = {"l2-cache-size", "refcount-cache-size", "lazy-refcounts"},
-        // Metadata overlap checks and freeing idle cache entries only guard
-        // and trim memory; imgtool's caches live as long as the command.
-        .ignored_keys = {"overlap-check", "cache-clean-interval"},
-        .unsupported_keys = {"cache-size", "l2-cache-entry-size",
-                             "pass-discard-request", "pass-discard-snapshot",
+        .keys = {"l2-cache-size", "refcount-cache-size", "lazy-refcounts",
+                 "cache-size", "l2-cache-entry-size", "cache-clean-interval"},
+        // Metadata overlap checks only guard.
+        .ignored_keys = {"overlap-check"},
+        .unsupported_keys = {"pass-discard-request", "pass-discard-snapshot",
                              "pass-discard-other", "data-file", "encrypt"},
         .has_file_child = true,
     });

@@ -3,7 +3,9 @@
 #include "qcow2/qcow2_node.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -101,6 +103,86 @@ std::string Qcow2Node::backing_format() const {
   return header_.backing_format.value_or("");
 }
 
+absl::Status Qcow2Node::CacheSizes(const format::Header& header,
+                                   const Qcow2OpenOptions& options,
+                                   Config* config) {
+  // QEMU 7.2's read_cache_sizes and qcow2_update_options_prepare.
+  const uint64_t cs = header.cluster_size();
+  const uint64_t l2_entry_bytes = header.extended_l2() ? 16 : 8;
+  const uint64_t virtual_size = header.size / 512 * 512;
+  const uint64_t max_l2_cache =
+      ((virtual_size + cs - 1) / cs * l2_entry_bytes + cs - 1) / cs * cs;
+  const uint64_t min_refcount_cache = 4 * cs;
+  const uint64_t l2_setting = options.has_l2_cache_size()
+                                  ? options.l2_cache_size()
+                                  : kMaxDefaultL2CacheSize;
+  uint64_t l2_bytes = std::min(max_l2_cache, l2_setting);
+  std::optional<uint64_t> rc_bytes;
+  if (options.has_refcount_cache_size()) {
+    rc_bytes = options.refcount_cache_size();
+  }
+  if (options.has_cache_size()) {
+    const uint64_t combined = options.cache_size();
+    if (options.has_l2_cache_size() && options.has_refcount_cache_size()) {
+      return absl::InvalidArgumentError(
+          "cache-size, l2-cache-size and refcount-cache-size may not be set "
+          "at the same time");
+    }
+    if (options.has_l2_cache_size() && l2_setting > combined) {
+      return absl::InvalidArgumentError(
+          "l2-cache-size may not exceed cache-size");
+    }
+    if (rc_bytes.value_or(0) > combined) {
+      return absl::InvalidArgumentError(
+          "refcount-cache-size may not exceed cache-size");
+    }
+    if (options.has_l2_cache_size()) {
+      rc_bytes = combined - l2_bytes;
+    } else if (options.has_refcount_cache_size()) {
+      l2_bytes = combined - *rc_bytes;
+    } else if (combined >= max_l2_cache + min_refcount_cache) {
+      // As much as covers the disk for L2 tables, the rest for refcounts.
+      l2_bytes = max_l2_cache;
+      rc_bytes = combined - l2_bytes;
+    } else {
+      rc_bytes = std::min(combined, min_refcount_cache);
+      l2_bytes = combined - *rc_bytes;
+    }
+  }
+  uint64_t entry_bytes = options.has_l2_cache_entry_size()
+                             ? options.l2_cache_entry_size()
+                             : cs;
+  // A cache smaller than the disk's L2 tables defaults to 4 KiB entries.
+  if (l2_bytes < max_l2_cache && !options.has_l2_cache_entry_size()) {
+    entry_bytes = std::min<uint64_t>(cs, 4096);
+  }
+  if (entry_bytes < (uint64_t{1} << format::kMinClusterBits) ||
+      entry_bytes > cs || (entry_bytes & (entry_bytes - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "L2 cache entry size must be a power of two between %d and the "
+        "cluster size (%d)",
+        1 << format::kMinClusterBits, cs));
+  }
+  if (l2_bytes / entry_bytes > INT_MAX) {
+    return absl::InvalidArgumentError("L2 cache size too big");
+  }
+  // Without refcount-cache-size or cache-size: imgtool's default.
+  const uint64_t rc = rc_bytes.value_or(
+      std::max(kDefaultRefcountCacheSize, min_refcount_cache));
+  if (rc / cs > INT_MAX) {
+    return absl::InvalidArgumentError("Refcount cache size too big");
+  }
+  if (options.has_cache_clean_interval() &&
+      static_cast<uint64_t>(options.cache_clean_interval()) > UINT_MAX) {
+    return absl::InvalidArgumentError("Cache clean interval too big");
+  }
+  // Whole tables: at least two L2 tables and four refcount blocks (QEMU's
+  // MIN_L2_CACHE_SIZE, MIN_REFCOUNT_CACHE_SIZE).
+  config->l2_cache_tables = std::max<uint64_t>(2, l2_bytes / cs);
+  config->refcount_cache_tables = std::max<uint64_t>(4, rc / cs);
+  return absl::OkStatus();
+}
+
 io::Task<absl::StatusOr<std::unique_ptr<Qcow2Node>>> Qcow2Node::Open(
     std::unique_ptr<io::BlockNode> file, Qcow2OpenOptions options,
     BackingOpener open_backing, RefcountRepairer repair_refcounts) {
@@ -147,19 +229,7 @@ io::Task<absl::StatusOr<std::unique_ptr<Qcow2Node>>> Qcow2Node::Open(
   }
 
   Config config;
-  const uint64_t cs = header.cluster_size();
-  const uint64_t l2_entry_bytes = header.extended_l2() ? 16 : 8;
-  const uint64_t whole_disk_l2_bytes =
-      (header.size + cs - 1) / cs * l2_entry_bytes;
-  const uint64_t l2_bytes =
-      options.l2_cache_size() != 0
-          ? options.l2_cache_size()
-          : std::min(whole_disk_l2_bytes + cs - 1, kMaxDefaultL2CacheSize);
-  config.l2_cache_tables = std::max<uint64_t>(2, l2_bytes / cs);
-  const uint64_t rc_bytes = options.refcount_cache_size() != 0
-                                ? options.refcount_cache_size()
-                                : std::max(kDefaultRefcountCacheSize, 4 * cs);
-  config.refcount_cache_tables = std::max<uint64_t>(4, rc_bytes / cs);
+  CO_RETURN_IF_ERROR(CacheSizes(header, options, &config));
   config.lazy_refcounts = options.has_lazy_refcounts()
                               ? options.lazy_refcounts()
                               : header.lazy_refcounts();

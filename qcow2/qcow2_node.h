@@ -508,6 +508,17 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   Qcow2Node(std::unique_ptr<io::BlockNode> file, format::Header header,
             Config config);
 
+  // The cache sizes of `options` for an image with `header`, checked as
+  // QEMU 7.2's read_cache_sizes (block/qcow2.c) with its messages
+  // (kInvalidArgument): "cache-size, l2-cache-size and refcount-cache-size
+  // may not be set at the same time", "... may not exceed cache-size", "L2
+  // cache entry size must be a power of two between 512 and the cluster
+  // size (N)", "L2 cache size too big", "Refcount cache size too big",
+  // "Cache clean interval too big". Sets the table counts of `config`.
+  static absl::Status CacheSizes(const format::Header& header,
+                                 const Qcow2OpenOptions& options,
+                                 Config* config);
+
   // MetadataIo.
   io::Task<absl::Status> WriteMetadata(uint64_t offset, io::ConstIoVec data,
                                        uint32_t ignore) override;
