@@ -51,18 +51,14 @@
 #include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "base/errno_status.h"
 #include "base/status_macros.h"
 #include "base/testing/loop_mount.h"
@@ -105,14 +101,6 @@ std::string g_stat_file;  // /sys/dev/block/M:m/stat of its loop device
 std::string g_imgtool;
 uint64_t g_size = 0, g_data = 0, g_extents = 0;
 std::map<std::string, Runs> g_runs;  // "case/tool" -> runs
-
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat(path, ": cannot write"));
-  return absl::OkStatus();
-}
 
 // A reflink copy of `from` as `to` (FICLONE).
 absl::Status Reflink(const std::string& from, const std::string& to) {
@@ -328,29 +316,19 @@ void MeasureAll(const std::vector<std::string>& cases, int reps) {
   }
 }
 
-// Replays the runs of one case and tool: repetition k reports run k.
-void BM_Chain(benchmark::State& state, std::string key) {
-  static std::map<std::string, size_t>* next =
-      new std::map<std::string, size_t>();
+// The counters of run k of "case/tool" (RegisterReplays).
+absl::StatusOr<std::map<std::string, double>> Replay(const std::string& key,
+                                                     size_t k) {
   const Runs& runs = g_runs[key];
-  if (!runs.error.empty()) {
-    state.SkipWithError(runs.error.c_str());
-    return;
-  }
-  size_t& k = (*next)[key];
+  if (!runs.error.empty()) return absl::InternalError(runs.error);
   if (k >= runs.samples.size()) {
-    state.SkipWithError("more repetitions than measured runs");
-    return;
+    return absl::OutOfRangeError("more repetitions than measured runs");
   }
-  const Sample s = runs.samples[k++];
-  for (auto _ : state) {
-    // Longer than the suites' --benchmark_min_time (1 us), so that Google
-    // Benchmark takes this one iteration and calls once per repetition.
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  state.counters["seconds"] = s.seconds;
-  state.counters["max_rss_bytes"] = static_cast<double>(s.max_rss_bytes);
-  state.counters["bytes_read"] = static_cast<double>(s.bytes_read);
+  const Sample& s = runs.samples[k];
+  return std::map<std::string, double>{
+      {"seconds", s.seconds},
+      {"max_rss_bytes", static_cast<double>(s.max_rss_bytes)},
+      {"bytes_read", static_cast<double>(s.bytes_read)}};
 }
 
 }  // namespace
@@ -359,15 +337,7 @@ void BM_Chain(benchmark::State& state, std::string key) {
 int main(int argc, char** argv) {
   using namespace imgtool::benchmarks;
   using imgtool::testing::FsKind;
-  // --benchmark_repetitions is Google Benchmark's: read it before
-  // InitSuite hands the flags over (the runner always passes it).
-  int reps = 1;
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view a = argv[i];
-    if (absl::ConsumePrefix(&a, "--benchmark_repetitions=")) {
-      if (!absl::SimpleAtoi(a, &reps) || reps < 1) reps = 1;
-    }
-  }
+  const int reps = RepetitionsArg(argc, argv);  // the runner always passes it
   const std::string program = InitSuite(
       argc, argv,
       "chain_bench: rebase, commit, measure and dd of imgtool and qemu-img "
@@ -416,25 +386,13 @@ int main(int argc, char** argv) {
   }
   // load_avg_start: before the runs; load_avg_end: after them.
   AddSuiteContext("chain", "xfs");
-  double load[3] = {0, 0, 0};
   MeasureAll(cases, reps);
-  if (getloadavg(load, 3) == 3) {
-    benchmark::AddCustomContext("load_avg_end",
-                                absl::StrFormat("%.2f %.2f %.2f", load[0],
-                                                load[1], load[2]));
-  }
+  AddLoadAvgEnd();
   benchmark::AddCustomContext("image_bytes", absl::StrCat(g_size));
   benchmark::AddCustomContext("data_bytes", absl::StrCat(g_data));
   benchmark::AddCustomContext("measure_extents", absl::StrCat(g_extents));
-  for (const std::string& c : cases) {
-    for (const char* tool : kTools) {
-      benchmark::RegisterBenchmark(
-          BenchName("chain", {{"fs", "xfs"}, {"case", c}, {"tool", tool}})
-              .c_str(),
-          BM_Chain, c + "/" + tool)
-          ->Unit(benchmark::kMillisecond);
-    }
-  }
+  RegisterReplays("chain", "xfs", cases, {std::begin(kTools), std::end(kTools)},
+                  Replay);
   RunSuite();
   return 0;
 }

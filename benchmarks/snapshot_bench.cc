@@ -75,7 +75,6 @@
 #include <map>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -144,14 +143,6 @@ std::map<std::string, Runs> g_runs;  // "case/tool" -> runs
 
 bool IsBench(const std::string& c) {
   return c != "create" && c != "delete";
-}
-
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat(path, ": cannot write"));
-  return absl::OkStatus();
 }
 
 // A copy of `from` as `to`: a reflink (FICLONE) or, with !reflink, every
@@ -421,31 +412,23 @@ void MeasureAll(const std::vector<std::string>& cases, int reps) {
   }
 }
 
-// Replays the runs of one case and tool: repetition k reports run k.
-void BM_Snapshot(benchmark::State& state, std::string key, bool bench) {
-  static std::map<std::string, size_t>* next =
-      new std::map<std::string, size_t>();
+// The counters of run k of "case/tool" (RegisterReplays); IOPS for the
+// bench cases only.
+absl::StatusOr<std::map<std::string, double>> Replay(const std::string& key,
+                                                     size_t k) {
   const Runs& runs = g_runs[key];
-  if (!runs.error.empty()) {
-    state.SkipWithError(runs.error.c_str());
-    return;
-  }
-  size_t& k = (*next)[key];
+  if (!runs.error.empty()) return absl::InternalError(runs.error);
   if (k >= runs.samples.size()) {
-    state.SkipWithError("more repetitions than measured runs");
-    return;
+    return absl::OutOfRangeError("more repetitions than measured runs");
   }
-  const Sample s = runs.samples[k++];
-  for (auto _ : state) {
-    // Longer than the suites' --benchmark_min_time (1 us), so that Google
-    // Benchmark takes this one iteration and calls once per repetition.
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  state.counters["seconds"] = s.seconds;
-  state.counters["cpu_seconds"] = s.cpu_seconds;
-  state.counters["bytes_written"] = static_cast<double>(s.bytes_written);
-  state.counters["max_rss_bytes"] = static_cast<double>(s.max_rss_bytes);
-  if (bench) state.counters["IOPS"] = s.iops;
+  const Sample& s = runs.samples[k];
+  std::map<std::string, double> counters = {
+      {"seconds", s.seconds},
+      {"cpu_seconds", s.cpu_seconds},
+      {"bytes_written", static_cast<double>(s.bytes_written)},
+      {"max_rss_bytes", static_cast<double>(s.max_rss_bytes)}};
+  if (IsBench(key.substr(0, key.find('/')))) counters["IOPS"] = s.iops;
+  return counters;
 }
 
 }  // namespace
@@ -454,15 +437,7 @@ void BM_Snapshot(benchmark::State& state, std::string key, bool bench) {
 int main(int argc, char** argv) {
   using namespace imgtool::benchmarks;
   using imgtool::testing::FsKind;
-  // --benchmark_repetitions is Google Benchmark's: read it before
-  // InitSuite hands the flags over (the runner always passes it).
-  int reps = 1;
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view a = argv[i];
-    if (absl::ConsumePrefix(&a, "--benchmark_repetitions=")) {
-      if (!absl::SimpleAtoi(a, &reps) || reps < 1) reps = 1;
-    }
-  }
+  const int reps = RepetitionsArg(argc, argv);  // the runner always passes it
   const std::string program = InitSuite(
       argc, argv,
       "snapshot_bench: snapshot -c/-d, copy-on-write after a snapshot and "
@@ -508,27 +483,15 @@ int main(int argc, char** argv) {
   }
   // load_avg_start: before the runs; load_avg_end: after them.
   AddSuiteContext("snapshot", "xfs");
-  double load[3] = {0, 0, 0};
   MeasureAll(cases, reps);
-  if (getloadavg(load, 3) == 3) {
-    benchmark::AddCustomContext("load_avg_end",
-                                absl::StrFormat("%.2f %.2f %.2f", load[0],
-                                                load[1], load[2]));
-  }
+  AddLoadAvgEnd();
   benchmark::AddCustomContext("image_bytes", absl::StrCat(g_size));
   benchmark::AddCustomContext("data_bytes", absl::StrCat(g_data));
   benchmark::AddCustomContext("bench_image_bytes", absl::StrCat(g_cow));
   benchmark::AddCustomContext("cow_writes", absl::StrCat(g_count));
   benchmark::AddCustomContext("bitmap_writes", absl::StrCat(g_bitmap_count));
-  for (const std::string& c : cases) {
-    for (const char* tool : kTools) {
-      benchmark::RegisterBenchmark(
-          BenchName("snapshot", {{"fs", "xfs"}, {"case", c}, {"tool", tool}})
-              .c_str(),
-          BM_Snapshot, c + "/" + tool, IsBench(c))
-          ->Unit(benchmark::kMillisecond);
-    }
-  }
+  RegisterReplays("snapshot", "xfs", cases,
+                  {std::begin(kTools), std::end(kTools)}, Replay);
   RunSuite();
   return 0;
 }

@@ -8,9 +8,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -18,6 +22,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "base/errno_status.h"
@@ -183,6 +188,68 @@ absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv,
 void RunSuite() {
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+}
+
+int RepetitionsArg(int argc, char** argv) {
+  int reps = 1;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (absl::ConsumePrefix(&a, "--benchmark_repetitions=")) {
+      if (!absl::SimpleAtoi(a, &reps) || reps < 1) reps = 1;
+    }
+  }
+  return reps;
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat(path, ": cannot write"));
+  return absl::OkStatus();
+}
+
+void AddLoadAvgEnd() {
+  double load[3] = {0, 0, 0};
+  if (getloadavg(load, 3) == 3) {
+    benchmark::AddCustomContext(
+        "load_avg_end",
+        absl::StrFormat("%.2f %.2f %.2f", load[0], load[1], load[2]));
+  }
+}
+
+void RegisterReplays(absl::string_view suite, absl::string_view fs,
+                     const std::vector<std::string>& cases,
+                     const std::vector<std::string>& tools, ReplayFn replay) {
+  for (const std::string& c : cases) {
+    for (const std::string& tool : tools) {
+      const std::string key = c + "/" + tool;
+      auto next = std::make_shared<size_t>(0);  // the next run to report
+      benchmark::RegisterBenchmark(
+          BenchName(suite, {{"fs", std::string(fs)}, {"case", c},
+                            {"tool", tool}})
+              .c_str(),
+          [replay, key, next](benchmark::State& state) {
+            absl::StatusOr<std::map<std::string, double>> counters =
+                replay(key, (*next)++);
+            if (!counters.ok()) {
+              state.SkipWithError(
+                  std::string(counters.status().message()).c_str());
+              return;
+            }
+            for (auto _ : state) {
+              // Longer than the suites' --benchmark_min_time (1 us), so
+              // that Google Benchmark takes this one iteration and calls
+              // once per repetition.
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+            for (const auto& [name, value] : *counters) {
+              state.counters[name] = value;
+            }
+          })
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
 }
 
 }  // namespace imgtool::benchmarks

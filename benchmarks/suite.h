@@ -8,6 +8,8 @@
 #define IMGTOOL_BENCHMARKS_SUITE_H_
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -75,6 +77,35 @@ std::string ImgtoolBinary(const std::string& program,
 
 // Runs the registered benchmarks and shuts Google Benchmark down.
 void RunSuite();
+
+// ---- Whole-command suites (chain, snapshot): every (case, tool) run is
+// measured before Google Benchmark starts, alternating the tools, and the
+// benchmarks then replay them (repetition k reports run k).
+
+// --benchmark_repetitions=N from argv, 1 if absent or not a positive
+// number. Call before InitSuite, which hands that flag to Google Benchmark.
+int RepetitionsArg(int argc, char** argv);
+
+// Writes `text` to `path` (e.g. "3\n" to /proc/sys/vm/drop_caches).
+// kInternal "<path>: cannot write" when opening or writing fails.
+absl::Status WriteFile(const std::string& path, const std::string& text);
+
+// Adds the context key load_avg_end: the 1, 5 and 15 minute load averages
+// now (after the measured runs); nothing if getloadavg fails.
+void AddLoadAvgEnd();
+
+// The counters of measured run `k` of "<case>/<tool>" (counter name to
+// value), or an error: that case and tool failed (its message), or it has
+// no run k.
+using ReplayFn = std::function<absl::StatusOr<std::map<std::string, double>>(
+    const std::string& key, size_t k)>;
+
+// Registers "<suite>/fs:<fs>/case:<c>/tool:<t>" for every case and tool, in
+// that order, unit milliseconds: repetition k takes one iteration and
+// reports replay(key, k)'s counters, or skips with its error's message.
+void RegisterReplays(absl::string_view suite, absl::string_view fs,
+                     const std::vector<std::string>& cases,
+                     const std::vector<std::string>& tools, ReplayFn replay);
 
 }  // namespace imgtool::benchmarks
 
