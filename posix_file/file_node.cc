@@ -241,7 +241,7 @@ struct FileNode::State {
   uint8_t held = 0;  // internal::Perm bits locked on bytes 100 + bit
   bool share_all = false;  // others may write and resize (no 2xx bytes)
   int flush_errno = 0;       // sticky fdatasync failure (without O_DIRECT)
-  uint64_t write_gen = 0;    // bumped by every change
+  uint64_t write_gen = 0;    // bumped when a change ends
   uint64_t flushed_gen = 0;  // write_gen covered by the last good flush
   // The last data extent found by block status ([start, end)); valid until
   // something may turn data into a hole (discard, zeroes, truncate).
@@ -459,15 +459,21 @@ io::Task<absl::Status> FileNode::DoRead(uint64_t offset, io::IoVec buf) {
 }
 
 io::Task<absl::Status> FileNode::DoWrite(uint64_t offset, io::ConstIoVec data) {
+  // Counted when it ends, with any outcome (QEMU's bdrv_co_write_req_finish):
+  // a flush that started while it was in flight does not cover it.
+  absl::Status st = co_await state_->io.Write(offset, data);
   ++state_->write_gen;
-  co_return co_await state_->io.Write(offset, data);
+  co_return st;
 }
 
 io::Task<absl::Status> FileNode::DoWriteZeroes(uint64_t offset, uint64_t length,
                                                io::WriteZeroesFlags flags) {
-  ++state_->write_gen;
   state_->ForgetExtent(offset, length);
-  co_return co_await state_->io.WriteZeroes(offset, length, flags.may_unmap);
+  absl::Status st =
+      co_await state_->io.WriteZeroes(offset, length, flags.may_unmap);
+  // Only a zero write that succeeded counts (as a truncate, see DoTruncate).
+  if (st.ok()) ++state_->write_gen;
+  co_return st;
 }
 
 io::Task<absl::Status> FileNode::WriteZeroesAllocated(uint64_t offset,
@@ -477,16 +483,18 @@ io::Task<absl::Status> FileNode::WriteZeroesAllocated(uint64_t offset,
         absl::StrFormat("%s: image is read-only", filename()));
   }
   if (length == 0) co_return absl::OkStatus();
-  ++state_->write_gen;
   state_->ForgetExtent(offset, length);
-  co_return co_await state_->io.WriteZeroes(offset, length, /*may_unmap=*/false,
-                                            /*allocate=*/true);
+  absl::Status st = co_await state_->io.WriteZeroes(
+      offset, length, /*may_unmap=*/false, /*allocate=*/true);
+  if (st.ok()) ++state_->write_gen;
+  co_return st;
 }
 
 io::Task<absl::Status> FileNode::DoDiscard(uint64_t offset, uint64_t length) {
-  ++state_->write_gen;
   state_->ForgetExtent(offset, length);
-  co_return co_await state_->io.Discard(offset, length);
+  absl::Status st = co_await state_->io.Discard(offset, length);
+  if (st.ok()) ++state_->write_gen;
+  co_return st;
 }
 
 io::Task<absl::Status> FileNode::DoFlush() {
@@ -494,7 +502,12 @@ io::Task<absl::Status> FileNode::DoFlush() {
   if (state_->flush_errno != 0) {
     co_return ErrnoStatus(filename(), "fdatasync", state_->flush_errno);
   }
+  // Nothing ended since the last good flush started: no fdatasync (QEMU's
+  // bdrv_co_flush skips the driver when flushed_gen == write_gen). A kill
+  // keeps the page cache, so only a power loss could tell the difference,
+  // and the earlier flush already covered every change.
   const uint64_t gen = state_->write_gen;
+  if (gen == state_->flushed_gen) co_return absl::OkStatus();
   absl::Status st = co_await state_->io.Sync(/*data_only=*/true);
   if (!st.ok()) {
     // Without O_DIRECT the page cache state is unknown after a failed

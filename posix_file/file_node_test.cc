@@ -1334,5 +1334,120 @@ TEST_F(FileNodeTest, FlushAndCacheModes) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Counts the fdatasync/fsync requests passed on to `inner`, and fails the
+// next `fail_next` of them with EIO (the kernel's answer is replaced).
+class SyncCounter : public io::Engine {
+ public:
+  explicit SyncCounter(io::Engine& inner) : inner_(inner) {}
+  void Submit(io::Op* op) override {
+    if (op->kind == io::OpKind::kFdatasync || op->kind == io::OpKind::kFsync) {
+      ++syncs;
+      if (fail_next > 0) {
+        --fail_next;
+        auto done = std::move(op->done);
+        op->done = [done = std::move(done)](io::Op& o) mutable {
+          o.result = -EIO;
+          done(o);
+        };
+      }
+    }
+    inner_.Submit(op);
+  }
+  absl::Status Poll(bool wait) override { return inner_.Poll(wait); }
+  uint64_t in_flight() const override { return inner_.in_flight(); }
+  const char* name() const override { return inner_.name(); }
+
+  int syncs = 0;
+  int fail_next = 0;
+
+ private:
+  io::Engine& inner_;
+};
+
+// As QEMU's bdrv_co_flush (write_gen == flushed_gen): a flush with nothing
+// ended since the last good one issues no fdatasync; a failed one leaves
+// the changes to the next; a failed discard or truncate is no change; and
+// a write still in flight when a flush starts is not covered by it.
+TEST_F(FileNodeTest, FlushSyncsOnlyAfterChanges) {
+  const std::string path = Path("gen.raw");
+  ASSERT_TRUE(Create(path, 1 << 20).ok());
+  for (const char* cache : {"writeback", "none"}) {
+    SCOPED_TRACE(cache);
+    SyncCounter counter(engine_);
+    FileOpenOptions options;
+    options.set_filename(path);
+    options.set_cache(cache);
+    auto opened = FileNode::Open(counter, options, &warnings_);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    FileNode& n = **opened;
+    auto run = [&](auto task) { return io::RunSync(counter, std::move(task)); };
+    const std::vector<uint8_t> data = Pattern(4096, 3);
+    const io::ConstIoVec buf(data.data(), data.size());
+
+    ASSERT_TRUE(run(n.Flush()).ok());
+    EXPECT_EQ(counter.syncs, 0);  // nothing written since the open
+    ASSERT_TRUE(run(n.Write(0, buf)).ok());
+    ASSERT_TRUE(run(n.Flush()).ok());
+    EXPECT_EQ(counter.syncs, 1);
+    ASSERT_TRUE(run(n.Flush()).ok());
+    EXPECT_EQ(counter.syncs, 1);
+    for (auto change : {0, 1, 2}) {
+      if (change == 0) ASSERT_TRUE(run(n.Discard(8192, 4096)).ok());
+      if (change == 1) {
+        ASSERT_TRUE(run(n.WriteZeroes(8192, 4096, {})).ok());
+      }
+      if (change == 2) {
+        ASSERT_TRUE(run(n.Truncate(2 << 20, io::PreallocMode::kOff)).ok());
+      }
+      const int before = counter.syncs;
+      ASSERT_TRUE(run(n.Flush()).ok());
+      EXPECT_EQ(counter.syncs, before + 1) << change;
+    }
+    // A refused truncate (preallocation while shrinking) changed nothing.
+    EXPECT_FALSE(run(n.Truncate(4096, io::PreallocMode::kFalloc)).ok());
+    ASSERT_TRUE(run(n.Flush()).ok());
+    EXPECT_EQ(counter.syncs, 4);
+
+    // A write in flight while a flush starts (after one that ended, so the
+    // flush syncs): the next flush syncs again.
+    ASSERT_TRUE(run(n.Write(0, buf)).ok());
+    bool written = false;
+    io::Spawn(n.Write(4096, buf), [&](absl::Status st) {
+      EXPECT_TRUE(st.ok()) << st;
+      written = true;
+    });
+    ASSERT_TRUE(run(n.Flush()).ok());
+    while (!written) ASSERT_TRUE(counter.Poll(/*wait=*/true).ok());
+    EXPECT_EQ(counter.syncs, 5);
+    ASSERT_TRUE(run(n.Flush()).ok());
+    EXPECT_EQ(counter.syncs, 6);
+
+    if (std::string(cache) == "none") {
+      // A failed flush (O_DIRECT: not sticky) leaves the write to the next.
+      ASSERT_TRUE(run(n.Write(0, buf)).ok());
+      counter.fail_next = 1;
+      absl::Status failed = run(n.Flush());
+      EXPECT_THAT(failed.message(), HasSubstr("fdatasync")) << failed;
+      EXPECT_EQ(counter.syncs, 7);
+      ASSERT_TRUE(run(n.Flush()).ok());
+      EXPECT_EQ(counter.syncs, 8);
+      ASSERT_TRUE(run(n.Flush()).ok());
+      EXPECT_EQ(counter.syncs, 8);
+    } else {
+      // Without O_DIRECT a failed fdatasync sticks: every later flush
+      // fails, without asking the kernel again.
+      ASSERT_TRUE(run(n.Write(0, buf)).ok());
+      counter.fail_next = 1;
+      EXPECT_FALSE(run(n.Flush()).ok());
+      EXPECT_EQ(counter.syncs, 7);
+      EXPECT_FALSE(run(n.Flush()).ok());
+      EXPECT_EQ(counter.syncs, 7);
+    }
+    // Close flushes only what is unflushed (the sticky error again).
+    absl::Status closed = run(n.Close());
+    EXPECT_EQ(closed.ok(), std::string(cache) == "none") << closed;
+  }
+}
+
 }  // namespace
 }  // namespace imgtool::posix_file
