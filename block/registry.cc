@@ -783,6 +783,7 @@ io::Task<absl::StatusOr<Opened>> OpenQcow2(const Driver& driver,
       std::unique_ptr<qcow2::Qcow2Node> q,
       co_await qcow2::Qcow2Node::Open(std::move(file), std::move(options),
                                       std::move(opener), std::move(repair)));
+  q->set_messages(err);
   if (grows != nullptr && grows->MayHaveTailGrownAhead()) {
     // A writer killed while the file was grown ahead left a hole after the
     // data (and the file marked); past the last refcounted cluster it is

@@ -406,6 +406,27 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
                         absl::StrCat("Check failed: ", closed.message()));
   }
   const qcow2::CheckResult& r = *result;
+  if (!read_only && r.has_bitmaps) {
+    // qemu-img check -r opens the image read-write: the qcow2 driver loads
+    // the bitmaps (marking them in use) and at close stores them again in
+    // new clusters, freeing the old ones (qcow2_store_persistent_dirty_
+    // bitmaps; a free that fails is reported and skipped). The same open
+    // and close here, after the repair, leave the same file.
+    ImageSpec rw;
+    rw.filename = filename;
+    rw.format = image_opts ? "" : "qcow2";
+    rw.image_opts = image_opts;
+    rw.cache = cache;
+    rw.read_only = false;
+    rw.queue_depth = 1;
+    absl::StatusOr<OpenedImage> opened = OpenImage(rw, streams.err);
+    absl::Status stored =
+        opened.ok() ? CloseImage(*opened) : opened.status();
+    if (!stored.ok()) {
+      return absl::Status(stored.code(),
+                          absl::StrCat("Check failed: ", stored.message()));
+    }
+  }
 
   if (!quiet) {
     if (json) {

@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "base/errno_status.h"
 #include "base/status_macros.h"
+#include "qcow2/bitmap_load.h"
 #include "qcow2/format/header.h"
 #include "qcow2/format/l2_entry.h"
 #include "qcow2/format/refcount.h"
@@ -175,12 +176,17 @@ class Checker {
  public:
   Checker(io::BlockNode& file, std::ostream& out) : file_(file), out_(out) {}
 
-  // Reads the header, the active L1 table and the refcount table. Errors
-  // are qemu-img's open errors (message without "Could not open").
-  io::Task<absl::Status> Open();
+  // Reads the header, the active L1 table and the refcount table, and with
+  // `load_bitmaps` the persistent bitmaps as the qcow2 driver's open does
+  // (qemu-img check opens the image first; bitmaps QEMU cannot load fail
+  // it). Errors are qemu-img's open errors (message without "Could not
+  // open").
+  io::Task<absl::Status> Open(bool load_bitmaps = false);
 
   // One check (qcow2_co_check_locked). Errors: the check stopped.
   io::Task<absl::StatusOr<CheckResult>> Check(RepairMode mode);
+
+  bool has_bitmaps() const { return header_.bitmaps.has_value(); }
 
   // Writes back what is cached and clears the dirty bit of an image opened
   // for writing, as closing a qcow2 node does.
@@ -357,7 +363,7 @@ io::Task<absl::StatusOr<std::vector<uint64_t>>> Checker::ReadTable(
   co_return table;
 }
 
-io::Task<absl::Status> Checker::Open() {
+io::Task<absl::Status> Checker::Open(bool load_bitmaps) {
   std::vector<uint8_t> head(512);
   CO_RETURN_IF_ERROR(co_await ReadAt(0, absl::MakeSpan(head)));
   // cluster_bits (offset 20) decides how much DecodeHeader needs.
@@ -403,6 +409,13 @@ io::Task<absl::Status> Checker::Open() {
       (uint64_t{header_.refcount_table_clusters} << cluster_bits_) / 8;
   CO_ASSIGN_OR_RETURN(reftable_,
                       co_await ReadTable(reftable_offset_, reftable_size_));
+  if (load_bitmaps && header_.bitmaps.has_value()) {
+    // Before anything is written, as in qcow2_do_open.
+    CO_RETURN_IF_ERROR((co_await LoadPersistentBitmaps(
+                            file_, *header_.bitmaps, cluster_bits_,
+                            header_.size))
+                           .status());
+  }
   co_return co_await ClearUnknownAutoclearBits();
 }
 
@@ -1610,7 +1623,8 @@ io::Task<absl::StatusOr<CheckResult>> CheckQcow2(io::BlockNode& file,
                                                  RepairMode mode,
                                                  std::ostream& messages) {
   Checker checker(file, messages);
-  if (absl::Status st = co_await checker.Open(); !st.ok()) {
+  if (absl::Status st = co_await checker.Open(/*load_bitmaps=*/true);
+      !st.ok()) {
     co_return absl::Status(
         st.code(),
         absl::StrCat("Could not open '", file.filename(), "': ", st.message()));
@@ -1629,6 +1643,7 @@ io::Task<absl::StatusOr<CheckResult>> CheckQcow2(io::BlockNode& file,
   absl::Status closed = co_await checker.Close();
   if (!result.ok()) co_return CheckFailed(result.status());
   if (!closed.ok()) co_return CheckFailed(closed);
+  result->has_bitmaps = checker.has_bitmaps();
   co_return result;
 }
 

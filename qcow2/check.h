@@ -72,6 +72,10 @@ struct CheckResult {
   uint64_t allocated_clusters = 0;  // guest clusters with host data
   uint64_t fragmented_clusters = 0;
   uint64_t compressed_clusters = 0;
+  // The image has persistent bitmaps (a bitmaps extension QEMU loads): a
+  // read-write open of the qcow2 driver stores them again at close, which
+  // `qemu-img check -r` does after checking (imgtool/check.cc).
+  bool has_bitmaps = false;
 };
 
 // Checks (and with `mode` != kNone repairs) the qcow2 image in `file`, which

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "io/aligned_buffer.h"
+#include "qcow2/bitmap_load.h"
 #include "qcow2/bytes.h"
 #include "qcow2/qcow2_node.h"
 
@@ -78,75 +79,17 @@ io::Task<absl::Status> Qcow2Node::LoadBitmaps() {
   if (!header_.bitmaps.has_value() || header_.bitmaps->nb_bitmaps == 0) {
     co_return absl::OkStatus();
   }
-  const format::BitmapsExtension& ext = *header_.bitmaps;
-  const uint64_t file_size = file_->size();
-  // Bytes past the end of the file read as zeroes, as in QEMU.
-  auto read_at = [&](uint64_t offset, uint8_t* out, uint64_t n) -> io::Task<absl::Status> {
-    std::memset(out, 0, n);
-    if (offset >= file_size) co_return absl::OkStatus();
-    const uint64_t avail = std::min(n, file_size - offset);
-    co_return co_await file_->Read(offset, io::IoVec(out, avail));
-  };
-  std::vector<uint8_t> dir(ext.bitmap_directory_size);
-  if (!dir.empty() && dir.size() <= format::kMaxBitmapDirectorySize) {
-    CO_RETURN_IF_ERROR(co_await read_at(ext.bitmap_directory_offset,
-                                        dir.data(), dir.size()));
-  }
-  CO_ASSIGN_OR_RETURN(std::vector<format::BitmapDirEntry> entries,
-                      format::DecodeBitmapDirectory(dir, ext.nb_bitmaps,
-                                                    cluster_bits_, size()));
-  std::vector<uint8_t> cluster(cluster_size_);
-  for (format::BitmapDirEntry& e : entries) {
+  CO_ASSIGN_OR_RETURN(std::vector<LoadedBitmap> loaded,
+                      co_await LoadPersistentBitmaps(*file_, *header_.bitmaps,
+                                                     cluster_bits_, size()));
+  for (LoadedBitmap& l : loaded) {
     LiveBitmap bm;
     bm.on_disk = true;
-    bm.enabled = e.enabled();
-    bm.inconsistent = e.in_use();
-    bm.entry = std::move(e);
-    if (bm.inconsistent) {
-      bitmaps_.push_back(std::move(bm));
-      continue;
-    }
-    const std::string& name = bm.entry.name;
-    std::vector<uint8_t> raw(uint64_t{bm.entry.table_size} * 8);
-    CO_RETURN_IF_ERROR(
-        co_await read_at(bm.entry.table_offset, raw.data(), raw.size()));
-    bm.table.resize(bm.entry.table_size);
-    for (uint64_t i = 0; i < bm.table.size(); ++i) {
-      bm.table[i] = LoadBE64(raw.data() + i * 8);
-      if (!format::BitmapTableEntryValid(bm.table[i], cluster_size_)) {
-        co_return absl::DataLossError(absl::StrCat(
-            "Could not read bitmap_table table from image for bitmap '", name,
-            "': Invalid argument"));
-      }
-    }
-    const uint32_t g = bm.entry.granularity_bits;
-    if (format::BitmapTableSize(size(), g, cluster_bits_) !=
-        bm.entry.table_size) {
-      co_return absl::DataLossError(absl::StrCat(
-          "Could not read bitmap '", name, "' from image: Invalid argument"));
-    }
-    const uint64_t nbits = BitCount(size(), g);
-    bm.bits.assign((nbits + 63) / 64, 0);
-    const uint64_t words_per_cluster = cluster_size_ / 8;
-    for (uint64_t i = 0; i < bm.table.size(); ++i) {
-      const uint64_t first_word = i * words_per_cluster;
-      if (first_word >= bm.bits.size()) break;
-      const uint64_t n = std::min(words_per_cluster, bm.bits.size() - first_word);
-      const uint64_t offset = bm.table[i] & format::kBitmapTableOffsetMask;
-      if (offset == 0) {
-        if (bm.table[i] & format::kBitmapTableAllOnes) {
-          std::fill_n(bm.bits.begin() + first_word, n, ~uint64_t{0});
-        }
-        continue;
-      }
-      CO_RETURN_IF_ERROR(co_await read_at(offset, cluster.data(), cluster_size_));
-      for (uint64_t w = 0; w < n; ++w) {
-        uint64_t v = 0;
-        for (int b = 7; b >= 0; --b) v = (v << 8) | cluster[w * 8 + b];
-        bm.bits[first_word + w] = v;
-      }
-    }
-    TrimBits(bm.bits, nbits);
+    bm.enabled = l.entry.enabled();
+    bm.inconsistent = l.entry.in_use();
+    bm.entry = std::move(l.entry);
+    bm.table = std::move(l.table);
+    bm.bits = std::move(l.bits);
     bitmaps_.push_back(std::move(bm));
   }
   co_return absl::OkStatus();
@@ -246,10 +189,30 @@ io::Task<absl::Status> Qcow2Node::ReplaceBitmapDirectory(
     co_return st;
   }
   if (old.has_value() && old->bitmap_directory_size > 0) {
-    CO_RETURN_IF_ERROR(co_await refcounts_->Free(old->bitmap_directory_offset,
-                                                 old->bitmap_directory_size));
+    CO_RETURN_IF_ERROR((co_await FreeClustersOrReport(
+                            old->bitmap_directory_offset,
+                            old->bitmap_directory_size))
+                           .status());
   }
   co_return absl::OkStatus();
+}
+
+io::Task<absl::StatusOr<bool>> Qcow2Node::FreeClustersOrReport(
+    uint64_t offset, uint64_t length) {
+  if (length == 0) co_return true;
+  // QEMU's update_refcount fails with EINVAL before changing anything when
+  // a refcount would drop below zero (it undoes a partial change).
+  const uint64_t first = offset >> cluster_bits_;
+  const uint64_t last = (offset + length - 1) >> cluster_bits_;
+  for (uint64_t c = first; c <= last; ++c) {
+    CO_ASSIGN_OR_RETURN(uint64_t refcount, co_await refcounts_->Get(c));
+    if (refcount == 0) {
+      *messages_ << "qcow2_free_clusters failed: Invalid argument\n";
+      co_return false;
+    }
+  }
+  CO_RETURN_IF_ERROR(co_await refcounts_->Free(offset, length));
+  co_return true;
 }
 
 io::Task<absl::Status> Qcow2Node::FreeBitmapClusters(const LiveBitmap& bm) {
@@ -258,10 +221,15 @@ io::Task<absl::Status> Qcow2Node::FreeBitmapClusters(const LiveBitmap& bm) {
   }
   std::vector<uint64_t> table = bm.table;
   if (bm.inconsistent) {
-    // Not read at open.
-    std::vector<uint8_t> raw(uint64_t{bm.entry.table_size} * 8);
-    CO_RETURN_IF_ERROR(co_await file_->Read(bm.entry.table_offset,
-                                            io::IoVec(raw)));
+    // Not read at open; bytes past the end of the file read as zeroes.
+    std::vector<uint8_t> raw(uint64_t{bm.entry.table_size} * 8, 0);
+    const uint64_t file_size = file_->size();
+    if (bm.entry.table_offset < file_size) {
+      const uint64_t n = std::min<uint64_t>(
+          raw.size(), file_size - bm.entry.table_offset);
+      CO_RETURN_IF_ERROR(co_await file_->Read(bm.entry.table_offset,
+                                              io::IoVec(raw.data(), n)));
+    }
     table.resize(bm.entry.table_size);
     for (uint64_t i = 0; i < table.size(); ++i) {
       table[i] = LoadBE64(raw.data() + i * 8);
@@ -275,12 +243,18 @@ io::Task<absl::Status> Qcow2Node::FreeBitmapClusters(const LiveBitmap& bm) {
   for (uint64_t entry : table) {
     const uint64_t offset = entry & format::kBitmapTableOffsetMask;
     if (offset == 0) continue;
-    CO_RETURN_IF_ERROR(co_await refcounts_->Free(offset, cluster_size_));
-    absl::Status d = co_await file_->Discard(offset, cluster_size_);
-    (void)d;  // advisory, as QEMU's QCOW2_DISCARD_ALWAYS
+    CO_ASSIGN_OR_RETURN(bool freed,
+                        co_await FreeClustersOrReport(offset, cluster_size_));
+    if (freed) {
+      absl::Status d = co_await file_->Discard(offset, cluster_size_);
+      (void)d;  // advisory, as QEMU's QCOW2_DISCARD_ALWAYS
+    }
   }
-  co_return co_await refcounts_->Free(bm.entry.table_offset,
-                                      uint64_t{bm.entry.table_size} * 8);
+  CO_RETURN_IF_ERROR((co_await FreeClustersOrReport(
+                          bm.entry.table_offset,
+                          uint64_t{bm.entry.table_size} * 8))
+                         .status());
+  co_return absl::OkStatus();
 }
 
 io::Task<absl::Status> Qcow2Node::StoreBitmaps() {

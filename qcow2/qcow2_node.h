@@ -67,6 +67,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -202,6 +203,12 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // table entry is unaligned or past the end of the file (the image is
   // not marked corrupt for it), and read errors of the file.
   io::Task<absl::StatusOr<uint64_t>> RefcountedEnd();
+
+  // Where QEMU's messages of failures that do not stop an operation go
+  // (qcow2_free_clusters' "qcow2_free_clusters failed: <cause>", printed
+  // on stderr by every QEMU tool); std::cerr unless set. Not owned; must
+  // outlive the node.
+  void set_messages(std::ostream* out) { messages_ = out; }
 
   // Sets (`backing_file` given) or clears the backing file name and the
   // backing format extension (`backing_format`; nullopt drops it) in the
@@ -554,7 +561,17 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // frees the old one (QEMU's update_ext_header_and_dir).
   io::Task<absl::Status> ReplaceBitmapDirectory(
       const std::vector<format::BitmapDirEntry>& entries);
+  // Frees the bitmap's data clusters (discarding them in the file) and
+  // its table, as QEMU's free_bitmap_clusters; the table of an
+  // inconsistent bitmap is read first (zeroes past the end of the file).
   io::Task<absl::Status> FreeBitmapClusters(const LiveBitmap& bm);
+  // QEMU's qcow2_free_clusters for the bitmap code: a range with a cluster
+  // whose refcount is already 0 (e.g. past the end of the file) is not
+  // freed; "qcow2_free_clusters failed: Invalid argument" goes to
+  // messages() and the caller goes on. Returns whether the range was
+  // freed; other errors (I/O) as they are.
+  io::Task<absl::StatusOr<bool>> FreeClustersOrReport(uint64_t offset,
+                                                      uint64_t length);
   // Resize: kFailedPrecondition for an inconsistent bitmap; ResizeBitmaps
   // after a successful truncate.
   absl::Status CheckBitmapsResizable() const;
@@ -562,6 +579,7 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   LiveBitmap* FindBitmap(const std::string& name);
   const LiveBitmap* FindBitmap(const std::string& name) const;
   std::vector<LiveBitmap> bitmaps_;
+  std::ostream* messages_ = &std::cerr;
   bool bitmaps_in_use_ = false;  // we marked them in use on disk
   bool bitmaps_changed_ = false; // something to store at Close
 

@@ -222,11 +222,6 @@ absl::Status ReadExtensions(absl::Span<const uint8_t> cluster, uint64_t start,
               "supported size (%u)",
               b.bitmap_directory_size, kMaxBitmapDirectorySize));
         }
-        if (!InsideFile(b.bitmap_directory_offset, b.bitmap_directory_size,
-                        file_size)) {
-          return BeyondEof("Bitmap directory", b.bitmap_directory_offset,
-                           b.bitmap_directory_size, file_size);
-        }
         h.bitmaps = b;
         break;
       }

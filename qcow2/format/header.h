@@ -201,8 +201,9 @@ struct Header {
 // first cluster, or the whole file when it is shorter (bytes past the span
 // read as zero, as reads past EOF do). Passing kMaxClusterSize bytes (or the
 // whole file) always works. `file_size` is the image file's size in bytes;
-// the L1 table, refcount table, snapshot table, bitmap directory and
-// encryption header must lie inside it.
+// the L1 table, refcount table, snapshot table and encryption header must
+// lie inside it. The bitmap directory need not: QEMU reads the part past
+// the end as zeroes (qcow2/bitmap_load.h), which then fail its checks.
 //
 // Errors:
 //  * kInvalidArgument: `first_cluster_bytes` is shorter than the header or

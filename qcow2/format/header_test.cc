@@ -620,11 +620,11 @@ TEST_F(HeaderErrorTest, ExtensionChecks) {
   ExpectError(WithExtensions(Ext(kExtensionBitmaps, bitmaps), {{88, 8, 1}}),
               C::kDataLoss, "bitmaps_ext: invalid bitmap directory offset");
   bitmaps[22] = 0;
+  // A directory past EOF is accepted here: QEMU reads zeroes there, which
+  // the directory's own checks refuse (qcow2/bitmap_load.h).
   bitmaps[21] = 0x10;  // directory at 0x100000, past EOF
-  ExpectError(WithExtensions(Ext(kExtensionBitmaps, bitmaps), {{88, 8, 1}}),
-              C::kDataLoss,
-              "Bitmap directory at 0x100000 (64 bytes) extends beyond the end "
-              "of the file (196616 bytes)");
+  EXPECT_TRUE(
+      WithExtensions(Ext(kExtensionBitmaps, bitmaps), {{88, 8, 1}}).ok());
 }
 
 TEST_F(HeaderErrorTest, AcceptsWhatQemuAccepts) {
