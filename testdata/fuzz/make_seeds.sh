@@ -81,3 +81,30 @@ patch "$out/corrupt_l2_reserved.qcow2" $((0x4000)) 81   # L2[0]: a reserved bit 
 
 qemu-img create -q -f qcow2 -o cluster_size=4k "$out/corrupt_refcount_table.qcow2" 64k
 patch "$out/corrupt_refcount_table.qcow2" $((0x1000)) 0000010000000000   # refcount table[0] -> 1 TiB
+
+# Persistent bitmaps (issue 18) on a c4k image: b0 (enabled, granularity
+# 4k) with bits set, b1 (disabled, 512). qemu-img's layout: bitmaps
+# extension fields at 120 (nb_bitmaps), 128 (directory size), 136
+# (directory offset); directory at 0xe000 (b0's entry; b1's at 0xe020),
+# b0's table at 0xc000 with its data cluster at 0xb000, b1's table at 0xd000
+# (all zero). The broken ones are refused at open with QEMU's messages.
+bm="$tmp/bm_c4k.qcow2"
+qemu-img create -q -f qcow2 -o cluster_size=4k "$bm" 64k
+qemu-img bitmap --add "$bm" b0
+qemu-img bitmap --add -g 512 --disable "$bm" b1
+q -c 'write -P 0xb1 0 8k' -c 'write -z 16k 4k' "$bm"
+cp "$bm" "$out/bm_c4k.qcow2"
+# bm_seed NAME OFFSET HEXBYTES: a copy of bm_c4k with one field patched.
+bm_seed() { cp "$bm" "$out/$1.qcow2"; patch "$out/$1.qcow2" "$2" "$3"; }
+bm_seed bm_count_high 120 00000003                       # Less bitmaps found
+bm_seed bm_dir_past_eof 136 0000000000100000             # zeroes: Bitmap ''
+bm_seed bm_dir_size_short 128 0000000000000018           # Broken bitmap directory
+bm_seed bm_table_unaligned $((0xe000)) 000000000000c200  # b0: constraints
+bm_seed bm_table_size_huge $((0xe008)) ffffffff          # b0: constraints
+bm_seed bm_name_long $((0xe012)) ffff                    # Broken bitmap directory
+bm_seed bm_table_entry_reserved $((0xc000)) 0000000000000002  # Could not read bitmap_table
+bm_seed bm_data_past_eof $((0xc000)) 0000000000100000    # loads zeroes; check: past the end
+bm_seed bm_table_shared $((0xe020)) 000000000000c000  # b1 shares b0's table
+# A writer killed with the bitmaps in use (inconsistent, flag in_use).
+cp "$bm" "$out/bm_in_use.qcow2"
+q -c 'write -P 0xb2 32k 4k' -c abort "$out/bm_in_use.qcow2" 2>/dev/null || true
