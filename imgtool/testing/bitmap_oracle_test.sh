@@ -218,9 +218,11 @@ same_effect crashed info img.qcow2
 same_effect crashed info --output=json img.qcow2
 same_effect crashed check img.qcow2
 # check -r opens the image read-write as qemu-img's does: the bitmaps are
-# stored again at close (moved); in-use ones are kept as they are.
-same_effect crashed check -r all img.qcow2
-same_effect crashed check -r leaks img.qcow2
+# stored again at close (moved); in-use ones are kept as they are. Files
+# are compared below on whole_crashed: this setup's partial-cluster writes
+# leave holes that may differ between the twins.
+same_messages crashed check -r all img.qcow2
+same_messages crashed check -r leaks img.qcow2
 # Writes to an image with inconsistent bitmaps keep them as they are.
 same_io crashed -c 'write 0 4k' img.qcow2
 same_maps "$WORK/io.i/img.qcow2" "$WORK/io.q/img.qcow2" b4
