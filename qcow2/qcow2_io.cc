@@ -1132,12 +1132,49 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   const uint32_t sc_bits = subcluster_bits();
   const uint64_t sc_mask = (uint64_t{1} << sc_bits) - 1;
   const uint32_t s0 = static_cast<uint32_t>(in_cluster >> sc_bits);
-  const uint32_t s1 =
-      static_cast<uint32_t>((in_cluster + bytes + sc_mask) >> sc_bits);
-  const uint64_t touched = format::SubclusterAllocRange(s0, s1 - s0);
   const bool in_place = type == ClusterType::kNormal && old.copied();
+  // The clusters the write reaches, at most to the end of the L2 table.
+  const uint64_t max_n =
+      std::min((in_cluster + data.size() + cluster_size_ - 1) >> cluster_bits_,
+               l2_entries_ - index);
+  uint64_t n = 1;
+  std::vector<L2Entry> olds{old};
+  if (in_place) {
+    // QEMU's handle_copied: the following clusters that are normal (any
+    // subcluster bitmap), COPIED and at contiguous host offsets are written
+    // by the same request, the middle ones whole (iotest 066's shapes).
+    for (; n < max_n; ++n) {
+      if (FindInflight(cluster + n, 1) != nullptr) break;
+      const L2Entry e = GetEntry(l2, index + n);
+      CO_ASSIGN_OR_RETURN(
+          const ClusterType t,
+          co_await Classify(e, l2.offset(), index + n, /*for_write=*/true));
+      if (t != ClusterType::kNormal || !e.copied() ||
+          e.host_offset() != old.host_offset() + (n << cluster_bits_)) {
+        break;
+      }
+      olds.push_back(e);
+    }
+    bytes = std::min<uint64_t>(data.size(), (n << cluster_bits_) - in_cluster);
+    part = data.first(bytes);
+  }
+  // The subclusters of cluster `i` of the run that [from, to) (offsets from
+  // `start`) touches.
+  auto subclusters_in = [&](uint64_t i, uint64_t from, uint64_t to) {
+    const uint64_t base = i << cluster_bits_;
+    const uint64_t a = std::max(from, base) - base;
+    const uint64_t b = std::min(to, base + cluster_size_) - base;
+    const uint32_t first_sc = static_cast<uint32_t>(a >> sc_bits);
+    const uint32_t end_sc = static_cast<uint32_t>((b + sc_mask) >> sc_bits);
+    return format::SubclusterAllocRange(first_sc, end_sc - first_sc);
+  };
+  bool all_hold_data = in_place;
+  for (uint64_t i = 0; all_hold_data && i < n; ++i) {
+    const uint64_t touched = subclusters_in(i, in_cluster, in_cluster + bytes);
+    all_hold_data = (olds[i].bitmap & touched) == touched;
+  }
 
-  if (in_place && (old.bitmap & touched) == touched) {
+  if (all_hold_data) {
     // Every touched subcluster holds data: no COW, no L2 update.
     const uint64_t host = old.host_offset() + in_cluster;
     CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(host, bytes, 0));
@@ -1148,8 +1185,8 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
     EndDataOp(seq);
     CO_RETURN_IF_ERROR(st);
     ++write_gen_;
-    *host_hint = in_cluster + bytes == cluster_size_
-                     ? old.host_offset() + cluster_size_
+    *host_hint = in_cluster + bytes == n << cluster_bits_
+                     ? old.host_offset() + (n << cluster_bits_)
                      : 0;
     co_return bytes;
   }
@@ -1162,24 +1199,22 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   uint64_t cow_start = in_cluster;
   uint64_t cow_end = in_cluster + bytes;
   uint64_t host = 0;
-  uint64_t n = 1;
-  std::vector<L2Entry> olds{old};
   if (in_place) {
     host = old.host_offset();
     if ((old.bitmap & format::SubclusterAllocBit(s0)) == 0) {
       cow_start = uint64_t{s0} << sc_bits;
     }
-    if ((old.bitmap & format::SubclusterAllocBit(s1 - 1)) == 0) {
-      cow_end = uint64_t{s1} << sc_bits;
+    const uint64_t last_base = (n - 1) << cluster_bits_;
+    const uint32_t last_sc =
+        static_cast<uint32_t>((in_cluster + bytes - 1 - last_base) >> sc_bits);
+    if ((olds.back().bitmap & format::SubclusterAllocBit(last_sc)) == 0) {
+      cow_end = last_base + (uint64_t{last_sc + 1} << sc_bits);
     }
   } else {
     // QEMU's handle_alloc: this cluster and the following ones the write
     // reaches that need a new host cluster too (unallocated, compressed or
     // shared) get one host range; the ones between the first and the last
     // are written whole.
-    const uint64_t max_n = std::min(
-        (in_cluster + data.size() + cluster_size_ - 1) >> cluster_bits_,
-        l2_entries_ - index);
     for (; n < max_n; ++n) {
       if (FindInflight(cluster + n, 1) != nullptr) break;
       const L2Entry e = GetEntry(l2, index + n);
@@ -1301,17 +1336,13 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
       for (uint64_t i = 0; i < n; ++i) {
         // This cluster's share of [cow_start, cow_end), in subclusters.
         const uint64_t base = i << cluster_bits_;
-        const uint64_t from = std::max(cow_start, base) - base;
-        const uint64_t to = std::min(cow_end, base + cluster_size_) - base;
-        const uint32_t a = static_cast<uint32_t>(from >> sc_bits);
-        const uint32_t b = static_cast<uint32_t>((to + sc_mask) >> sc_bits);
-        const uint64_t written = format::SubclusterAllocRange(a, b - a);
+        const uint64_t written = subclusters_in(i, cow_start, cow_end);
         const L2Entry& prev = olds[i];
         L2Entry e;
         e.word = format::MakeStandardL2Word(host + base, /*copied=*/true,
                                             /*zero=*/false);
         if (in_place) {
-          const L2Entry cur = GetEntry(*again, index);
+          const L2Entry cur = GetEntry(*again, index + i);
           e.bitmap = (cur.bitmap | written) & ~(written << 32);
         } else if (prev.compressed()) {
           e.bitmap = written;  // the whole cluster
@@ -1338,8 +1369,8 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   CO_RETURN_IF_ERROR(st);
   if (!in_place && in_cluster + bytes == n << cluster_bits_) {
     *host_hint = host + (n << cluster_bits_);
-  } else if (in_place && in_cluster + bytes == cluster_size_) {
-    *host_hint = host + cluster_size_;
+  } else if (in_place && in_cluster + bytes == n << cluster_bits_) {
+    *host_hint = host + (n << cluster_bits_);
   }
   co_return bytes;
 }

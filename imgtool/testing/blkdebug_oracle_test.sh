@@ -227,6 +227,25 @@ io_case "066 reuse, head and tail in place" setup_066 --image-opts \
 io_case "066 reuse, zero cluster first" setup_066_first --image-opts \
   -c 'write -P 7 1k 190k' -c 'read -P 0 0 1k' -c 'read -P 7 1k 190k' \
   -c map "$armed_066"
+# The same shapes with extended L2 entries (32 subclusters of 2 KiB): a
+# partial write over [in place][preallocated zero] and over
+# [preallocated zero][in place] must leave the subcluster bitmaps, the data
+# and the errors QEMU leaves.
+setup_066x() {
+  qemu-img create -q -f qcow2 -o extended_l2=on t.qcow2 192k
+  qemu-io -c 'write -P 42 0 192k' -c "write -z $1 64k" t.qcow2 >/dev/null
+}
+setup_066x_mid() { setup_066x 64k; }
+setup_066x_first() { setup_066x 0; }
+io_case "066 extended L2, head and tail in place" setup_066x_mid \
+  --image-opts -c 'write -P 7 1k 190k' -c 'read -P 42 0 1k' \
+  -c 'read -P 7 1k 190k' -c map "$armed_066"
+io_case "066 extended L2, in place then zero" setup_066x_mid \
+  -c 'write -P 7 32k 64k' -c 'read -P 42 0 32k' -c 'read -P 7 32k 64k' \
+  -c 'read -P 0 96k 32k' -c map t.qcow2
+io_case "066 extended L2, zero then in place" setup_066x_first \
+  -c 'write -P 7 34k 60k' -c 'read -P 0 0 34k' -c 'read -P 7 34k 60k' \
+  -c 'read -P 42 94k 98k' -c map t.qcow2
 
 # --- Errors while qemu-img commit empties the top (qcow2_make_empty) --------
 # img_case NAME SETUP CMD ARGS...: `imgtool CMD ARGS` against `qemu-img
