@@ -253,7 +253,10 @@ io::Task<absl::Status> Qcow2Node::RewriteSnapshotTable(
   }
   CO_ASSIGN_OR_RETURN(const uint64_t table_offset,
                       co_await refcounts_->Allocate(bytes));
-  CO_RETURN_IF_ERROR(co_await FlushAll());
+  // No flush between the allocation and the table's writes (QEMU's
+  // qcow2_write_snapshots has one): nothing refers to the new clusters
+  // until the header does, and the flush below makes their refcounts and
+  // contents durable before that.
   CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(table_offset, bytes, 0));
   uint64_t pos = table_offset;
   for (const SnapshotRecord& r : records) {

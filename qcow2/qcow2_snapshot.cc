@@ -238,7 +238,10 @@ io::Task<absl::Status> Qcow2Node::CreateSnapshot(const std::string& name,
       for (uint64_t i = 0; i < l1_.size(); ++i) {
         StoreBE64(bytes.data() + i * 8, l1_[i]);
       }
-      CO_RETURN_IF_ERROR(co_await FlushAll());
+      // No flush first (as QEMU's qcow2_snapshot_create): until the table
+      // names the snapshot nothing refers to these clusters, and the flush
+      // that ends the refcount update below makes their refcounts durable
+      // before the table is written.
       CO_RETURN_IF_ERROR(co_await WriteMetadata(sn.l1_offset, bytes.span(), 0));
     }
     CO_RETURN_IF_ERROR(co_await UpdateSnapshotRefcount(l1_, /*active=*/true,
