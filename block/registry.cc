@@ -774,7 +774,9 @@ io::Task<absl::StatusOr<Opened>> OpenQcow2(const Driver& driver,
   if (child.driver->kind == DriverKind::kProtocol && child.file != nullptr &&
       !ctx.read_only) {
     grows = child.file;
-    grows->GrowLengthAhead(kQcow2FileGrowthStep);
+    if (ctx.settings->qcow2_grow_ahead) {
+      grows->GrowLengthAhead(kQcow2FileGrowthStep);
+    }
   }
   // Named locals, not temporaries in the co_await expression: GCC 12
   // destroys some of those twice.

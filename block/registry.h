@@ -249,6 +249,11 @@ struct OpenSettings {
   // backing file) is opened read-write, like the top (commit's base);
   // 0: every backing file read-only.
   int writable_backing_depth = 0;
+  // The files under read-write qcow2 nodes grow their length ahead of the
+  // clusters allocated at the end (posix_file::FileNode::GrowLengthAhead,
+  // 64 MiB). False for commands that allocate a few metadata clusters only
+  // (snapshot): the growth would cost a truncate and an xattr each way.
+  bool qcow2_grow_ahead = true;
   // Where the probing warning (a probed raw image opened for writing) and
   // qcow2's dirty-image repair lines go; not null.
   std::ostream* err = nullptr;

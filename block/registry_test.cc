@@ -180,7 +180,8 @@ class OpenGraphTest : public ::testing::Test {
 
   absl::StatusOr<OpenedGraph> Open(const std::string& text,
                                    bool read_only = true,
-                                   bool no_backing = false) {
+                                   bool no_backing = false,
+                                   bool qcow2_grow_ahead = true) {
     absl::StatusOr<NodeOptions> options =
         ImageOptions(text, "", /*image_opts=*/true);
     if (!options.ok()) return options.status();
@@ -188,6 +189,7 @@ class OpenGraphTest : public ::testing::Test {
     s.engine = engine_.get();
     s.read_only = read_only;
     s.no_backing = no_backing;
+    s.qcow2_grow_ahead = qcow2_grow_ahead;
     s.err = &err_;
     return io::RunSync(*engine_, OpenGraph(*std::move(options), s));
   }
@@ -301,6 +303,20 @@ TEST_F(OpenGraphTest, Qcow2GrowsItsFileAheadAndCutsItAtClose) {
   EXPECT_EQ(length(qcow2_), length(twin));
   EXPECT_EQ(std::system(absl::StrCat("cmp -s ", qcow2_, " ", twin).c_str()),
             0);
+
+  // Without qcow2_grow_ahead (snapshot): the file ends at the data.
+  const std::string plain = dir_ + "/reg_plain.qcow2";
+  ASSERT_EQ(std::system(absl::StrCat("cp ", qcow2_, " ", plain).c_str()), 0);
+  g = Open("driver=qcow2,file.filename=" + plain, /*read_only=*/false,
+           /*no_backing=*/false, /*qcow2_grow_ahead=*/false);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(io::RunSync(*engine_,
+                          g->node->Write(8 << 20, io::ConstIoVec(data)))
+                  .ok());
+  EXPECT_EQ(static_cast<uint64_t>(length(plain)), g->file->size());
+  EXPECT_LT(length(plain), int64_t{4} << 20);
+  ASSERT_TRUE(io::RunSync(*engine_, g->node->Close()).ok());
+  EXPECT_EQ(std::system(absl::StrCat("qemu-img check -q ", plain).c_str()), 0);
 
   // Read-only: nothing grows or shrinks.
   g = Open("driver=qcow2,file.filename=" + qcow2_);

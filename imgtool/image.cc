@@ -105,6 +105,7 @@ absl::StatusOr<OpenedImage> OpenImage(const ImageSpec& spec, std::ostream& err,
   s.raw_shares_write = !spec.unshare_write;
   s.no_backing = spec.no_backing;
   s.writable_backing_depth = spec.writable_backing_depth;
+  s.qcow2_grow_ahead = spec.qcow2_grow_ahead;
   s.err = &err;
   s.warn = [&err](absl::string_view warnings) { PrintWarnings(warnings, err); };
   absl::StatusOr<block::OpenedGraph> opened = io::RunSync(

@@ -65,6 +65,8 @@ struct ImageSpec {
   // Open the backing file this many links down the chain read-write
   // (block::OpenSettings::writable_backing_depth); 0: none.
   int writable_backing_depth = 0;
+  // block::OpenSettings::qcow2_grow_ahead.
+  bool qcow2_grow_ahead = true;
   // The engine (-i/-n; qemu-img's default is threads, imgtool's io_uring).
   // An `aio` option on the protocol node at the bottom of the image's
   // `file` chain (--image-opts file.aio=native, json:) overrides it, as in

@@ -128,6 +128,8 @@ absl::Status RunSnapshot(const std::vector<std::string>& args,
   // What the open printed (the raw probing warning): apply prints it again,
   // as qemu-img, whose snapshot fallback to the file child reopens it.
   std::ostringstream open_err;
+  // A few metadata clusters at most: no growing the file ahead of them.
+  spec.qcow2_grow_ahead = false;
   absl::StatusOr<OpenedImage> opened = OpenImage(spec, open_err);
   streams.err << open_err.str();
   if (!opened.ok()) return opened.status();
