@@ -326,6 +326,10 @@ absl::Status RunAmend(const std::vector<std::string>& args, Streams streams) {
   absl::Status st = WalkAmendOptions(*values, &amend);
   if (st.ok()) st = io::RunSync(*image.engine, image.qcow2->Amend(amend));
   progress.Print(100.f, 0);
+  for (const auto& d : image.qcow2->TakeDiagnostics()) {
+    if (d.with_program) streams.err << ProgramName() << ": ";
+    streams.err << d.text << "\n";
+  }
   absl::Status closed = CloseImage(image);
   if (!st.ok()) {
     // The library's hint names the tool as imgtool.

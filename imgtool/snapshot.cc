@@ -216,6 +216,12 @@ absl::Status RunSnapshot(const std::vector<std::string>& args,
       break;
     }
   }
+  if (q != nullptr) {
+    for (const auto& d : q->TakeDiagnostics()) {
+      if (d.with_program) streams.err << ProgramName() << ": ";
+      streams.err << d.text << "\n";
+    }
+  }
   absl::Status close = CloseImage(image);
   RETURN_IF_ERROR(result);
   return close;

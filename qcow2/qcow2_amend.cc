@@ -3,6 +3,7 @@
 // qcow2_expand_zero_clusters, qcow2_change_refcount_order and
 // qcow2_write_snapshots).
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -13,7 +14,9 @@
 #include <vector>
 
 #include "absl/numeric/bits.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/errno_status.h"
 #include "base/status_macros.h"
 #include "io/aligned_buffer.h"
 #include "qcow2/bytes.h"
@@ -159,6 +162,15 @@ io::Task<absl::Status> Qcow2Node::ExpandZeroClusters(
   CO_RETURN_IF_ERROR(co_await FlushAll());
   io::AlignedBuffer l2(cluster_size_);
   for (const SnapshotRecord& sn : snapshots) {
+    // qcow2_expand_zero_clusters checks each snapshot's L1 table as it
+    // comes to it, reports it and fails the downgrade.
+    if (absl::Status v = ValidateSnapshotL1(sn); !v.ok()) {
+      diagnostics_.push_back({true, std::string(v.message())});
+      const int e = StatusErrno(v);
+      co_return WithMessage(
+          v, absl::StrCat("Failed to turn zero into data clusters: ",
+                          std::strerror(e != 0 ? e : EINVAL)));
+    }
     io::AlignedBuffer l1(uint64_t{sn.l1_size} * 8);
     if (sn.l1_size > 0) {
       CO_RETURN_IF_ERROR(co_await file_->Read(sn.l1_offset, l1.span()));
@@ -192,52 +204,9 @@ io::Task<absl::Status> Qcow2Node::ExpandZeroClusters(
 
 io::Task<absl::StatusOr<std::vector<Qcow2Node::SnapshotRecord>>>
 Qcow2Node::ReadSnapshotRecords(uint64_t* table_bytes) {
-  std::vector<SnapshotRecord> records;
-  uint64_t pos = header_.snapshots_offset;
-  uint64_t end = pos;
-  for (uint32_t i = 0; i < header_.nb_snapshots; ++i) {
-    pos = RoundUp(pos, 8);
-    uint8_t fixed[kSnapshotHeaderBytes];
-    CO_RETURN_IF_ERROR(
-        co_await file_->Read(pos, io::IoVec(fixed, sizeof(fixed))));
-    SnapshotRecord r;
-    r.l1_offset = LoadBE64(fixed);
-    r.l1_size = LoadBE32(fixed + 8);
-    const uint16_t id_len = LoadBE16(fixed + 12);
-    const uint16_t name_len = LoadBE16(fixed + 14);
-    r.date_sec = LoadBE32(fixed + 16);
-    r.date_nsec = LoadBE32(fixed + 20);
-    r.vm_clock_nsec = LoadBE64(fixed + 24);
-    r.vm_state_size = LoadBE32(fixed + 32);
-    r.extra_size = LoadBE32(fixed + 36);
-    if (r.extra_size > 1024) {
-      co_return absl::DataLossError(
-          "Too much extra metadata in snapshot table entry");
-    }
-    pos += sizeof(fixed);
-    r.extra.resize(r.extra_size);
-    std::string strings(uint64_t{id_len} + name_len, '\0');
-    if (r.extra_size > 0) {
-      CO_RETURN_IF_ERROR(co_await file_->Read(
-          pos, io::IoVec(r.extra.data(), r.extra.size())));
-    }
-    pos += r.extra_size;
-    if (!strings.empty()) {
-      CO_RETURN_IF_ERROR(co_await file_->Read(
-          pos, io::IoVec(reinterpret_cast<uint8_t*>(strings.data()),
-                         strings.size())));
-    }
-    pos += strings.size();
-    end = pos;
-    r.id = strings.substr(0, id_len);
-    r.name = strings.substr(id_len);
-    if (r.extra_size >= 8) r.vm_state_size = LoadBE64(r.extra.data());
-    r.disk_size = r.extra_size >= 16 ? LoadBE64(r.extra.data() + 8) : header_.size;
-    if (r.extra_size >= 24) r.icount = LoadBE64(r.extra.data() + 16);
-    records.push_back(std::move(r));
-  }
-  *table_bytes = end - header_.snapshots_offset;
-  co_return records;
+  // LoadSnapshotTable read them at open and after each rewrite.
+  *table_bytes = snapshots_bytes_;
+  co_return snapshot_records_;
 }
 
 io::Task<absl::Status> Qcow2Node::RewriteSnapshotTable(
@@ -304,7 +273,16 @@ io::Task<absl::Status> Qcow2Node::RewriteSnapshotTable(
   header_.snapshots_offset = table_offset;
   CO_RETURN_IF_ERROR(co_await LoadSnapshotTable());
   if (old_table_bytes > 0) {
-    CO_RETURN_IF_ERROR(co_await refcounts_->Free(old_offset, old_table_bytes));
+    // A failed free only leaks the old table (QEMU's qcow2_free_clusters
+    // prints it and goes on).
+    if (absl::Status freed = co_await refcounts_->Free(old_offset, old_table_bytes);
+        !freed.ok()) {
+      const int e = StatusErrno(freed);
+      diagnostics_.push_back(
+          {false, absl::StrCat("qcow2_free_clusters failed: ",
+                               std::strerror(e != 0 ? e : EIO))});
+      co_return absl::OkStatus();
+    }
     // QEMU passes the snapshot table's free down as a discard: the
     // clusters that became free read as zeroes afterwards.
     const uint64_t mask = cluster_size_ - 1;

@@ -308,8 +308,22 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
     std::string id;
     std::string name;
   };
-  // The snapshot table, in table order (kDataLoss for a broken table).
+  // The snapshot table, in table order, as read at open (QEMU 7.2's
+  // qcow2_read_snapshots: past the end of the file it reads as zeroes; a
+  // snapshot's L1 table is checked only when the snapshot is used), with
+  // ids cut to 127 bytes and names to 255 as QEMU's bdrv_snapshot_list
+  // (what info and snapshot -l print, and what snapshot -d looks up).
   io::Task<absl::StatusOr<std::vector<SnapshotRecord>>> Snapshots();
+  // Messages QEMU prints during an operation beside its result, oldest
+  // first: an error_report (`with_program`: "qemu-img: " goes before it),
+  // or a bare fprintf to stderr such as "qcow2_free_clusters failed:
+  // Input/output error" (a failed free that only leaks). Taking them
+  // clears the list; the CLI prints them before the operation's error.
+  struct Diagnostic {
+    bool with_program = false;
+    std::string text;
+  };
+  std::vector<Diagnostic> TakeDiagnostics() { return std::move(diagnostics_); }
   // Index in `snapshots` of the first entry whose id (`by_id`) or name is
   // `key`, or -1 (QEMU's find_snapshot_by_id_and_name with one of the two).
   static int FindSnapshot(const std::vector<SnapshotRecord>& snapshots,
@@ -985,6 +999,9 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
 
   std::vector<uint64_t> l1_;                  // raw entries
   absl::flat_hash_set<uint64_t> l2_offsets_;  // active L2 tables
+  std::vector<Diagnostic> diagnostics_;
+  // The snapshot table as read at open (and after each rewrite).
+  std::vector<SnapshotRecord> snapshot_records_;
   std::vector<SnapshotL1> snapshot_l1s_;
   uint64_t snapshots_bytes_ = 0;
   // A snapshot entry has less extra data than version 3 requires (the

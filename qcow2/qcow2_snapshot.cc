@@ -52,8 +52,14 @@ int ErrnoOf(const absl::Status& st) {
 
 io::Task<absl::StatusOr<std::vector<Qcow2Node::SnapshotRecord>>>
 Qcow2Node::Snapshots() {
-  uint64_t table_bytes = 0;
-  co_return co_await ReadSnapshotRecords(&table_bytes);
+  // As bdrv_snapshot_list hands them out (QEMUSnapshotInfo's id_str[128]
+  // and name[256]): ids cut to 127 bytes, names to 255.
+  std::vector<SnapshotRecord> records = snapshot_records_;
+  for (SnapshotRecord& r : records) {
+    if (r.id.size() > 127) r.id.resize(127);
+    if (r.name.size() > 255) r.name.resize(255);
+  }
+  co_return records;
 }
 
 int Qcow2Node::FindSnapshot(const std::vector<SnapshotRecord>& snapshots,

@@ -201,9 +201,10 @@ struct Header {
 // first cluster, or the whole file when it is shorter (bytes past the span
 // read as zero, as reads past EOF do). Passing kMaxClusterSize bytes (or the
 // whole file) always works. `file_size` is the image file's size in bytes;
-// the L1 table, refcount table, snapshot table and encryption header must
-// lie inside it. The bitmap directory need not: QEMU reads the part past
-// the end as zeroes (qcow2/bitmap_load.h), which then fail its checks.
+// the L1 table, refcount table and encryption header must lie inside it.
+// The bitmap directory and the snapshot table need not: QEMU reads the part
+// past the end as zeroes (qcow2/bitmap_load.h, qcow2_read_snapshots), which
+// then fail their checks or not.
 //
 // Errors:
 //  * kInvalidArgument: `first_cluster_bytes` is shorter than the header or

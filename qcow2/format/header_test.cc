@@ -581,9 +581,9 @@ TEST_F(HeaderErrorTest, TableChecks) {
               "Snapshot table too large");
   ExpectError(Patched({{60, 4, 1}, {64, 8, 0x200}}), C::kDataLoss,
               "Snapshot table offset invalid");
-  ExpectError(Patched({{60, 4, 1}, {64, 8, 0x40000}}), C::kDataLoss,
-              "Snapshot table at 0x40000 (40 bytes) extends beyond the end of "
-              "the file (196616 bytes)");
+  // A snapshot table past the end of the file decodes (QEMU reads it as
+  // zeroes, qcow2_read_snapshots).
+  EXPECT_TRUE(Patched({{60, 4, 1}, {64, 8, 0x40000}}).ok());
   ExpectError(Patched({{24, 8, uint64_t{1} << 62}}), C::kUnimplemented,
               "Image is too big");
 }
