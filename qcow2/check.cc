@@ -31,6 +31,9 @@ using format::kZeroFlag;
 constexpr uint64_t kInt64Max = uint64_t{INT64_MAX};
 constexpr uint64_t kSnapshotHeaderSize = 40;  // fixed part of an entry
 constexpr uint64_t kMaxSnapshotExtraData = 1024;
+// Extra data QEMU 7.2 knows (QCowSnapshotExtraData: vm_state_size_large,
+// disk_size, icount).
+constexpr uint32_t kSnapshotExtraKnown = 24;
 constexpr uint64_t kMaxSnapshotsSize = uint64_t{1024} * 65536;
 constexpr uint64_t kMaxBitmapTableEntries = 0x8000000;
 constexpr uint64_t kBitmapTableOffsetMask = 0x00fffffffffffe00;
@@ -90,6 +93,17 @@ absl::Status ErrnoError(int error_number) {
     default:
       return absl::DataLossError(text);
   }
+}
+
+// strerror of a status's errno, as QEMU prints -ret: ErrnoError's statuses
+// carry it as their message, others default to EIO.
+std::string ErrnoText(const absl::Status& st) {
+  const int e = StatusErrno(st);
+  if (e != 0) return std::strerror(e);
+  if (st.code() != absl::StatusCode::kDataLoss || st.message().empty()) {
+    return std::string(st.message().empty() ? std::strerror(EIO) : st.message());
+  }
+  return std::string(st.message());
 }
 
 uint64_t DivRoundUp(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
@@ -159,12 +173,21 @@ enum class ClusterType {
   kCompressed
 };
 
+// A snapshot table entry as QEMU 7.2's qcow2_do_read_snapshots keeps it
+// (with -r all: extra data cut to 1024 bytes), enough to write it back.
 struct Snapshot {
   std::string id;
   std::string name;
   uint64_t l1_table_offset = 0;
   uint32_t l1_size = 0;
   uint32_t extra_data_size = 0;
+  uint32_t date_sec = 0;
+  uint32_t date_nsec = 0;
+  uint64_t vm_clock_nsec = 0;
+  uint64_t vm_state_size = 0;
+  uint64_t disk_size = 0;
+  uint64_t icount = ~uint64_t{0};
+  std::vector<uint8_t> unknown_extra;  // extra data past the known 24 bytes
 };
 
 struct Bitmap {
@@ -236,9 +259,16 @@ class Checker {
   // Writes back the cache, flushes, then discards freed clusters.
   io::Task<absl::Status> CommitRefcounts();
 
-  // qcow2_check_read_snapshot_table, without its repairs (it reports what
-  // QEMU's -r all would fix in the snapshot table as errors).
-  io::Task<absl::Status> ReadSnapshotTable(CheckResult& res);
+  // qcow2_check_read_snapshot_table: reads the snapshot table; with -r all
+  // drops overhanging snapshots (header count rewritten at once), cuts
+  // extra data to 1024 bytes and counts incomplete version 3 entries, all
+  // as corruptions for FixSnapshotTable.
+  io::Task<absl::Status> ReadSnapshotTable(CheckResult& res, RepairMode mode);
+  // qcow2_check_fix_snapshot_table: with -r all and corruptions left in
+  // `res`, writes the snapshot table anew (qcow2_write_snapshots: first
+  // free clusters, then the header, then the old table freed).
+  io::Task<absl::Status> FixSnapshotTable(CheckResult& res, RepairMode mode);
+  io::Task<absl::Status> WriteSnapshotTable();
   io::Task<absl::Status> CheckRefcounts(CheckResult& res, RepairMode mode);
   io::Task<absl::Status> CalculateRefcounts(CheckResult& res, RepairMode mode,
                                             bool& rebuild, RefcountArray& refs);
@@ -635,13 +665,15 @@ io::Task<absl::StatusOr<CheckResult>> Checker::Check(RepairMode mode) {
   CheckResult snapshot_res;
   CheckResult refcount_res;
 
-  absl::Status st = co_await ReadSnapshotTable(snapshot_res);
+  absl::Status st = co_await ReadSnapshotTable(snapshot_res, mode);
   if (!st.ok()) co_return st;
 
   st = co_await CheckRefcounts(refcount_res, mode);
   Add(result, refcount_res, /*allocation_info=*/true);
   if (!st.ok()) co_return st;
+  st = co_await FixSnapshotTable(snapshot_res, mode);
   Add(result, snapshot_res, /*allocation_info=*/false);
+  if (!st.ok()) co_return st;
 
   if (mode != RepairMode::kNone && result.check_errors == 0 &&
       result.corruptions == 0) {
@@ -667,13 +699,23 @@ io::Task<absl::Status> Checker::Close() {
   co_return absl::OkStatus();
 }
 
-io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res) {
+io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res,
+                                                 RepairMode mode) {
   snapshots_.clear();
   snapshots_offset_ = 0;
   snapshots_size_ = 0;
-  const uint64_t nb = raw_nb_snapshots_;
+  const bool fix = mode == RepairMode::kAll;  // BDRV_FIX_ERRORS
+  uint64_t nb = raw_nb_snapshots_;
   const uint64_t offset = raw_snapshots_offset_;
   if (nb == 0) co_return absl::OkStatus();
+  uint64_t nb_reduced = 0;
+  uint64_t extra_dropped = 0;
+  if (nb > format::kMaxSnapshots && fix) {
+    out_ << "Discarding " << nb - format::kMaxSnapshots
+         << " overhanging snapshots\n";
+    nb_reduced += nb - format::kMaxSnapshots;
+    nb = format::kMaxSnapshots;
+  }
 
   // qcow2_validate_table(..., "snapshot table").
   std::string invalid;
@@ -696,66 +738,273 @@ io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res) {
     co_return ErrnoError(error_number);
   }
 
-  // qcow2_do_read_snapshots, without its repairs.
+  // qcow2_do_read_snapshots (past the end of the file: zeroes).
+  const uint64_t file_size = file_.size();
+  auto read = [&](uint64_t pos, uint8_t* dst,
+                  uint64_t n) -> io::Task<absl::Status> {
+    std::memset(dst, 0, n);
+    if (pos >= file_size || n == 0) co_return absl::OkStatus();
+    co_return co_await ReadAt(
+        pos, absl::MakeSpan(dst, std::min(n, file_size - pos)));
+  };
   uint64_t pos = offset;
+  uint64_t table_length = 0;
   std::vector<Snapshot> snapshots;
   snapshots.reserve(nb);
-  std::vector<uint8_t> buf;
   for (uint64_t i = 0; i < nb; ++i) {
+    const uint64_t pre_pos = pos;
+    table_length = (table_length + 7) & ~uint64_t{7};
+    pos = (pos + 7) & ~uint64_t{7};
     uint8_t h[kSnapshotHeaderSize];
-    CO_RETURN_IF_ERROR(co_await ReadAt(pos, absl::MakeSpan(h, sizeof(h))));
+    CO_RETURN_IF_ERROR(co_await read(pos, h, sizeof(h)));
     pos += kSnapshotHeaderSize;
-    auto be32 = [&](int o) {
-      return (uint32_t{h[o]} << 24) | (uint32_t{h[o + 1]} << 16) |
-             (uint32_t{h[o + 2]} << 8) | h[o + 3];
+    auto be32 = [](const uint8_t* p) {
+      return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) |
+             (uint32_t{p[2]} << 8) | p[3];
+    };
+    auto be64 = [&](const uint8_t* p) {
+      return (uint64_t{be32(p)} << 32) | be32(p + 4);
     };
     Snapshot sn;
-    sn.l1_table_offset = (uint64_t{be32(0)} << 32) | be32(4);
-    sn.l1_size = be32(8);
+    sn.l1_table_offset = be64(h);
+    sn.l1_size = be32(h + 8);
     const uint32_t id_size = (uint32_t{h[12]} << 8) | h[13];
     const uint32_t name_size = (uint32_t{h[14]} << 8) | h[15];
-    sn.extra_data_size = be32(36);
+    sn.date_sec = be32(h + 16);
+    sn.date_nsec = be32(h + 20);
+    sn.vm_clock_nsec = be64(h + 24);
+    sn.vm_state_size = be32(h + 32);
+    sn.extra_data_size = be32(h + 36);
+    bool truncate_extra = false;
     if (sn.extra_data_size > kMaxSnapshotExtraData) {
-      ++res.check_errors;
-      out_ << kReportPrefix
-           << "ERROR failed to read the snapshot table: Too much extra "
-              "metadata in snapshot table entry "
-           << i << "\n"
-           << "You can force-remove this extra metadata with qemu-img check "
-              "-r all\n";
-      co_return ErrnoError(EFBIG);
+      if (!fix) {
+        ++res.check_errors;
+        out_ << kReportPrefix
+             << "ERROR failed to read the snapshot table: Too much extra "
+                "metadata in snapshot table entry "
+             << i << "\n"
+             << "You can force-remove this extra metadata with qemu-img "
+                "check -r all\n";
+        co_return ErrnoError(EFBIG);
+      }
+      out_ << "Discarding too much extra metadata in snapshot table entry "
+           << i << " (" << sn.extra_data_size << " > "
+           << kMaxSnapshotExtraData << ")\n";
+      ++extra_dropped;
+      truncate_extra = true;
     }
-    pos += sn.extra_data_size;
-    buf.resize(id_size);
-    CO_RETURN_IF_ERROR(co_await ReadAt(pos, absl::MakeSpan(buf)));
-    sn.id.assign(buf.begin(), buf.end());
-    pos += id_size;
-    buf.resize(name_size);
-    CO_RETURN_IF_ERROR(co_await ReadAt(pos, absl::MakeSpan(buf)));
-    sn.name.assign(buf.begin(), buf.end());
-    pos += name_size;
-    pos = (pos + 7) & ~uint64_t{7};
-    if (pos - offset > kMaxSnapshotsSize) {
-      ++res.check_errors;
-      out_ << kReportPrefix
-           << "ERROR failed to read the snapshot table: Snapshot table is too "
-              "big\n";
-      co_return ErrnoError(EFBIG);
+    // The known extra data: 64-bit VM state size, disk size, icount.
+    uint8_t known[kSnapshotExtraKnown] = {};
+    const uint64_t known_size =
+        std::min<uint64_t>(kSnapshotExtraKnown, sn.extra_data_size);
+    CO_RETURN_IF_ERROR(co_await read(pos, known, known_size));
+    pos += known_size;
+    if (sn.extra_data_size >= 8) sn.vm_state_size = be64(known);
+    sn.disk_size = sn.extra_data_size >= 16 ? be64(known + 8)
+                                            : header_.size / 512 * 512;
+    if (sn.extra_data_size >= 24) sn.icount = be64(known + 16);
+    if (sn.extra_data_size > kSnapshotExtraKnown) {
+      const uint64_t extra_end =
+          pos + sn.extra_data_size - kSnapshotExtraKnown;
+      if (truncate_extra) sn.extra_data_size = kMaxSnapshotExtraData;
+      sn.unknown_extra.resize(sn.extra_data_size - kSnapshotExtraKnown);
+      CO_RETURN_IF_ERROR(
+          co_await read(pos, sn.unknown_extra.data(), sn.unknown_extra.size()));
+      pos = extra_end;
+    }
+    std::vector<uint8_t> strings(uint64_t{id_size} + name_size);
+    CO_RETURN_IF_ERROR(co_await read(pos, strings.data(), strings.size()));
+    sn.id.assign(strings.begin(), strings.begin() + id_size);
+    sn.name.assign(strings.begin() + id_size, strings.end());
+    pos += strings.size();
+    // The extra data may have been cut.
+    table_length +=
+        kSnapshotHeaderSize + sn.extra_data_size + id_size + name_size;
+    if (table_length > kMaxSnapshotsSize || pos - offset > uint64_t{INT_MAX}) {
+      if (!fix) {
+        ++res.check_errors;
+        out_ << kReportPrefix
+             << "ERROR failed to read the snapshot table: Snapshot table is "
+                "too big\n"
+             << "You can force-remove all " << nb - i
+             << " overhanging snapshots with qemu-img check -r all\n";
+        co_return ErrnoError(EFBIG);
+      }
+      out_ << "Discarding " << nb - i
+           << " overhanging snapshots (snapshot table is too big)\n";
+      nb_reduced += nb - i;
+      nb = i;
+      pos = pre_pos;
+      break;
     }
     snapshots.push_back(std::move(sn));
   }
   snapshots_ = std::move(snapshots);
   snapshots_offset_ = offset;
   snapshots_size_ = pos - offset;
+  res.corruptions += nb_reduced + extra_dropped;
+
+  if (nb_reduced != 0) {
+    // The header first: the refcount check relies on it (this leaks the
+    // dropped entries' clusters, which the refcount check then repairs).
+    uint8_t count[4] = {static_cast<uint8_t>(nb >> 24),
+                        static_cast<uint8_t>(nb >> 16),
+                        static_cast<uint8_t>(nb >> 8),
+                        static_cast<uint8_t>(nb)};
+    absl::Status st = co_await file_.Write(kOffNbSnapshots,
+                                           io::ConstIoVec(count, sizeof(count)));
+    if (st.ok()) st = co_await file_.Flush();
+    if (!st.ok()) {
+      ++res.check_errors;
+      out_ << "ERROR failed to update the snapshot count in the image "
+              "header: "
+           << ErrnoText(st) << "\n";
+      co_return st;
+    }
+    raw_nb_snapshots_ = static_cast<uint32_t>(nb);
+    res.corruptions_fixed += nb_reduced;
+    res.corruptions -= nb_reduced;
+  }
 
   if (header_.version >= 3) {
     for (size_t i = 0; i < snapshots_.size(); ++i) {
       // vm_state_size_large + disk_size.
       if (snapshots_[i].extra_data_size < 16) {
         ++res.corruptions;
-        // Not repaired here (QEMU rewrites the snapshot table).
-        out_ << "ERROR snapshot table entry " << i << " is incomplete\n";
+        out_ << (fix ? "Repairing" : "ERROR") << " snapshot table entry " << i
+             << " is incomplete\n";
       }
+    }
+  }
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Checker::FixSnapshotTable(CheckResult& res,
+                                                 RepairMode mode) {
+  if (res.corruptions == 0 || mode != RepairMode::kAll) {
+    co_return absl::OkStatus();
+  }
+  if (absl::Status st = co_await WriteSnapshotTable(); !st.ok()) {
+    ++res.check_errors;
+    out_ << "ERROR failed to update snapshot table: " << ErrnoText(st)
+         << "\n";
+    co_return st;
+  }
+  res.corruptions_fixed += res.corruptions;
+  res.corruptions = 0;
+  co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> Checker::WriteSnapshotTable() {
+  // Every entry as version 3 wants it: at least the 24 known bytes of
+  // extra data (qcow2_write_snapshots).
+  std::vector<uint8_t> table;
+  for (const Snapshot& sn : snapshots_) {
+    table.resize((table.size() + 7) & ~size_t{7}, 0);
+    const uint32_t extra_size = std::max<uint32_t>(
+        kSnapshotExtraKnown, sn.extra_data_size);
+    const size_t at = table.size();
+    table.resize(at + kSnapshotHeaderSize + extra_size + sn.id.size() +
+                     sn.name.size(),
+                 0);
+    uint8_t* p = table.data() + at;
+    auto put = [](uint8_t* dst, uint64_t v, int bytes) {
+      for (int k = 0; k < bytes; ++k) {
+        dst[k] = static_cast<uint8_t>(v >> (8 * (bytes - 1 - k)));
+      }
+    };
+    put(p, sn.l1_table_offset, 8);
+    put(p + 8, sn.l1_size, 4);
+    put(p + 12, sn.id.size(), 2);
+    put(p + 14, sn.name.size(), 2);
+    put(p + 16, sn.date_sec, 4);
+    put(p + 20, sn.date_nsec, 4);
+    put(p + 24, sn.vm_clock_nsec, 8);
+    put(p + 32, sn.vm_state_size <= 0xffffffffu ? sn.vm_state_size : 0, 4);
+    put(p + 36, extra_size, 4);
+    p += kSnapshotHeaderSize;
+    put(p, sn.vm_state_size, 8);
+    put(p + 8, sn.disk_size, 8);
+    put(p + 16, sn.icount, 8);
+    std::copy(sn.unknown_extra.begin(), sn.unknown_extra.end(),
+              p + kSnapshotExtraKnown);
+    p += extra_size;
+    std::copy(sn.id.begin(), sn.id.end(), p);
+    std::copy(sn.name.begin(), sn.name.end(), p + sn.id.size());
+  }
+  if (table.size() > kMaxSnapshotsSize) co_return ErrnoError(EFBIG);
+
+  // qcow2_alloc_clusters: the first run of free clusters (stored refcount
+  // 0) from the start of the image, inside existing refcount blocks.
+  uint64_t new_offset = 0;
+  if (!table.empty()) {
+    const uint64_t n = DivRoundUp(table.size(), cluster_size());
+    const uint64_t covered = reftable_size_ << refblock_bits_;
+    uint64_t run_start = 0, run = 0;
+    for (uint64_t c = 0; c < covered && run < n; ++c) {
+      if ((ReftableEntry(c >> refblock_bits_) &
+           format::kRefcountTableOffsetMask) == 0) {
+        run = 0;
+        run_start = ((c >> refblock_bits_) + 1) << refblock_bits_;
+        c = run_start - 1;
+        continue;
+      }
+      CO_ASSIGN_OR_RETURN(const uint64_t rc, co_await GetStoredRefcount(c));
+      if (rc != 0) {
+        run = 0;
+        run_start = c + 1;
+        continue;
+      }
+      ++run;
+    }
+    if (run < n) co_return ErrnoError(ENOSPC);
+    new_offset = run_start << cluster_bits_;
+    for (uint64_t c = run_start; c < run_start + n; ++c) {
+      CO_RETURN_IF_ERROR(co_await SetStoredRefcount(c, 1));
+    }
+    CO_RETURN_IF_ERROR(co_await CommitRefcounts());
+    CO_RETURN_IF_ERROR(co_await OverlapCheck(0, new_offset, table.size()));
+    CO_RETURN_IF_ERROR(co_await file_.Write(new_offset, table));
+    CO_RETURN_IF_ERROR(co_await file_.Flush());
+  }
+  uint8_t field[12];
+  const uint64_t nb = snapshots_.size();
+  for (int k = 0; k < 4; ++k) field[k] = static_cast<uint8_t>(nb >> (24 - 8 * k));
+  for (int k = 0; k < 8; ++k) {
+    field[4 + k] = static_cast<uint8_t>(new_offset >> (56 - 8 * k));
+  }
+  CO_RETURN_IF_ERROR(co_await file_.Write(kOffNbSnapshots,
+                                          io::ConstIoVec(field, sizeof(field))));
+  CO_RETURN_IF_ERROR(co_await file_.Flush());
+  const uint64_t old_offset = snapshots_offset_;
+  const uint64_t old_size = snapshots_size_;
+  raw_nb_snapshots_ = static_cast<uint32_t>(nb);
+  raw_snapshots_offset_ = new_offset;
+  snapshots_offset_ = new_offset;
+  snapshots_size_ = table.size();
+  // qcow2_free_clusters of the old table: all or nothing (update_refcount
+  // rolls back), and a failure only leaks, with QEMU's line.
+  if (old_size > 0) {
+    const uint64_t first = old_offset >> cluster_bits_;
+    const uint64_t end = DivRoundUp(old_offset + old_size, cluster_size());
+    std::vector<uint64_t> counts;
+    absl::Status freed;
+    for (uint64_t c = first; c < end && freed.ok(); ++c) {
+      absl::StatusOr<uint64_t> rc = co_await GetStoredRefcount(c);
+      if (!rc.ok()) {
+        freed = rc.status();
+      } else if (*rc == 0) {
+        freed = ErrnoError(EINVAL);  // a refcount going below 0
+      } else {
+        counts.push_back(*rc);
+      }
+    }
+    for (uint64_t c = first; c < end && freed.ok(); ++c) {
+      freed = co_await SetStoredRefcount(c, counts[c - first] - 1);
+    }
+    if (freed.ok()) freed = co_await CommitRefcounts();
+    if (!freed.ok()) {
+      out_ << "qcow2_free_clusters failed: " << ErrnoText(freed) << "\n";
     }
   }
   co_return absl::OkStatus();

@@ -39,6 +39,8 @@ nb, off = struct.unpack('>IQ', d[60:72])
 p = off
 for _ in range(nb):
     p = (p + 7) & ~7
+    if p + 40 > len(d):  # a table past the end of the file
+        break
     _, _, il, nl, _, _, _, _, es = struct.unpack('>QIHHIIQII', d[p:p + 40])
     d[p + 16:p + 24] = bytes(8)
     p += 40 + es + il + nl
@@ -255,6 +257,68 @@ for args in "-l -c x img.qcow2" "-c" "-l" "-l img.qcow2 other" \
   "-x img.qcow2" "-f qcow2 -l img.qcow2"; do
   # shellcheck disable=SC2086
   same_error "$I" snapshot $args
+done
+
+# Snapshot-table faults (QEMU 7.2's qcow2_read_snapshots,
+# qcow2_check_read_snapshot_table and qcow2_check_fix_snapshot_table): an
+# image with two snapshots whose table is then rewritten in place with the
+# fault $FAULT. Both tools' open, list, check and `check -r all` must print
+# the same and leave the same file; after the repair both checks are clean.
+faulty() {
+  mk img.qcow2 4M
+  qio -c 'write -P 1 0 128k' img.qcow2
+  qemu-img snapshot -c a img.qcow2 || echo "SETUP FAILED: snapshot a"
+  qio -c 'write -P 2 64k 64k' img.qcow2
+  qemu-img snapshot -c b img.qcow2 || echo "SETUP FAILED: snapshot b"
+  "$PY" - img.qcow2 "$FAULT" <<'EOF2'
+import struct, sys
+path, fault = sys.argv[1], sys.argv[2]
+d = bytearray(open(path, 'rb').read())
+nb, off = struct.unpack('>IQ', d[60:72])
+entries, p = [], off
+for _ in range(nb):
+    p = (p + 7) & ~7
+    h = list(struct.unpack('>QIHHIIQII', d[p:p + 40]))
+    es, il, nl = h[8], h[2], h[3]
+    extra = bytes(d[p + 40:p + 40 + es])
+    ids = bytes(d[p + 40 + es:p + 40 + es + il + nl])
+    entries.append([h, extra, ids])
+    p += 40 + es + il + nl
+if fault == 'extra_big':      # entry 1: 2000 bytes of extra data
+    entries[1][1] = entries[1][1] + bytes(2000 - len(entries[1][1]))
+elif fault == 'v3_short':     # entries 0 and 1: 0 and 8 bytes of extra data
+    entries[0][1] = b''
+    entries[1][1] = entries[1][1][:8]
+elif fault == 'l1_unaligned':
+    entries[0][0][0] += 0x200
+elif fault == 'l1_huge':
+    entries[1][0][1] = 0x10000000
+out, p = bytearray(), off
+for h, extra, ids in entries:
+    out += bytes((-len(out)) % 8)
+    h[8] = len(extra)
+    out += struct.pack('>QIHHIIQII', *h) + extra + ids
+d[off:off + len(out)] = out
+if fault == 'eof':            # the table moved past the end of the file
+    d[64:72] = struct.pack('>Q', 16 << 20)
+elif fault == 'too_many':     # one snapshot more than QEMU allows
+    d[60:64] = struct.pack('>I', 65537)
+open(path, 'wb').write(bytes(d))
+EOF2
+}
+for FAULT in extra_big v3_short l1_unaligned l1_huge eof too_many; do
+  twin faulty
+  step "$FAULT" qemu-img info
+  step "$FAULT" qemu-img snapshot -l
+  step "$FAULT" qemu-img check
+  step "$FAULT" qemu-img check --output=json
+  step "$FAULT" qemu-img measure -l a -O qcow2
+  step "$FAULT" qemu-img snapshot -a a
+  step "$FAULT" qemu-img check -r all
+  step "$FAULT" qemu-img check
+  step "$FAULT" qemu-img snapshot -l
+  step "$FAULT" qemu-img snapshot -d b
+  step "$FAULT" qemu-img check
 done
 
 finish
