@@ -311,7 +311,8 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // The snapshot table, in table order, as read at open (QEMU 7.2's
   // qcow2_read_snapshots: past the end of the file it reads as zeroes; a
   // snapshot's L1 table is checked only when the snapshot is used), with
-  // ids cut to 127 bytes and names to 255 as QEMU's bdrv_snapshot_list
+  // ids and names read as C strings (up to a NUL) and cut to 127 and 255
+  // bytes as QEMU's bdrv_snapshot_list
   // (what info and snapshot -l print, and what snapshot -d looks up).
   io::Task<absl::StatusOr<std::vector<SnapshotRecord>>> Snapshots();
   // Messages QEMU prints during an operation beside its result, oldest

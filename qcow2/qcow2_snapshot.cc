@@ -52,12 +52,16 @@ int ErrnoOf(const absl::Status& st) {
 
 io::Task<absl::StatusOr<std::vector<Qcow2Node::SnapshotRecord>>>
 Qcow2Node::Snapshots() {
-  // As bdrv_snapshot_list hands them out (QEMUSnapshotInfo's id_str[128]
-  // and name[256]): ids cut to 127 bytes, names to 255.
+  // As bdrv_snapshot_list hands them out: C strings (up to the first NUL)
+  // in QEMUSnapshotInfo's id_str[128] and name[256], so ids are cut to 127
+  // bytes and names to 255.
   std::vector<SnapshotRecord> records = snapshot_records_;
+  auto cut = [](std::string& s, size_t max) {
+    s.resize(std::min({s.size(), s.find('\0'), max}));
+  };
   for (SnapshotRecord& r : records) {
-    if (r.id.size() > 127) r.id.resize(127);
-    if (r.name.size() > 255) r.name.resize(255);
+    cut(r.id, 127);
+    cut(r.name, 255);
   }
   co_return records;
 }
