@@ -1392,7 +1392,9 @@ TEST_F(FileNodeTest, FlushSyncsOnlyAfterChanges) {
     ASSERT_TRUE(run(n.Flush()).ok());
     EXPECT_EQ(counter.syncs, 1);
     for (auto change : {0, 1, 2}) {
-      if (change == 0) ASSERT_TRUE(run(n.Discard(8192, 4096)).ok());
+      if (change == 0) {
+        ASSERT_TRUE(run(n.Discard(8192, 4096)).ok());
+      }
       if (change == 1) {
         ASSERT_TRUE(run(n.WriteZeroes(8192, 4096, {})).ok());
       }
