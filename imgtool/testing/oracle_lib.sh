@@ -96,12 +96,6 @@ state() {
     cd "$dir" || exit 1
     for f in $(ls -A | sort); do
       [[ -f "$f" ]] || continue
-      # The file's cached pages dropped (written back by the sync above):
-      # SEEK_DATA reports an unwritten (fallocated) extent as data where its
-      # pages happen to be cached, and what is cached depends on the tools'
-      # reads and the kernel's readahead (imgtool reads whole L2 tables,
-      # QEMU 4 KiB slices), not on the file.
-      dd if="$f" iflag=nocache count=0 status=none 2>/dev/null
       echo "== $f $(stat -c %s -- "$f") $(md5sum <"$f")"
       # Not "actual-size": st_blocks also counts the filesystem's own extent
       # tree blocks, which depend on how fragmented the two writes happened
