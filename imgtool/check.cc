@@ -336,6 +336,20 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
     }
   }
   io::BlockNode& node = *graph->node;
+  // The image with its whole graph (backing chain, filters), as qemu-img
+  // opens it: read-only ones share everything, like the check itself.
+  const std::string qcow2_format = image_opts ? "" : "qcow2";
+  auto whole_image = [&](const std::string& fmt, bool writable) {
+    ImageSpec spec;
+    spec.filename = filename;
+    spec.format = fmt;
+    spec.image_opts = image_opts;
+    spec.cache = cache;
+    spec.read_only = !writable;
+    spec.force_share = !writable;
+    spec.queue_depth = 1;
+    return spec;
+  };
   if (format != "file") {
     if (absl::Status st = block::CheckNodeOptions(*options, read_only,
                                                   /*no_backing=*/false);
@@ -349,15 +363,9 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
     if (format != "file" && format != "raw") {
       // A filter or a format over another node (preallocate, ...): its own
       // open errors come before "does not support checks".
-      ImageSpec whole;
-      whole.filename = filename;
-      whole.format = user_format;
-      whole.image_opts = image_opts;
-      whole.cache = cache;
-      whole.read_only = true;
-      whole.force_share = true;
-      whole.queue_depth = 1;
-      ASSIGN_OR_RETURN(OpenedImage opened, OpenImage(whole, streams.err));
+      ASSIGN_OR_RETURN(OpenedImage opened,
+                       OpenImage(whole_image(user_format, /*writable=*/false),
+                                 streams.err));
       RETURN_IF_ERROR(CloseImage(opened));
     }
     return WithExitCode(
@@ -367,15 +375,8 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
   {
     // qemu-img opens the image with its backing chain before checking it:
     // a backing file that cannot be opened fails the check.
-    ImageSpec chain;
-    chain.filename = filename;
-    chain.format = image_opts ? "" : "qcow2";
-    chain.image_opts = image_opts;
-    chain.cache = cache;
-    chain.read_only = true;
-    chain.force_share = true;
-    chain.queue_depth = 1;
-    absl::StatusOr<OpenedImage> opened = OpenImage(chain, streams.err);
+    absl::StatusOr<OpenedImage> opened =
+        OpenImage(whole_image(qcow2_format, /*writable=*/false), streams.err);
     if (opened.ok()) {
       CloseImage(*opened).IgnoreError();
     } else if (absl::StrContains(opened.status().message(),
@@ -412,14 +413,8 @@ absl::Status RunCheck(const std::vector<std::string>& args, Streams streams) {
     // new clusters, freeing the old ones (qcow2_store_persistent_dirty_
     // bitmaps; a free that fails is reported and skipped). The same open
     // and close here, after the repair, leave the same file.
-    ImageSpec rw;
-    rw.filename = filename;
-    rw.format = image_opts ? "" : "qcow2";
-    rw.image_opts = image_opts;
-    rw.cache = cache;
-    rw.read_only = false;
-    rw.queue_depth = 1;
-    absl::StatusOr<OpenedImage> opened = OpenImage(rw, streams.err);
+    absl::StatusOr<OpenedImage> opened =
+        OpenImage(whole_image(qcow2_format, /*writable=*/true), streams.err);
     absl::Status stored =
         opened.ok() ? CloseImage(*opened) : opened.status();
     if (!stored.ok()) {

@@ -1127,8 +1127,6 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
       co_await Classify(old, l2.offset(), index, /*for_write=*/true));
   const uint64_t start = cluster << cluster_bits_;
   const uint64_t in_cluster = offset - start;
-  uint64_t bytes = std::min<uint64_t>(data.size(), cluster_size_ - in_cluster);
-  io::ConstIoVec part = data.first(bytes);
   const uint32_t sc_bits = subcluster_bits();
   const uint64_t sc_mask = (uint64_t{1} << sc_bits) - 1;
   const uint32_t s0 = static_cast<uint32_t>(in_cluster >> sc_bits);
@@ -1137,27 +1135,32 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   const uint64_t max_n =
       std::min((in_cluster + data.size() + cluster_size_ - 1) >> cluster_bits_,
                l2_entries_ - index);
+  // The following clusters the write reaches that the same request
+  // writes, the middle ones whole. In place, QEMU's handle_copied: those
+  // that are normal (any subcluster bitmap), COPIED and at contiguous host
+  // offsets (iotest 066's shapes). Else QEMU's handle_alloc: those that need
+  // a new host cluster too (unallocated, compressed or shared), which get
+  // one host range with this one.
   uint64_t n = 1;
   std::vector<L2Entry> olds{old};
-  if (in_place) {
-    // QEMU's handle_copied: the following clusters that are normal (any
-    // subcluster bitmap), COPIED and at contiguous host offsets are written
-    // by the same request, the middle ones whole (iotest 066's shapes).
-    for (; n < max_n; ++n) {
-      if (FindInflight(cluster + n, 1) != nullptr) break;
-      const L2Entry e = GetEntry(l2, index + n);
-      CO_ASSIGN_OR_RETURN(
-          const ClusterType t,
-          co_await Classify(e, l2.offset(), index + n, /*for_write=*/true));
-      if (t != ClusterType::kNormal || !e.copied() ||
-          e.host_offset() != old.host_offset() + (n << cluster_bits_)) {
-        break;
-      }
-      olds.push_back(e);
-    }
-    bytes = std::min<uint64_t>(data.size(), (n << cluster_bits_) - in_cluster);
-    part = data.first(bytes);
+  for (; n < max_n; ++n) {
+    if (FindInflight(cluster + n, 1) != nullptr) break;
+    const L2Entry e = GetEntry(l2, index + n);
+    CO_ASSIGN_OR_RETURN(
+        const ClusterType t,
+        co_await Classify(e, l2.offset(), index + n, /*for_write=*/true));
+    const bool keeps_host = t == ClusterType::kNormal && e.copied();
+    const bool same_run =
+        in_place ? keeps_host && e.host_offset() ==
+                                     old.host_offset() + (n << cluster_bits_)
+                 : !keeps_host;
+    if (!same_run) break;
+    olds.push_back(e);
   }
+  // Cut again below when fewer clusters can be allocated together.
+  uint64_t bytes =
+      std::min<uint64_t>(data.size(), (n << cluster_bits_) - in_cluster);
+  io::ConstIoVec part = data.first(bytes);
   // The subclusters of cluster `i` of the run that [from, to) (offsets from
   // `start`) touches.
   auto subclusters_in = [&](uint64_t i, uint64_t from, uint64_t to) {
@@ -1211,19 +1214,6 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
       cow_end = last_base + (uint64_t{last_sc + 1} << sc_bits);
     }
   } else {
-    // QEMU's handle_alloc: this cluster and the following ones the write
-    // reaches that need a new host cluster too (unallocated, compressed or
-    // shared) get one host range; the ones between the first and the last
-    // are written whole.
-    for (; n < max_n; ++n) {
-      if (FindInflight(cluster + n, 1) != nullptr) break;
-      const L2Entry e = GetEntry(l2, index + n);
-      CO_ASSIGN_OR_RETURN(
-          const ClusterType t,
-          co_await Classify(e, l2.offset(), index + n, /*for_write=*/true));
-      if (t == ClusterType::kNormal && e.copied()) break;
-      olds.push_back(e);
-    }
     if (*host_hint != 0) {
       // The write goes on from the host cluster before: right after it if
       // that is free (QEMU's handle_alloc at the expected host offset).
