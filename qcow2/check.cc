@@ -16,6 +16,7 @@
 #include "base/errno_status.h"
 #include "base/status_macros.h"
 #include "qcow2/bitmap_load.h"
+#include "qcow2/format/endian.h"
 #include "qcow2/format/header.h"
 #include "qcow2/format/l2_entry.h"
 #include "qcow2/format/refcount.h"
@@ -26,6 +27,12 @@ namespace {
 using format::kCompressedFlag;
 using format::kCopiedFlag;
 using format::kZeroFlag;
+using format::internal::LoadBE16;
+using format::internal::LoadBE32;
+using format::internal::LoadBE64;
+using format::internal::StoreBE16;
+using format::internal::StoreBE32;
+using format::internal::StoreBE64;
 
 // QEMU's limits and constants used by the check (block/qcow2.h).
 constexpr uint64_t kInt64Max = uint64_t{INT64_MAX};
@@ -758,23 +765,16 @@ io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res,
     uint8_t h[kSnapshotHeaderSize];
     CO_RETURN_IF_ERROR(co_await read(pos, h, sizeof(h)));
     pos += kSnapshotHeaderSize;
-    auto be32 = [](const uint8_t* p) {
-      return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) |
-             (uint32_t{p[2]} << 8) | p[3];
-    };
-    auto be64 = [&](const uint8_t* p) {
-      return (uint64_t{be32(p)} << 32) | be32(p + 4);
-    };
     Snapshot sn;
-    sn.l1_table_offset = be64(h);
-    sn.l1_size = be32(h + 8);
-    const uint32_t id_size = (uint32_t{h[12]} << 8) | h[13];
-    const uint32_t name_size = (uint32_t{h[14]} << 8) | h[15];
-    sn.date_sec = be32(h + 16);
-    sn.date_nsec = be32(h + 20);
-    sn.vm_clock_nsec = be64(h + 24);
-    sn.vm_state_size = be32(h + 32);
-    sn.extra_data_size = be32(h + 36);
+    sn.l1_table_offset = LoadBE64(h);
+    sn.l1_size = LoadBE32(h + 8);
+    const uint32_t id_size = LoadBE16(h + 12);
+    const uint32_t name_size = LoadBE16(h + 14);
+    sn.date_sec = LoadBE32(h + 16);
+    sn.date_nsec = LoadBE32(h + 20);
+    sn.vm_clock_nsec = LoadBE64(h + 24);
+    sn.vm_state_size = LoadBE32(h + 32);
+    sn.extra_data_size = LoadBE32(h + 36);
     bool truncate_extra = false;
     if (sn.extra_data_size > kMaxSnapshotExtraData) {
       if (!fix) {
@@ -799,10 +799,10 @@ io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res,
         std::min<uint64_t>(kSnapshotExtraKnown, sn.extra_data_size);
     CO_RETURN_IF_ERROR(co_await read(pos, known, known_size));
     pos += known_size;
-    if (sn.extra_data_size >= 8) sn.vm_state_size = be64(known);
-    sn.disk_size = sn.extra_data_size >= 16 ? be64(known + 8)
+    if (sn.extra_data_size >= 8) sn.vm_state_size = LoadBE64(known);
+    sn.disk_size = sn.extra_data_size >= 16 ? LoadBE64(known + 8)
                                             : header_.size / 512 * 512;
-    if (sn.extra_data_size >= 24) sn.icount = be64(known + 16);
+    if (sn.extra_data_size >= 24) sn.icount = LoadBE64(known + 16);
     if (sn.extra_data_size > kSnapshotExtraKnown) {
       const uint64_t extra_end =
           pos + sn.extra_data_size - kSnapshotExtraKnown;
@@ -847,10 +847,8 @@ io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res,
   if (nb_reduced != 0) {
     // The header first: the refcount check relies on it (this leaks the
     // dropped entries' clusters, which the refcount check then repairs).
-    uint8_t count[4] = {static_cast<uint8_t>(nb >> 24),
-                        static_cast<uint8_t>(nb >> 16),
-                        static_cast<uint8_t>(nb >> 8),
-                        static_cast<uint8_t>(nb)};
+    uint8_t count[4];
+    StoreBE32(count, static_cast<uint32_t>(nb));
     absl::Status st = co_await file_.Write(kOffNbSnapshots,
                                            io::ConstIoVec(count, sizeof(count)));
     if (st.ok()) st = co_await file_.Flush();
@@ -908,24 +906,21 @@ io::Task<absl::Status> Checker::WriteSnapshotTable() {
                      sn.name.size(),
                  0);
     uint8_t* p = table.data() + at;
-    auto put = [](uint8_t* dst, uint64_t v, int bytes) {
-      for (int k = 0; k < bytes; ++k) {
-        dst[k] = static_cast<uint8_t>(v >> (8 * (bytes - 1 - k)));
-      }
-    };
-    put(p, sn.l1_table_offset, 8);
-    put(p + 8, sn.l1_size, 4);
-    put(p + 12, sn.id.size(), 2);
-    put(p + 14, sn.name.size(), 2);
-    put(p + 16, sn.date_sec, 4);
-    put(p + 20, sn.date_nsec, 4);
-    put(p + 24, sn.vm_clock_nsec, 8);
-    put(p + 32, sn.vm_state_size <= 0xffffffffu ? sn.vm_state_size : 0, 4);
-    put(p + 36, extra_size, 4);
+    StoreBE64(p, sn.l1_table_offset);
+    StoreBE32(p + 8, sn.l1_size);
+    StoreBE16(p + 12, static_cast<uint16_t>(sn.id.size()));
+    StoreBE16(p + 14, static_cast<uint16_t>(sn.name.size()));
+    StoreBE32(p + 16, sn.date_sec);
+    StoreBE32(p + 20, sn.date_nsec);
+    StoreBE64(p + 24, sn.vm_clock_nsec);
+    StoreBE32(p + 32, sn.vm_state_size <= 0xffffffffu
+                          ? static_cast<uint32_t>(sn.vm_state_size)
+                          : 0);
+    StoreBE32(p + 36, extra_size);
     p += kSnapshotHeaderSize;
-    put(p, sn.vm_state_size, 8);
-    put(p + 8, sn.disk_size, 8);
-    put(p + 16, sn.icount, 8);
+    StoreBE64(p, sn.vm_state_size);
+    StoreBE64(p + 8, sn.disk_size);
+    StoreBE64(p + 16, sn.icount);
     std::copy(sn.unknown_extra.begin(), sn.unknown_extra.end(),
               p + kSnapshotExtraKnown);
     p += extra_size;
