@@ -7,37 +7,29 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "qcow2/format/endian.h"
 
 namespace imgtool::qcow2 {
-namespace {
 
-uint64_t LoadBE64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = (v << 8) | p[i];
-  return v;
+using format::internal::LoadBE64;
+
+io::Task<absl::Status> ReadZeroPadded(io::BlockNode& file, uint64_t offset,
+                                      absl::Span<uint8_t> out) {
+  std::fill(out.begin(), out.end(), 0);
+  const uint64_t file_size = file.size();
+  if (out.empty() || offset >= file_size) co_return absl::OkStatus();
+  const uint64_t avail = std::min<uint64_t>(out.size(), file_size - offset);
+  co_return co_await file.Read(offset, io::IoVec(out.data(), avail));
 }
-
-// Reads `n` bytes at `offset`; the part past the end of the file (of
-// `file_size` bytes) reads as zeroes.
-io::Task<absl::Status> ReadPadded(io::BlockNode& file, uint64_t file_size,
-                                  uint64_t offset, uint8_t* out, uint64_t n) {
-  std::memset(out, 0, n);
-  if (offset >= file_size) co_return absl::OkStatus();
-  const uint64_t avail = std::min(n, file_size - offset);
-  co_return co_await file.Read(offset, io::IoVec(out, avail));
-}
-
-}  // namespace
 
 io::Task<absl::StatusOr<std::vector<LoadedBitmap>>> LoadPersistentBitmaps(
     io::BlockNode& file, const format::BitmapsExtension& ext,
     uint32_t cluster_bits, uint64_t image_size) {
-  const uint64_t file_size = file.size();
   const uint64_t cluster_size = uint64_t{1} << cluster_bits;
   std::vector<uint8_t> dir(ext.bitmap_directory_size);
   if (!dir.empty() && dir.size() <= format::kMaxBitmapDirectorySize) {
-    CO_RETURN_IF_ERROR(co_await ReadPadded(
-        file, file_size, ext.bitmap_directory_offset, dir.data(), dir.size()));
+    CO_RETURN_IF_ERROR(co_await ReadZeroPadded(
+        file, ext.bitmap_directory_offset, absl::MakeSpan(dir)));
   }
   CO_ASSIGN_OR_RETURN(std::vector<format::BitmapDirEntry> entries,
                       format::DecodeBitmapDirectory(dir, ext.nb_bitmaps,
@@ -53,9 +45,8 @@ io::Task<absl::StatusOr<std::vector<LoadedBitmap>>> LoadPersistentBitmaps(
     }
     const std::string& name = bm.entry.name;
     std::vector<uint8_t> raw(uint64_t{bm.entry.table_size} * 8);
-    CO_RETURN_IF_ERROR(co_await ReadPadded(file, file_size,
-                                           bm.entry.table_offset, raw.data(),
-                                           raw.size()));
+    CO_RETURN_IF_ERROR(co_await ReadZeroPadded(file, bm.entry.table_offset,
+                                               absl::MakeSpan(raw)));
     bm.table.resize(bm.entry.table_size);
     for (uint64_t i = 0; i < bm.table.size(); ++i) {
       bm.table[i] = LoadBE64(raw.data() + i * 8);
@@ -87,8 +78,8 @@ io::Task<absl::StatusOr<std::vector<LoadedBitmap>>> LoadPersistentBitmaps(
         }
         continue;
       }
-      CO_RETURN_IF_ERROR(co_await ReadPadded(file, file_size, offset,
-                                             cluster.data(), cluster_size));
+      CO_RETURN_IF_ERROR(
+          co_await ReadZeroPadded(file, offset, absl::MakeSpan(cluster)));
       for (uint64_t w = 0; w < n; ++w) {
         uint64_t v = 0;
         for (int b = 7; b >= 0; --b) v = (v << 8) | cluster[w * 8 + b];

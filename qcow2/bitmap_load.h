@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "io/block_node.h"
 #include "io/task.h"
 #include "qcow2/format/bitmap.h"
@@ -31,6 +32,13 @@ struct LoadedBitmap {
   std::vector<uint64_t> table;
   std::vector<uint64_t> bits;
 };
+
+// Reads out.size() bytes of `file` at `offset` (bytes); the part past the
+// end of the file (file.size()) reads as zeroes, as QEMU's bdrv_pread of a
+// short file gives them (bitmap directories and tables, the checker's
+// snapshot table). Read errors of `file` as they are.
+io::Task<absl::Status> ReadZeroPadded(io::BlockNode& file, uint64_t offset,
+                                      absl::Span<uint8_t> out);
 
 // Reads the bitmaps that `ext` describes from `file`, of an image of
 // `image_size` bytes (the virtual size) with clusters of 2^cluster_bits.

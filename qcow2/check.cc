@@ -746,13 +746,8 @@ io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res,
   }
 
   // qcow2_do_read_snapshots (past the end of the file: zeroes).
-  const uint64_t file_size = file_.size();
-  auto read = [&](uint64_t pos, uint8_t* dst,
-                  uint64_t n) -> io::Task<absl::Status> {
-    std::memset(dst, 0, n);
-    if (pos >= file_size || n == 0) co_return absl::OkStatus();
-    co_return co_await ReadAt(
-        pos, absl::MakeSpan(dst, std::min(n, file_size - pos)));
+  auto read = [&](uint64_t pos, uint8_t* dst, uint64_t n) {
+    return ReadZeroPadded(file_, pos, absl::MakeSpan(dst, n));
   };
   uint64_t pos = offset;
   uint64_t table_length = 0;

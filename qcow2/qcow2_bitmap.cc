@@ -222,14 +222,9 @@ io::Task<absl::Status> Qcow2Node::FreeBitmapClusters(const LiveBitmap& bm) {
   std::vector<uint64_t> table = bm.table;
   if (bm.inconsistent) {
     // Not read at open; bytes past the end of the file read as zeroes.
-    std::vector<uint8_t> raw(uint64_t{bm.entry.table_size} * 8, 0);
-    const uint64_t file_size = file_->size();
-    if (bm.entry.table_offset < file_size) {
-      const uint64_t n = std::min<uint64_t>(
-          raw.size(), file_size - bm.entry.table_offset);
-      CO_RETURN_IF_ERROR(co_await file_->Read(bm.entry.table_offset,
-                                              io::IoVec(raw.data(), n)));
-    }
+    std::vector<uint8_t> raw(uint64_t{bm.entry.table_size} * 8);
+    CO_RETURN_IF_ERROR(co_await ReadZeroPadded(*file_, bm.entry.table_offset,
+                                               absl::MakeSpan(raw)));
     table.resize(bm.entry.table_size);
     for (uint64_t i = 0; i < table.size(); ++i) {
       table[i] = LoadBE64(raw.data() + i * 8);
