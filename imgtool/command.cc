@@ -57,6 +57,15 @@ void SetProgramName(absl::string_view name) {
 
 const std::string& ProgramName() { return MutableProgramName(); }
 
+std::string VersionText() {
+  const std::string& name = ProgramName();
+  if (name == "imgtool") return absl::StrCat("imgtool version ", kImgtoolVersion, "\n");
+  return absl::StrCat(name, " version ", kQemuVersion, " (imgtool ",
+                      kImgtoolVersion, ")\nimgtool ", kImgtoolVersion,
+                      " works like QEMU ", kQemuVersion, "'s ", name,
+                      "; it is not QEMU.\n");
+}
+
 absl::Status WithExitCode(absl::Status status, int exit_code) {
   status.SetPayload(kExitCodePayload, absl::Cord(absl::StrCat(exit_code)));
   return status;

@@ -39,6 +39,16 @@ int ExitCodeOf(const absl::Status& status);  // 0 for ok, 1 by default
 void SetProgramName(absl::string_view name);
 const std::string& ProgramName();
 
+// imgtool's release, and the QEMU release whose behaviour it reproduces.
+inline constexpr char kImgtoolVersion[] = "0.2.0";
+inline constexpr char kQemuVersion[] = "7.2.0";
+
+// The --version text (`imgtool --version`, `imgtool io -V`, and under a
+// drop-in name `qemu-img --version` / `qemu-io -V`): imgtool's own line, or
+// "<tool> version 7.2.0 (imgtool 0.2.0)" first, which the callers that parse
+// it accept (Cinder's `qemu-img version ([0-9.]*)`). Ends with a newline.
+std::string VersionText();
+
 // How main prints a failed status (FormatError): ProgramName() + ": " +
 // message.
 // A message of several lines is printed the way qemu-img prints it: by

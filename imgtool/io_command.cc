@@ -56,24 +56,42 @@ using qemu_io::OpenRequest;
 using qemu_io::Session;
 
 constexpr char kUsage[] =
-    "Usage: imgtool io [-f FMT] [--image-opts] [-t CACHE] [-n] [-r] [-U] "
-    "[-d DISCARD] [-i AIO] [-c CMD]... [FILE]";
+    "Usage: imgtool io [-f FMT] [--image-opts] [--object OBJECTDEF] "
+    "[-t CACHE] [-n] [-r] [-s] [-C] [-U] [-d DISCARD] [-i AIO] [-c CMD]... "
+    "[FILE]";
 
+// Every option of `qemu-io --help` (7.2), in its order, with imgtool's
+// wording where it says more.
 constexpr char kHelp[] =
-    "Usage: imgtool io [-f FMT] [--image-opts] [-t CACHE] [-n] [-r] [-U] "
-    "[-d DISCARD] [-i AIO] [-c CMD]... [FILE]\n"
+    "Usage: imgtool io [-f FMT] [--image-opts] [--object OBJECTDEF] "
+    "[-t CACHE] [-n] [-r] [-s] [-C] [-U] [-d DISCARD] [-i AIO] [-c CMD]... "
+    "[FILE]\n"
     "Runs qemu-io commands on an image (the lines of standard input if no -c "
     "is given).\n"
+    "  --object OBJECTDEF     define an object (qemu-io's secret objects; "
+    "accepted)\n"
+    "  --image-opts           FILE is an option string (driver=...,...) or "
+    "json:{...}\n"
     "  -c, --cmd CMD          run CMD (may be repeated; run in order)\n"
-    "  -f, --format FMT       image format (raw, file, qcow2); probed if "
+    "  -f, --format FMT       image format (raw, qcow2, ...); probed if "
     "absent\n"
     "  -r, --read-only        open the image read-only\n"
+    "  -s, --snapshot         writes go to a temporary qcow2 overlay, "
+    "dropped at exit\n"
     "  -n, --nocache          short for -t none\n"
+    "  -C, --copy-on-read     copy what is read from backing files into the "
+    "image\n"
+    "  -m, --misalign         misalign buffers for O_DIRECT (accepted, no "
+    "effect)\n"
+    "  -k, --native-aio       short for -i native\n"
+    "  -i, --aio MODE         threads, native or io_uring\n"
     "  -t, --cache MODE       none, writeback, writethrough (default), "
     "directsync, unsafe\n"
     "  -d, --discard MODE     unmap (default) or ignore\n"
-    "  -i, --aio MODE         threads, native or io_uring\n"
+    "  -T, --trace OPTIONS    tracing (not supported: an error)\n"
     "  -U, --force-share      open without taking the image locks (needs -r)\n"
+    "  -h, --help             display this help and exit\n"
+    "  -V, --version          output version information and exit\n"
     "\n"
     "Run 'imgtool io -c help' for the list of commands.\n";
 
@@ -157,6 +175,8 @@ const struct option kLongOptions[] = {
     {"copy-on-read", no_argument, nullptr, 'C'},
     {"image-opts", no_argument, nullptr, kImageOpts},
     {"object", required_argument, nullptr, kObject},
+    {"trace", required_argument, nullptr, 'T'},
+    {"version", no_argument, nullptr, 'V'},
     {nullptr, 0, nullptr, 0},
 };
 
@@ -171,9 +191,10 @@ absl::Status RunIo(const std::vector<std::string>& args, Streams streams) {
   std::string discard = "unmap";
   std::string aio;
   bool help = false;
+  bool version = false;
   const bool as_qemu_io = ProgramName() == "qemu-io";
   absl::StatusOr<std::vector<std::string>> parsed = ParseOptions(
-      args, "c:f:rnt:d:i:kmUhsCT:", kLongOptions, kUsage,
+      args, "c:f:rnt:d:i:kmUhsCT:V", kLongOptions, kUsage,
       [&](int c, const std::string& arg) -> absl::Status {
         switch (c) {
           case 'c':
@@ -208,6 +229,9 @@ absl::Status RunIo(const std::vector<std::string>& args, Streams streams) {
           case 'h':
             help = true;
             break;
+          case 'V':
+            version = true;
+            break;
           case kImageOpts:
             spec.image_opts = true;
             break;
@@ -233,6 +257,10 @@ absl::Status RunIo(const std::vector<std::string>& args, Streams streams) {
   std::vector<std::string> operands = *std::move(parsed);
   if (help) {
     streams.out << (as_qemu_io ? kQemuIoHelp : kHelp);
+    return absl::OkStatus();
+  }
+  if (version) {  // qemu-io exits at -V, before opening anything
+    streams.out << VersionText();
     return absl::OkStatus();
   }
   if (operands.size() > 1) {

@@ -51,9 +51,8 @@ constexpr Command kCommands[] = {
     {"snapshot", imgtool::cli::RunSnapshot},
 };
 
-constexpr char kImgtoolVersion[] = "0.2.0";
-// The QEMU release whose behaviour imgtool reproduces.
-constexpr char kQemuVersion[] = "7.2.0";
+using imgtool::cli::kImgtoolVersion;
+using imgtool::cli::kQemuVersion;
 
 // After the version line; "imgtool" becomes the program's name.
 constexpr char kHelp[] =
@@ -113,19 +112,8 @@ int UsageFailure(const std::string& message) {
   return 1;
 }
 
-// The --version text: imgtool's own, or that of the tool it stands in for,
-// first line "<tool> version 7.2.0 (imgtool 0.2.0)".
-void PrintVersion() {
-  const std::string& name = imgtool::cli::ProgramName();
-  if (name == "imgtool") {
-    std::cout << "imgtool version " << kImgtoolVersion << "\n";
-  } else {
-    std::cout << name << " version " << kQemuVersion << " (imgtool "
-              << kImgtoolVersion << ")\n"
-              << "imgtool " << kImgtoolVersion << " works like QEMU "
-              << kQemuVersion << "'s " << name << "; it is not QEMU.\n";
-  }
-}
+// The --version text (imgtool::cli::VersionText).
+void PrintVersion() { std::cout << imgtool::cli::VersionText(); }
 
 // The --help text: the version line, then kHelp under the program's name
 // (so `qemu-img --help` lists the commands as "qemu-img convert ...").
@@ -205,11 +193,6 @@ int main(int argc, char** argv) {
   }
   KeepStdioBuffering();
   if (invoked_as == "qemu-io") {
-    if (argc == 2 && (std::strcmp(argv[1], "-V") == 0 ||
-                      std::strcmp(argv[1], "--version") == 0)) {
-      PrintVersion();
-      return 0;
-    }
     return RunCommand(imgtool::cli::RunIo,
                       std::vector<std::string>(argv + 1, argv + argc));
   }

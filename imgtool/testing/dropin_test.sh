@@ -82,6 +82,26 @@ first=$("$WORK/bin/qemu-io" --version | head -1)
 first=$("$WORK/bin/imgtool" --version | head -1)
 [[ $first == 'imgtool version 0.2.0' ]] ||
   fail "imgtool --version first line: '$first'"
+# -V anywhere among qemu-io's options prints the version before any open.
+for args in "-V" "-f raw -V img.raw" "-c quit --version missing.raw"; do
+  checks=$((checks + 1))
+  # shellcheck disable=SC2086
+  first=$("$WORK/bin/qemu-io" $args | head -1)
+  [[ $first == 'qemu-io version 7.2.0 (imgtool 0.2.0)' ]] ||
+    fail "qemu-io $args first line: '$first'"
+done
+checks=$((checks + 1))
+first=$("$WORK/bin/imgtool" io -V | head -1)
+[[ $first == 'imgtool version 0.2.0' ]] ||
+  fail "imgtool io -V first line: '$first'"
+
+# imgtool io --help lists every option qemu-io --help lists.
+io_help=$("$WORK/bin/imgtool" io --help)
+while read -r opt; do
+  checks=$((checks + 1))
+  grep -q -e "$opt[ ,]" <<<"$io_help" || fail "imgtool io --help lacks $opt"
+done < <(qemu-io --help | grep -o -E '^  (-[A-Za-z], )?--[a-z-]+' |
+         grep -o -E -- '--[a-z-]+$|^  -[A-Za-z]' | sed 's/^  //')
 
 # --help: under qemu-img's name, with the options callers look for.
 checks=$((checks + 1))
