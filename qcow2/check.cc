@@ -20,6 +20,8 @@
 #include "qcow2/format/header.h"
 #include "qcow2/format/l2_entry.h"
 #include "qcow2/format/refcount.h"
+#include "qcow2/format/snapshot.h"
+#include "qcow2/snapshot_load.h"
 
 namespace imgtool::qcow2 {
 namespace {
@@ -30,18 +32,11 @@ using format::kZeroFlag;
 using format::internal::LoadBE16;
 using format::internal::LoadBE32;
 using format::internal::LoadBE64;
-using format::internal::StoreBE16;
 using format::internal::StoreBE32;
 using format::internal::StoreBE64;
 
 // QEMU's limits and constants used by the check (block/qcow2.h).
 constexpr uint64_t kInt64Max = uint64_t{INT64_MAX};
-constexpr uint64_t kSnapshotHeaderSize = 40;  // fixed part of an entry
-constexpr uint64_t kMaxSnapshotExtraData = 1024;
-// Extra data QEMU 7.2 knows (QCowSnapshotExtraData: vm_state_size_large,
-// disk_size, icount).
-constexpr uint32_t kSnapshotExtraKnown = 24;
-constexpr uint64_t kMaxSnapshotsSize = uint64_t{1024} * 65536;
 constexpr uint64_t kMaxBitmapTableEntries = 0x8000000;
 constexpr uint64_t kBitmapTableOffsetMask = 0x00fffffffffffe00;
 constexpr uint64_t kBitmapTableReservedMask = 0xff000000000001fe;
@@ -182,20 +177,7 @@ enum class ClusterType {
 
 // A snapshot table entry as QEMU 7.2's qcow2_do_read_snapshots keeps it
 // (with -r all: extra data cut to 1024 bytes), enough to write it back.
-struct Snapshot {
-  std::string id;
-  std::string name;
-  uint64_t l1_table_offset = 0;
-  uint32_t l1_size = 0;
-  uint32_t extra_data_size = 0;
-  uint32_t date_sec = 0;
-  uint32_t date_nsec = 0;
-  uint64_t vm_clock_nsec = 0;
-  uint64_t vm_state_size = 0;
-  uint64_t disk_size = 0;
-  uint64_t icount = ~uint64_t{0};
-  std::vector<uint8_t> unknown_extra;  // extra data past the known 24 bytes
-};
+using Snapshot = format::SnapshotEntry;
 
 struct Bitmap {
   uint64_t table_offset = 0;
@@ -404,9 +386,7 @@ io::Task<absl::Status> Checker::Open(bool load_bitmaps) {
   std::vector<uint8_t> head(512);
   CO_RETURN_IF_ERROR(co_await ReadAt(0, absl::MakeSpan(head)));
   // cluster_bits (offset 20) decides how much DecodeHeader needs.
-  const uint32_t bits = (uint32_t{head[20]} << 24) |
-                        (uint32_t{head[21]} << 16) | (uint32_t{head[22]} << 8) |
-                        head[23];
+  const uint32_t bits = LoadBE32(head.data() + 20);
   if (bits >= format::kMinClusterBits && bits <= format::kMaxClusterBits) {
     head.resize(uint64_t{1} << bits);
     CO_RETURN_IF_ERROR(co_await ReadAt(0, absl::MakeSpan(head)));
@@ -415,15 +395,8 @@ io::Task<absl::Status> Checker::Open(bool load_bitmaps) {
   // (the check reads and reports it), and reads tables past the end of the
   // file as zeros (the check reports them): decode without those limits.
   std::vector<uint8_t> patched = head;
-  raw_nb_snapshots_ = (uint32_t{head[kOffNbSnapshots]} << 24) |
-                      (uint32_t{head[kOffNbSnapshots + 1]} << 16) |
-                      (uint32_t{head[kOffNbSnapshots + 2]} << 8) |
-                      head[kOffNbSnapshots + 3];
-  raw_snapshots_offset_ = 0;
-  for (int i = 0; i < 8; ++i) {
-    raw_snapshots_offset_ =
-        (raw_snapshots_offset_ << 8) | head[kOffSnapshotsOffset + i];
-  }
+  raw_nb_snapshots_ = LoadBE32(head.data() + kOffNbSnapshots);
+  raw_snapshots_offset_ = LoadBE64(head.data() + kOffSnapshotsOffset);
   std::fill(patched.begin() + kOffNbSnapshots,
             patched.begin() + kOffSnapshotsOffset + 8, 0);
   CO_ASSIGN_OR_RETURN(header_, format::DecodeHeader(patched, kInt64Max));
@@ -537,7 +510,7 @@ uint32_t Checker::MetadataOverlap(uint32_t ignore, uint64_t offset,
   if (chk & kOlInactiveL1) {
     for (const Snapshot& sn : snapshots_) {
       if (sn.l1_size &&
-          overlaps(sn.l1_table_offset, uint64_t{sn.l1_size} * 8)) {
+          overlaps(sn.l1_offset, uint64_t{sn.l1_size} * 8)) {
         return kOlInactiveL1;
       }
     }
@@ -716,7 +689,6 @@ io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res,
   const uint64_t offset = raw_snapshots_offset_;
   if (nb == 0) co_return absl::OkStatus();
   uint64_t nb_reduced = 0;
-  uint64_t extra_dropped = 0;
   if (nb > format::kMaxSnapshots && fix) {
     out_ << "Discarding " << nb - format::kMaxSnapshots
          << " overhanging snapshots\n";
@@ -730,7 +702,7 @@ io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res,
   if (nb > format::kMaxSnapshots) {
     invalid = "snapshot table too large";
     error_number = EFBIG;
-  } else if (kInt64Max - nb * kSnapshotHeaderSize < offset ||
+  } else if (kInt64Max - nb * format::kSnapshotHeaderBytes < offset ||
              OffsetIntoCluster(offset) != 0) {
     invalid = "snapshot table offset invalid";
     error_number = EINVAL;
@@ -745,99 +717,24 @@ io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res,
     co_return ErrnoError(error_number);
   }
 
-  // qcow2_do_read_snapshots (past the end of the file: zeroes).
-  auto read = [&](uint64_t pos, uint8_t* dst, uint64_t n) {
-    return ReadZeroPadded(file_, pos, absl::MakeSpan(dst, n));
-  };
-  uint64_t pos = offset;
-  uint64_t table_length = 0;
-  std::vector<Snapshot> snapshots;
-  snapshots.reserve(nb);
-  for (uint64_t i = 0; i < nb; ++i) {
-    const uint64_t pre_pos = pos;
-    table_length = (table_length + 7) & ~uint64_t{7};
-    pos = (pos + 7) & ~uint64_t{7};
-    uint8_t h[kSnapshotHeaderSize];
-    CO_RETURN_IF_ERROR(co_await read(pos, h, sizeof(h)));
-    pos += kSnapshotHeaderSize;
-    Snapshot sn;
-    sn.l1_table_offset = LoadBE64(h);
-    sn.l1_size = LoadBE32(h + 8);
-    const uint32_t id_size = LoadBE16(h + 12);
-    const uint32_t name_size = LoadBE16(h + 14);
-    sn.date_sec = LoadBE32(h + 16);
-    sn.date_nsec = LoadBE32(h + 20);
-    sn.vm_clock_nsec = LoadBE64(h + 24);
-    sn.vm_state_size = LoadBE32(h + 32);
-    sn.extra_data_size = LoadBE32(h + 36);
-    bool truncate_extra = false;
-    if (sn.extra_data_size > kMaxSnapshotExtraData) {
-      if (!fix) {
-        ++res.check_errors;
-        out_ << kReportPrefix
-             << "ERROR failed to read the snapshot table: Too much extra "
-                "metadata in snapshot table entry "
-             << i << "\n"
-             << "You can force-remove this extra metadata with qemu-img "
-                "check -r all\n";
-        co_return ErrnoError(EFBIG);
-      }
-      out_ << "Discarding too much extra metadata in snapshot table entry "
-           << i << " (" << sn.extra_data_size << " > "
-           << kMaxSnapshotExtraData << ")\n";
-      ++extra_dropped;
-      truncate_extra = true;
-    }
-    // The known extra data: 64-bit VM state size, disk size, icount.
-    uint8_t known[kSnapshotExtraKnown] = {};
-    const uint64_t known_size =
-        std::min<uint64_t>(kSnapshotExtraKnown, sn.extra_data_size);
-    CO_RETURN_IF_ERROR(co_await read(pos, known, known_size));
-    pos += known_size;
-    if (sn.extra_data_size >= 8) sn.vm_state_size = LoadBE64(known);
-    sn.disk_size = sn.extra_data_size >= 16 ? LoadBE64(known + 8)
-                                            : header_.size / 512 * 512;
-    if (sn.extra_data_size >= 24) sn.icount = LoadBE64(known + 16);
-    if (sn.extra_data_size > kSnapshotExtraKnown) {
-      const uint64_t extra_end =
-          pos + sn.extra_data_size - kSnapshotExtraKnown;
-      if (truncate_extra) sn.extra_data_size = kMaxSnapshotExtraData;
-      sn.unknown_extra.resize(sn.extra_data_size - kSnapshotExtraKnown);
-      CO_RETURN_IF_ERROR(
-          co_await read(pos, sn.unknown_extra.data(), sn.unknown_extra.size()));
-      pos = extra_end;
-    }
-    std::vector<uint8_t> strings(uint64_t{id_size} + name_size);
-    CO_RETURN_IF_ERROR(co_await read(pos, strings.data(), strings.size()));
-    sn.id.assign(strings.begin(), strings.begin() + id_size);
-    sn.name.assign(strings.begin() + id_size, strings.end());
-    pos += strings.size();
-    // The extra data may have been cut.
-    table_length +=
-        kSnapshotHeaderSize + sn.extra_data_size + id_size + name_size;
-    if (table_length > kMaxSnapshotsSize || pos - offset > uint64_t{INT_MAX}) {
-      if (!fix) {
-        ++res.check_errors;
-        out_ << kReportPrefix
-             << "ERROR failed to read the snapshot table: Snapshot table is "
-                "too big\n"
-             << "You can force-remove all " << nb - i
-             << " overhanging snapshots with qemu-img check -r all\n";
-        co_return ErrnoError(EFBIG);
-      }
-      out_ << "Discarding " << nb - i
-           << " overhanging snapshots (snapshot table is too big)\n";
-      nb_reduced += nb - i;
-      nb = i;
-      pos = pre_pos;
-      break;
-    }
-    snapshots.push_back(std::move(sn));
+  // qcow2_do_read_snapshots (past the end of the file: zeroes), its
+  // "Discarding ..." lines on out_ as they come.
+  absl::StatusOr<LoadedSnapshots> table = co_await LoadSnapshotTable(
+      file_, offset, static_cast<uint32_t>(nb), header_.size / 512 * 512,
+      fix ? &out_ : nullptr);
+  if (!table.ok()) {
+    if (StatusErrno(table.status()) != EFBIG) co_return table.status();
+    ++res.check_errors;
+    out_ << kReportPrefix << "ERROR failed to read the snapshot table: "
+         << table.status().message() << "\n";
+    co_return ErrnoError(EFBIG);
   }
-  snapshots_ = std::move(snapshots);
+  nb -= table->dropped;
+  nb_reduced += table->dropped;
+  snapshots_ = std::move(table->entries);
   snapshots_offset_ = offset;
-  snapshots_size_ = pos - offset;
-  res.corruptions += nb_reduced + extra_dropped;
+  snapshots_size_ = table->bytes;
+  res.corruptions += nb_reduced + table->extra_cut;
 
   if (nb_reduced != 0) {
     // The header first: the refcount check relies on it (this leaks the
@@ -862,7 +759,7 @@ io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res,
   if (header_.version >= 3) {
     for (size_t i = 0; i < snapshots_.size(); ++i) {
       // vm_state_size_large + disk_size.
-      if (snapshots_[i].extra_data_size < 16) {
+      if (snapshots_[i].extra_data_size < format::kSnapshotExtraV3MinBytes) {
         ++res.corruptions;
         out_ << (fix ? "Repairing" : "ERROR") << " snapshot table entry " << i
              << " is incomplete\n";
@@ -891,38 +788,8 @@ io::Task<absl::Status> Checker::FixSnapshotTable(CheckResult& res,
 io::Task<absl::Status> Checker::WriteSnapshotTable() {
   // Every entry as version 3 wants it: at least the 24 known bytes of
   // extra data (qcow2_write_snapshots).
-  std::vector<uint8_t> table;
-  for (const Snapshot& sn : snapshots_) {
-    table.resize((table.size() + 7) & ~size_t{7}, 0);
-    const uint32_t extra_size = std::max<uint32_t>(
-        kSnapshotExtraKnown, sn.extra_data_size);
-    const size_t at = table.size();
-    table.resize(at + kSnapshotHeaderSize + extra_size + sn.id.size() +
-                     sn.name.size(),
-                 0);
-    uint8_t* p = table.data() + at;
-    StoreBE64(p, sn.l1_table_offset);
-    StoreBE32(p + 8, sn.l1_size);
-    StoreBE16(p + 12, static_cast<uint16_t>(sn.id.size()));
-    StoreBE16(p + 14, static_cast<uint16_t>(sn.name.size()));
-    StoreBE32(p + 16, sn.date_sec);
-    StoreBE32(p + 20, sn.date_nsec);
-    StoreBE64(p + 24, sn.vm_clock_nsec);
-    StoreBE32(p + 32, sn.vm_state_size <= 0xffffffffu
-                          ? static_cast<uint32_t>(sn.vm_state_size)
-                          : 0);
-    StoreBE32(p + 36, extra_size);
-    p += kSnapshotHeaderSize;
-    StoreBE64(p, sn.vm_state_size);
-    StoreBE64(p + 8, sn.disk_size);
-    StoreBE64(p + 16, sn.icount);
-    std::copy(sn.unknown_extra.begin(), sn.unknown_extra.end(),
-              p + kSnapshotExtraKnown);
-    p += extra_size;
-    std::copy(sn.id.begin(), sn.id.end(), p);
-    std::copy(sn.name.begin(), sn.name.end(), p + sn.id.size());
-  }
-  if (table.size() > kMaxSnapshotsSize) co_return ErrnoError(EFBIG);
+  const std::vector<uint8_t> table = format::EncodeSnapshotTable(snapshots_);
+  if (table.size() > format::kMaxSnapshotTableBytes) co_return ErrnoError(EFBIG);
 
   // qcow2_alloc_clusters: the first run of free clusters (stored refcount
   // 0) from the start of the image, inside existing refcount blocks.
@@ -959,10 +826,8 @@ io::Task<absl::Status> Checker::WriteSnapshotTable() {
   }
   uint8_t field[12];
   const uint64_t nb = snapshots_.size();
-  for (int k = 0; k < 4; ++k) field[k] = static_cast<uint8_t>(nb >> (24 - 8 * k));
-  for (int k = 0; k < 8; ++k) {
-    field[4 + k] = static_cast<uint8_t>(new_offset >> (56 - 8 * k));
-  }
+  StoreBE32(field, static_cast<uint32_t>(nb));
+  StoreBE64(field + 4, new_offset);
   CO_RETURN_IF_ERROR(co_await file_.Write(kOffNbSnapshots,
                                           io::ConstIoVec(field, sizeof(field))));
   CO_RETURN_IF_ERROR(co_await file_.Flush());
@@ -1176,11 +1041,11 @@ io::Task<absl::Status> Checker::CalculateRefcounts(CheckResult& res,
     ++res.corruptions;
   }
   for (const Snapshot& sn : snapshots_) {
-    if (OffsetIntoCluster(sn.l1_table_offset) != 0) {
+    if (OffsetIntoCluster(sn.l1_offset) != 0) {
       out_ << absl::StrFormat(
           "ERROR snapshot %s (%s) l1_offset=%#x: L1 table is not cluster "
           "aligned; snapshot table entry corrupted\n",
-          sn.id, sn.name, sn.l1_table_offset);
+          sn.id, sn.name, sn.l1_offset);
       ++res.corruptions;
       continue;
     }
@@ -1193,7 +1058,7 @@ io::Task<absl::Status> Checker::CalculateRefcounts(CheckResult& res,
       continue;
     }
     CO_RETURN_IF_ERROR(co_await CheckRefcountsL1(
-        res, refs, sn.l1_table_offset, sn.l1_size, /*frag_info=*/false, mode,
+        res, refs, sn.l1_offset, sn.l1_size, /*frag_info=*/false, mode,
         /*active=*/false));
   }
   IncRefcounts(res, refs, snapshots_offset_, snapshots_size_);
@@ -1454,16 +1319,11 @@ io::Task<absl::Status> Checker::CheckBitmapsRefcounts(CheckResult& res,
         break;
       }
       const uint8_t* p = dir.data() + pos;
-      auto be = [&](int o, int n) {
-        uint64_t v = 0;
-        for (int k = 0; k < n; ++k) v = (v << 8) | p[o + k];
-        return v;
-      };
       Bitmap bm;
-      bm.table_offset = be(0, 8);
-      bm.table_size = static_cast<uint32_t>(be(8, 4));
-      const uint64_t name_size = be(18, 2);
-      const uint64_t extra_size = be(20, 4);
+      bm.table_offset = LoadBE64(p);
+      bm.table_size = LoadBE32(p + 8);
+      const uint64_t name_size = LoadBE16(p + 18);
+      const uint64_t extra_size = LoadBE32(p + 20);
       const uint64_t entry_size =
           (kBitmapDirEntryHeaderSize + extra_size + name_size + 7) &
           ~uint64_t{7};

@@ -33,9 +33,6 @@ namespace {
 
 constexpr uint64_t kNbSnapshotsOffset = 60;  // header: nb_snapshots, then
                                              // snapshots_offset
-constexpr uint64_t kSnapshotHeaderBytes = 40;
-constexpr uint32_t kSnapshotExtraV3Bytes = 24;  // vm_state_size_large,
-                                                // disk_size, icount
 
 uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
@@ -211,13 +208,9 @@ Qcow2Node::ReadSnapshotRecords(uint64_t* table_bytes) {
 
 io::Task<absl::Status> Qcow2Node::RewriteSnapshotTable(
     const std::vector<SnapshotRecord>& records, uint64_t old_table_bytes) {
-  uint64_t bytes = 0;
-  for (const SnapshotRecord& r : records) {
-    bytes = RoundUp(bytes, 8) + kSnapshotHeaderBytes +
-            std::max(kSnapshotExtraV3Bytes, r.extra_size) + r.id.size() +
-            r.name.size();
-  }
-  if (bytes > (uint64_t{64} << 20)) {
+  const std::vector<uint8_t> table = format::EncodeSnapshotTable(records);
+  const uint64_t bytes = table.size();
+  if (bytes > format::kMaxSnapshotTableBytes) {
     co_return absl::ResourceExhaustedError("Snapshot table too large");
   }
   CO_ASSIGN_OR_RETURN(const uint64_t table_offset,
@@ -227,39 +220,8 @@ io::Task<absl::Status> Qcow2Node::RewriteSnapshotTable(
   // until the header does, and the flush below makes their refcounts and
   // contents durable before that.
   CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(table_offset, bytes, 0));
-  uint64_t pos = table_offset;
-  for (const SnapshotRecord& r : records) {
-    pos = RoundUp(pos, 8);
-    const uint32_t extra_size = std::max(kSnapshotExtraV3Bytes, r.extra_size);
-    std::vector<uint8_t> entry(kSnapshotHeaderBytes + extra_size, 0);
-    uint8_t* h = entry.data();
-    StoreBE64(h, r.l1_offset);
-    StoreBE32(h + 8, r.l1_size);
-    h[12] = static_cast<uint8_t>(r.id.size() >> 8);
-    h[13] = static_cast<uint8_t>(r.id.size());
-    h[14] = static_cast<uint8_t>(r.name.size() >> 8);
-    h[15] = static_cast<uint8_t>(r.name.size());
-    StoreBE32(h + 16, r.date_sec);
-    StoreBE32(h + 20, r.date_nsec);
-    StoreBE64(h + 24, r.vm_clock_nsec);
-    // A VM state too large for 32 bits reads as none to old readers.
-    StoreBE32(h + 32, r.vm_state_size <= 0xffffffffu
-                          ? static_cast<uint32_t>(r.vm_state_size)
-                          : 0);
-    StoreBE32(h + 36, extra_size);
-    uint8_t* extra = h + kSnapshotHeaderBytes;
-    StoreBE64(extra, r.vm_state_size);
-    StoreBE64(extra + 8, r.disk_size);
-    StoreBE64(extra + 16, r.icount);
-    if (r.extra_size > kSnapshotExtraV3Bytes) {
-      std::copy(r.extra.begin() + kSnapshotExtraV3Bytes, r.extra.end(),
-                extra + kSnapshotExtraV3Bytes);
-    }
-    entry.insert(entry.end(), r.id.begin(), r.id.end());
-    entry.insert(entry.end(), r.name.begin(), r.name.end());
-    CO_RETURN_IF_ERROR(co_await file_->Write(pos, entry));
-    pos += entry.size();
-  }
+  // One write, padding between entries zeroed (QEMU's g_malloc0 buffer).
+  if (bytes > 0) CO_RETURN_IF_ERROR(co_await file_->Write(table_offset, table));
   // The new table and its refcounts are durable before the header points
   // to them.
   CO_RETURN_IF_ERROR(co_await FlushAll());

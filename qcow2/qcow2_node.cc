@@ -18,6 +18,7 @@
 #include "base/status_macros.h"
 #include "io/aligned_buffer.h"
 #include "qcow2/check.h"
+#include "qcow2/snapshot_load.h"
 #include "qcow2/bytes.h"
 #include "qcow2/format/refcount.h"
 
@@ -329,93 +330,21 @@ io::Task<absl::Status> Qcow2Node::LoadSnapshotTable() {
   snapshot_l1s_.clear();
   snapshots_bytes_ = 0;
   snapshot_extra_too_short_ = false;
-  if (header_.nb_snapshots == 0) co_return absl::OkStatus();
-  // QEMU 7.2's qcow2_read_snapshots: entries are read one after the other
-  // and what lies past the end of the file reads as zeroes. The snapshot L1
+  // QEMU 7.2's qcow2_read_snapshots (snapshot_load.h). The snapshot L1
   // tables are checked only when a snapshot is used (ValidateSnapshotL1).
-  // Reads go through a window of the file so that a table of thousands of
-  // entries costs a few reads.
-  const uint64_t file_size = file_->size();
-  constexpr uint64_t kWindow = 256 * 1024;
-  std::vector<uint8_t> window;
-  uint64_t window_start = 0;
-  auto read = [&](uint64_t pos, uint8_t* dst,
-                  uint64_t n) -> io::Task<absl::Status> {
-    while (n > 0) {
-      if (pos >= file_size) {
-        std::memset(dst, 0, n);
-        co_return absl::OkStatus();
-      }
-      if (window.empty() || pos < window_start ||
-          pos >= window_start + window.size()) {
-        window_start = pos;
-        window.resize(std::min(kWindow, file_size - pos));
-        CO_RETURN_IF_ERROR(co_await file_->Read(
-            pos, io::IoVec(window.data(), window.size())));
-      }
-      const uint64_t k = std::min(n, window_start + window.size() - pos);
-      std::memcpy(dst, window.data() + (pos - window_start), k);
-      dst += k;
-      pos += k;
-      n -= k;
-    }
-    co_return absl::OkStatus();
-  };
-  auto efbig = [](const std::string& message) {
-    return WithMessage(ErrnoStatus("", message, EFBIG), message);
-  };
-  std::vector<SnapshotRecord> records;
-  records.reserve(header_.nb_snapshots);
-  uint64_t pos = header_.snapshots_offset;
-  for (uint32_t i = 0; i < header_.nb_snapshots; ++i) {
-    pos = (pos + 7) & ~uint64_t{7};
-    uint8_t fixed[40];
-    CO_RETURN_IF_ERROR(co_await read(pos, fixed, sizeof(fixed)));
-    pos += sizeof(fixed);
-    SnapshotRecord r;
-    r.l1_offset = LoadBE64(fixed);
-    r.l1_size = LoadBE32(fixed + 8);
-    const uint16_t id_len = LoadBE16(fixed + 12);
-    const uint16_t name_len = LoadBE16(fixed + 14);
-    r.date_sec = LoadBE32(fixed + 16);
-    r.date_nsec = LoadBE32(fixed + 20);
-    r.vm_clock_nsec = LoadBE64(fixed + 24);
-    r.vm_state_size = LoadBE32(fixed + 32);
-    r.extra_size = LoadBE32(fixed + 36);
-    if (r.extra_size > 1024) {  // QCOW_MAX_SNAPSHOT_EXTRA_DATA
-      co_return efbig(absl::StrFormat(
-          "Too much extra metadata in snapshot table entry %u\n"
-          "You can force-remove this extra metadata with qemu-img check -r "
-          "all",
-          i));
-    }
-    r.extra.resize(r.extra_size);
-    CO_RETURN_IF_ERROR(co_await read(pos, r.extra.data(), r.extra.size()));
-    pos += r.extra_size;
-    std::string strings(uint64_t{id_len} + name_len, '\0');
-    CO_RETURN_IF_ERROR(co_await read(
-        pos, reinterpret_cast<uint8_t*>(strings.data()), strings.size()));
-    pos += strings.size();
-    r.id = strings.substr(0, id_len);
-    r.name = strings.substr(id_len);
-    if (r.extra_size >= 8) r.vm_state_size = LoadBE64(r.extra.data());
-    r.disk_size =
-        r.extra_size >= 16 ? LoadBE64(r.extra.data() + 8) : header_.size;
-    if (r.extra_size >= 24) r.icount = LoadBE64(r.extra.data() + 16);
-    if (r.extra_size < 16) snapshot_extra_too_short_ = true;
-    // QCOW_MAX_SNAPSHOTS_SIZE (and the INT_MAX bound of the read length).
-    if (pos - header_.snapshots_offset > uint64_t{1024} * 65536) {
-      co_return efbig(absl::StrFormat(
-          "Snapshot table is too big\n"
-          "You can force-remove all %u overhanging snapshots with qemu-img "
-          "check -r all",
-          header_.nb_snapshots - i));
+  CO_ASSIGN_OR_RETURN(
+      LoadedSnapshots table,
+      co_await qcow2::LoadSnapshotTable(*file_, header_.snapshots_offset,
+                                        header_.nb_snapshots,
+                                        header_.size / 512 * 512, nullptr));
+  for (const SnapshotRecord& r : table.entries) {
+    if (r.extra_data_size < format::kSnapshotExtraV3MinBytes) {
+      snapshot_extra_too_short_ = true;
     }
     snapshot_l1s_.push_back({r.l1_offset, uint64_t{r.l1_size} * 8});
-    records.push_back(std::move(r));
   }
-  snapshots_bytes_ = pos - header_.snapshots_offset;
-  snapshot_records_ = std::move(records);
+  snapshots_bytes_ = table.bytes;
+  snapshot_records_ = std::move(table.entries);
   co_return absl::OkStatus();
 }
 

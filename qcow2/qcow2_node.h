@@ -86,6 +86,7 @@
 #include "qcow2/format/bitmap.h"
 #include "qcow2/format/header.h"
 #include "qcow2/format/l2_entry.h"
+#include "qcow2/format/snapshot.h"
 #include "qcow2/metadata_io.h"
 #include "qcow2/qcow2_options.pb.h"
 #include "qcow2/refcounts.h"
@@ -293,21 +294,8 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // ---- Internal snapshots (qcow2 spec, "Snapshots"; qcow2_snapshot.cc,
   // QEMU 7.2's block/qcow2-snapshot.c). No request may be in flight.
   // A snapshot table entry (qcow2 spec, "Snapshots"), with QEMU 7.2's
-  // defaults for what its extra data lacks (qcow2_read_snapshots).
-  struct SnapshotRecord {
-    uint64_t l1_offset = 0;
-    uint32_t l1_size = 0;  // entries
-    uint32_t date_sec = 0;
-    uint32_t date_nsec = 0;
-    uint64_t vm_clock_nsec = 0;
-    uint32_t extra_size = 0;           // extra data bytes as stored
-    std::vector<uint8_t> extra;        // those bytes
-    uint64_t vm_state_size = 0;        // 64-bit field if present, else 32
-    uint64_t disk_size = 0;            // the image's size if absent
-    uint64_t icount = ~uint64_t{0};    // -1 if absent
-    std::string id;
-    std::string name;
-  };
+  // defaults for what its extra data lacks (format/snapshot.h).
+  using SnapshotRecord = format::SnapshotEntry;
   // The snapshot table, in table order, as read at open (QEMU 7.2's
   // qcow2_read_snapshots: past the end of the file it reads as zeroes; a
   // snapshot's L1 table is checked only when the snapshot is used), with

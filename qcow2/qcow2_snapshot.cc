@@ -235,7 +235,7 @@ io::Task<absl::Status> Qcow2Node::CreateSnapshot(const std::string& name,
   sn.date_sec = date_sec;
   sn.date_nsec = date_nsec;
   sn.icount = 0;
-  sn.extra_size = 24;
+  sn.extra_data_size = format::kSnapshotExtraKnownBytes;
   sn.l1_size = static_cast<uint32_t>(l1_.size());
 
   CO_ASSIGN_OR_RETURN(const bool set_dirty, co_await BeginSnapshotUpdate());
