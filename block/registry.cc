@@ -108,30 +108,6 @@ bool IsPosixFileDriver(absl::string_view name) {
   return name == "file" || name == "host_device" || name == "host_cdrom";
 }
 
-// QEMU's find_hdev_driver: the device driver a filename names before any
-// protocol prefix is looked at (QEMU's bdrv_probe_device scores, the
-// highest wins): "host_cdrom" (100) for a block device that answers the
-// CDROM_DRIVE_STATUS ioctl, else "host_device" for a character or block
-// device (100) or a name starting with "/dev/cdrom" (50); "" for anything
-// else (a regular file, a missing file, "file:/dev/sda").
-std::string HostDeviceDriverFor(const std::string& filename) {
-  const int fd = open(filename.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd >= 0) {
-    struct stat st;
-    const bool cdrom = fstat(fd, &st) == 0 && S_ISBLK(st.st_mode) &&
-                       ioctl(fd, CDROM_DRIVE_STATUS, CDSL_CURRENT) >= 0;
-    close(fd);
-    if (cdrom) return "host_cdrom";
-  }
-  if (absl::StartsWith(filename, "/dev/cdrom")) return "host_device";
-  struct stat st;
-  if (stat(filename.c_str(), &st) == 0 &&
-      (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))) {
-    return "host_device";
-  }
-  return "";
-}
-
 absl::Status ParseNullCo(absl::string_view filename, NodeOptions*) {
   return null_block::ParseNullFilename("null-co", filename);
 }
@@ -1324,6 +1300,34 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
 }
 
 }  // namespace
+
+bool CdromMediumInserted(const std::string& filename) {
+  const int fd = open(filename.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool inserted =
+      ioctl(fd, CDROM_DRIVE_STATUS, CDSL_CURRENT) == CDS_DISC_OK;
+  close(fd);
+  return inserted;
+}
+
+std::string HostDeviceDriverFor(const std::string& filename) {
+  const int fd = open(filename.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd >= 0) {
+    struct stat st;
+    const bool cdrom = fstat(fd, &st) == 0 && S_ISBLK(st.st_mode) &&
+                       ioctl(fd, CDROM_DRIVE_STATUS, CDSL_CURRENT) >= 0;
+    close(fd);
+    if (cdrom) return "host_cdrom";
+  }
+  if (absl::StartsWith(filename, "/dev/cdrom")) return "host_device";
+  struct stat st;
+  if (stat(filename.c_str(), &st) == 0 &&
+      (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))) {
+    return "host_device";
+  }
+  return "";
+}
+
 
 const Driver* FindDriver(absl::string_view name) {
   for (const Driver& d : Drivers()) {

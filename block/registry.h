@@ -170,6 +170,21 @@ bool IsUnsupportedQemuDriver(absl::string_view name);
 // 7.2's `create -f X -o help` for every format of `qemu-img --help`.
 bool QemuDriverCannotCreate(absl::string_view name);
 
+// QEMU's find_hdev_driver: the device driver a filename names before any
+// protocol prefix is looked at (QEMU's bdrv_probe_device scores, the
+// highest wins): "host_cdrom" (100) for a block device that answers the
+// CDROM_DRIVE_STATUS ioctl, else "host_device" for a character or block
+// device (100) or a name starting with "/dev/cdrom" (50); "" for anything
+// else (a regular file, a missing file, "file:/dev/sda"). Looks at the
+// file system (open(2) O_NONBLOCK, stat); never fails.
+std::string HostDeviceDriverFor(const std::string& filename);
+
+// QEMU's cdrom_is_inserted for host_cdrom: whether the CDROM_DRIVE_STATUS
+// ioctl on `filename` (opened O_RDONLY | O_NONBLOCK) says CDS_DISC_OK. False
+// for anything that is not a CD-ROM drive with a disc (a loop device, a
+// missing file).
+bool CdromMediumInserted(const std::string& filename);
+
 // The format of an image from its first `got` bytes (`head` holds at least
 // 8 bytes, zeroes after the first `got`): "qcow2", "qcow" or "raw". QEMU
 // probes a 2 KiB buffer whose bytes past the end of the file read as

@@ -182,7 +182,7 @@ absl::Status CreateTarget(const std::string& filename,
                           posix_file::FileCreateOptions options, uint64_t size,
                           std::ostream& err) {
   options.set_size(size);
-  absl::Status st = CreateImageFile(filename, options, err);
+  absl::Status st = CreateFileForFormat(format, filename, options, err);
   if (st.ok()) return st;
   absl::string_view cause = st.message();
   absl::ConsumePrefix(&cause, absl::StrCat(filename, ": "));

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "base/errno_status.h"
 #include "base/options.h"
@@ -48,6 +49,11 @@ constexpr char kHelp[] =
 // The create options of raw over the `file` protocol, in QEMU's list order
 // (the order of the "Formatting" line) and as `-o help` prints them.
 constexpr char kSizeHelp[] = "  size=<size>            - Virtual disk size\n";
+// QEMU's bdrv_create_opts_simple: the options of host_device and
+// host_cdrom, and of raw over a device.
+constexpr char kSimpleOptionsHelp[] =
+    "  preallocation=<str>    - Preallocation mode (allowed values: off)\n"
+    "  size=<size>            - Virtual disk size\n";
 constexpr char kFileOptionsHelp[] =
     "  extent_size_hint=<size> - Extent size hint for the image file, 0 to "
     "disable\n"
@@ -277,7 +283,24 @@ absl::Status RunCreate(const std::vector<std::string>& args, Streams streams) {
                     << Qcow2OptionHelp(false) << kProtocolHint;
       }
     } else if (!operands.empty()) {
-      streams.out << "Supported options:\n" << kFileOptionsHelp;
+      // The protocol's options merged with the format's (QEMU's
+      // qemu_opts_append; the format's line wins a name both have).
+      const bool device = !block::HostDeviceDriverFor(operands[0]).empty();
+      const bool simple = format == "host_device" || format == "host_cdrom";
+      streams.out << "Supported options:\n";
+      if (simple && !device) {
+        // host_device's options over a file: file's extras, then
+        // host_device's preallocation (off only) and size.
+        const absl::string_view file_help = kFileOptionsHelp;
+        streams.out << file_help.substr(0, file_help.find("  preallocation"))
+                    << kSimpleOptionsHelp;
+      } else {
+        streams.out << (device && format != "file" ? kSimpleOptionsHelp
+                                                   : kFileOptionsHelp);
+      }
+    } else if (format == "host_device" || format == "host_cdrom") {
+      streams.out << "Supported " << format << " options:\n"
+                  << kSimpleOptionsHelp << kProtocolHint;
     } else if (format == "file") {
       streams.out << "Supported file options:\n"
                   << kFileOptionsHelp << kProtocolHint;
@@ -324,6 +347,14 @@ absl::Status RunCreate(const std::vector<std::string>& args, Streams streams) {
                                "The image size must be specified only once"));
   }
   if (!values.size.has_value()) values.size = size;
+  const bool simple = format == "host_device" || format == "host_cdrom";
+  if (simple && values.nocow.has_value()) {
+    return Named(filename, absl::InvalidArgumentError("Invalid parameter 'nocow'"));
+  }
+  if (simple && values.extent_size_hint.has_value()) {
+    return Named(filename, absl::InvalidArgumentError(
+                               "Invalid parameter 'extent_size_hint'"));
+  }
   if (backing_file.has_value()) {
     return Named(filename,
                  absl::InvalidArgumentError(absl::StrCat(
@@ -364,6 +395,13 @@ absl::Status RunCreate(const std::vector<std::string>& args, Streams streams) {
 
   posix_file::FileCreateOptions options;
   options.set_size(*values.size);
+  if (simple) {
+    if (values.preallocation.has_value()) {
+      options.set_preallocation(*values.preallocation);
+    }
+    return Named(filename,
+                 CreateFileForFormat(format, filename, options, streams.err));
+  }
   if (values.preallocation.has_value()) {
     const std::string& mode = *values.preallocation;
     if (mode == "metadata") {

@@ -208,7 +208,8 @@ absl::Status Dd(const DdArgs& a, std::vector<OpenedImage>& images,
   } else {
     posix_file::FileCreateOptions options;
     options.set_size(out_size);
-    created = CreateImageFile(output, options, streams.err);
+    created =
+        CreateFileForFormat(a.output_format, output, options, streams.err);
   }
   if (!created.ok()) {
     absl::string_view cause = created.message();

@@ -61,6 +61,11 @@ absl::Status CheckFormat(const std::string& format, bool for_create) {
   if (format == "raw" || format == "file" || format == "qcow2") {
     return absl::OkStatus();
   }
+  // Protocol drivers that create through QEMU's bdrv_co_create_opts_simple
+  // (open the existing device; imgtool's create handles them).
+  if (format == "host_device" || format == "host_cdrom") {
+    return absl::OkStatus();
+  }
   if (for_create && block::QemuDriverCannotCreate(format)) {
     return absl::UnimplementedError(absl::StrCat(
         "Format driver '", format, "' does not support image creation"));

@@ -13,12 +13,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "base/errno_status.h"
 #include "base/options.h"
 #include "base/size.h"
 #include "base/status_macros.h"
 #include "block/registry.h"
 #include "imgtool/command.h"
+#include "imgtool/image.h"
 #include "io/engine.h"
 #include "io/task.h"
 #include "posix_file/file_node.h"
@@ -229,6 +231,50 @@ absl::Status CreateImageFile(const std::string& filename,
                              std::ostream& err) {
   ASSIGN_OR_RETURN(std::string path, block::CreatePath(filename));
   return CreateImageFileAt(path, options, err);
+}
+
+absl::Status CreateFileForFormat(const std::string& format,
+                                 const std::string& filename,
+                                 const posix_file::FileCreateOptions& options,
+                                 std::ostream& err) {
+  if (format != "host_device" && format != "host_cdrom") {
+    return CreateImageFile(filename, options, err);
+  }
+  const auto named = [&](absl::StatusCode code, absl::string_view message) {
+    return absl::Status(code, absl::StrCat(filename, ": ", message));
+  };
+  const std::string& prealloc = options.preallocation();
+  if (!prealloc.empty() && prealloc != "off") {
+    if (prealloc != "falloc" && prealloc != "full" && prealloc != "metadata") {
+      return named(absl::StatusCode::kInvalidArgument,
+                   absl::StrCat("invalid parameter value: ", prealloc));
+    }
+    return named(
+        absl::StatusCode::kInvalidArgument,
+        absl::StrCat("Unsupported preallocation mode '", prealloc, "'"));
+  }
+  ImageSpec spec;
+  spec.filename = filename;
+  spec.format = format;
+  spec.read_only = false;
+  absl::StatusOr<OpenedImage> image = OpenImage(spec, err);
+  if (!image.ok()) {
+    absl::string_view cause = image.status().message();
+    absl::ConsumePrefix(&cause,
+                        absl::StrCat("Could not open '", filename, "': "));
+    return named(image.status().code(),
+                 absl::StrCat("Protocol driver '", format,
+                              "' does not support image creation, and "
+                              "opening the image failed: ",
+                              cause));
+  }
+  RETURN_IF_ERROR(CloseImage(*image));
+  if (format == "host_cdrom" && !block::CdromMediumInserted(filename)) {
+    return named(absl::StatusCode::kFailedPrecondition, "No medium inserted");
+  }
+  posix_file::FileCreateOptions device_options;
+  device_options.set_size(options.size());
+  return CreateImageFile(filename, device_options, err);
 }
 
 absl::Status CreateQcow2File(const std::string& name,

@@ -61,6 +61,21 @@ absl::Status CreateImageFile(const std::string& filename,
                              const posix_file::FileCreateOptions& options,
                              std::ostream& err);
 
+// CreateImageFile for the target of create, convert or dd in `format`
+// (raw, file, host_device, host_cdrom; not qcow2). host_device and
+// host_cdrom are QEMU's bdrv_co_create_opts_simple: nothing is created; the
+// existing device is opened with that driver (failing as "<file>: Protocol
+// driver 'host_device' does not support image creation, and opening the
+// image failed: <why>", with the error's code), a preallocation other than
+// off is "<file>: Unsupported preallocation mode 'falloc'" (checked first),
+// host_cdrom needs a disc ("<file>: No medium inserted",
+// kFailedPrecondition), then the device keeps its length ("Cannot grow
+// device files" for a larger size) and its first sector is zeroed.
+absl::Status CreateFileForFormat(const std::string& format,
+                                 const std::string& filename,
+                                 const posix_file::FileCreateOptions& options,
+                                 std::ostream& err);
+
 // Creates the image file (emptying an existing one, as qemu-img does), then
 // writes a qcow2 image with `values` (size, which must be set, and the
 // rest) onto it. The options are checked after the file is created, as

@@ -3,7 +3,8 @@
 # drivers (iotest 226): imgtool io and imgtool against qemu-io and qemu-img
 # 7.2 on a directory, /dev/null, a regular file and, as root, a loop
 # device: messages, exit codes, lengths, reads, writes, zero writes,
-# discards, truncates, map and info, and the device's bytes afterwards.
+# discards, truncates, map, info and create -f host_device|host_cdrom, and
+# the device's bytes afterwards.
 # Not compared: qemu-io's `truncate` to another length than the device's,
 # which QEMU asks for inexactly (lowering succeeds and changes nothing,
 # growing is "Cannot grow device files") and imgtool exactly ("Cannot
@@ -60,6 +61,28 @@ for args in "info /dev/null" "info --output=json /dev/null" \
   # shellcheck disable=SC2086
   same_messages files $args
 done
+# create -f host_device|host_cdrom: QEMU's bdrv_co_create_opts_simple
+# (opens what exists, creates nothing).
+for proto in host_device host_cdrom; do
+  for args in "plain.raw 1M" "t.qcow2 1M" "missing.raw 1M" "/dev/null 0" \
+    "/dev/null 1M" "/dev/null" "-q /dev/null 0" "-o help" "-o help /dev/null" \
+    "-o help plain.raw" "-o preallocation=falloc missing.raw 1M" \
+    "-o preallocation=bogus /dev/null 0" "-o nocow=on /dev/null 0" \
+    "-o extent_size_hint=1M /dev/null 0" "-b plain.raw /dev/null 0"; do
+    # shellcheck disable=SC2086
+    same_messages files create -f $proto $args
+  done
+done
+for args in "create -f raw -o help /dev/null" "create -f file -o help /dev/null" \
+  "convert -O host_device plain.raw missing.raw" \
+  "convert -O host_cdrom plain.raw plain2.raw" \
+  "convert -O host_device plain.raw /dev/null" \
+  "convert -O host_device -o preallocation=full plain.raw /dev/null" \
+  "dd -O host_device if=plain.raw of=missing.raw" \
+  "dd -O host_device if=plain.raw of=/dev/null"; do
+  # shellcheck disable=SC2086
+  same_messages files $args
+done
 
 # A loop device (root only): what both tools do to its bytes.
 if [[ $(id -u) -ne 0 ]] || ! command -v losetup >/dev/null; then
@@ -111,7 +134,12 @@ for args in "info $LOOP" "info --output=json $LOOP" "info -f raw $LOOP" \
   "compare -f raw -F raw $LOOP seed" \
   "convert -O qcow2 $LOOP out.qcow2" "convert -n -O raw seed $LOOP" \
   "resize -f raw $LOOP 4M" "resize -f raw $LOOP 8M" \
-  "resize -f raw --shrink $LOOP 3M"; do
+  "resize -f raw --shrink $LOOP 3M" "create -f host_device $LOOP 1M" \
+  "create -f host_device $LOOP 8M" "create -f host_device $LOOP 4M" \
+  "create -f host_device -o preallocation=full $LOOP 1M" \
+  "create -f host_cdrom $LOOP 1M" "create -f raw -o help $LOOP" \
+  "create -f raw $LOOP 1M" "convert -O host_device seed $LOOP" \
+  "dd -O host_device bs=64k count=20 if=seed of=$LOOP"; do
   # shellcheck disable=SC2086
   same_on_device img $args
 done
