@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/errno_status.h"
 #include "base/json_printer.h"
@@ -166,9 +167,14 @@ const std::vector<Driver>& Drivers() {
         .kind = DriverKind::kFormat,
         .options = qcow2::Qcow2OpenOptions::descriptor(),
         .keys = {"l2-cache-size", "refcount-cache-size", "lazy-refcounts",
-                 "cache-size", "l2-cache-entry-size", "cache-clean-interval"},
-        // Metadata overlap checks only guard.
-        .ignored_keys = {"overlap-check"},
+                 "cache-size", "l2-cache-entry-size", "cache-clean-interval",
+                 "overlap-check", "overlap-check.template",
+                 "overlap-check.main-header", "overlap-check.active-l1",
+                 "overlap-check.active-l2", "overlap-check.refcount-table",
+                 "overlap-check.refcount-block",
+                 "overlap-check.snapshot-table", "overlap-check.inactive-l1",
+                 "overlap-check.inactive-l2",
+                 "overlap-check.bitmap-directory"},
         .unsupported_keys = {"pass-discard-request", "pass-discard-snapshot",
                              "pass-discard-other", "data-file", "encrypt"},
         .has_file_child = true,
@@ -219,6 +225,30 @@ const std::vector<Driver>& Drivers() {
 
 bool Contains(const std::vector<std::string>& list, absl::string_view key) {
   return std::find(list.begin(), list.end(), key) != list.end();
+}
+
+// True if a key of `keys` is dotted below `name` ("overlap-check.template"
+// below "overlap-check"): such a child holds the driver's own options.
+bool HasKeysBelow(const std::vector<std::string>& keys,
+                  absl::string_view name) {
+  return std::any_of(keys.begin(), keys.end(), [&](const std::string& key) {
+    return absl::StartsWith(key, absl::StrCat(name, "."));
+  });
+}
+
+// The value of a driver key in `node`; a dotted key ("overlap-check.
+// template") is looked up through the children. Null if not given.
+const std::string* FindKeyValue(const NodeOptions& node,
+                                absl::string_view key) {
+  const NodeOptions* n = &node;
+  std::vector<absl::string_view> parts = absl::StrSplit(key, '.');
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    auto child = n->children.find(std::string(parts[i]));
+    if (child == n->children.end()) return nullptr;
+    n = &child->second;
+  }
+  auto it = n->values.find(std::string(parts.back()));
+  return it == n->values.end() ? nullptr : &it->second;
 }
 
 // The cache mode of a node as QEMU's three flags.
@@ -424,7 +454,16 @@ std::optional<std::string> FindUnknownKey(
       if (!child.children.empty()) return FirstKey("cache", child);
       continue;
     }
-    if (!Contains(consumed, name)) return FirstKey(name, child);
+    if (Contains(consumed, name)) continue;
+    if (HasKeysBelow(driver.keys, name)) {
+      for (const auto& [key, value] : child.values) {
+        const std::string dotted = absl::StrCat(name, ".", key);
+        if (!Contains(driver.keys, dotted)) return dotted;
+      }
+      if (!child.children.empty()) return FirstKey(name, child);
+      continue;
+    }
+    return FirstKey(name, child);
   }
   return std::nullopt;
 }
@@ -1391,11 +1430,11 @@ absl::Status FillDriverOptions(const Driver& driver, const NodeOptions& node,
   if (driver.options == nullptr) return absl::OkStatus();
   const Reflection* reflection = options->GetReflection();
   for (const std::string& key : driver.keys) {
-    auto it = node.values.find(key);
-    if (it == node.values.end()) continue;
-    const std::string& value = it->second;
+    const std::string* found = FindKeyValue(node, key);
+    if (found == nullptr) continue;
+    const std::string& value = *found;
     const FieldDescriptor* field = driver.options->FindFieldByName(
-        absl::StrReplaceAll(key, {{"-", "_"}}));
+        absl::StrReplaceAll(key, {{"-", "_"}, {".", "_"}}));
     if (field == nullptr) {
       return absl::InternalError(absl::StrCat(
           "driver '", driver.name, "': no field for key '", key, "'"));

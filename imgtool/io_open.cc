@@ -82,6 +82,10 @@ std::string FlattenOptions(const NodeOptions& tree) {
 absl::StatusOr<NodeOptions> OpenCommandOptions(const std::string& path,
                                                const std::string& options) {
   ASSIGN_OR_RETURN(OptionList list, ParseOptionString(options));
+  // A key both a value and a group ("overlap-check=all,overlap-check.
+  // inactive-l2=on", which QEMU's flat qcow2 options take) fails as in
+  // --image-opts rather than the later one replacing the other.
+  RETURN_IF_ERROR(BuildNodeOptions(list).status());
   NodeOptions tree;
   const bool has_driver =
       std::any_of(list.begin(), list.end(),

@@ -14,8 +14,9 @@
 
 namespace imgtool::qcow2 {
 
-// Kinds of metadata for the pre-write overlap check (QEMU's
-// QCow2MetadataOverlap, "cached" template: everything but inactive L2).
+// Kinds of metadata for the pre-write overlap check (QEMU 7.2's
+// QCow2MetadataOverlap bits, block/qcow2.h). Which kinds a node checks is
+// its `overlap-check` option (Qcow2Node::OverlapChecks).
 enum Overlap : uint32_t {
   kOverlapHeader = 1u << 0,
   kOverlapActiveL1 = 1u << 1,
@@ -24,7 +25,20 @@ enum Overlap : uint32_t {
   kOverlapRefcountBlock = 1u << 4,
   kOverlapSnapshotTable = 1u << 5,
   kOverlapInactiveL1 = 1u << 6,
+  kOverlapInactiveL2 = 1u << 7,
+  kOverlapBitmapDirectory = 1u << 8,
 };
+// QEMU's templates: QCOW2_OL_CONSTANT (no table walks), QCOW2_OL_CACHED
+// (the default: what is in memory) and QCOW2_OL_ALL (inactive L2 tables
+// too, which reads every snapshot's L1 table on every check).
+inline constexpr uint32_t kOverlapConstant =
+    kOverlapHeader | kOverlapActiveL1 | kOverlapRefcountTable |
+    kOverlapSnapshotTable | kOverlapBitmapDirectory;
+inline constexpr uint32_t kOverlapCached = kOverlapConstant |
+                                           kOverlapActiveL2 |
+                                           kOverlapRefcountBlock |
+                                           kOverlapInactiveL1;
+inline constexpr uint32_t kOverlapAll = kOverlapCached | kOverlapInactiveL2;
 
 class MetadataIo {
  public:

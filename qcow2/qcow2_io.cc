@@ -407,7 +407,10 @@ void Qcow2Node::FreeEntryLater(const format::L2Entry& e, bool discard) {
 io::Task<absl::Status> Qcow2Node::CheckFreeOrFail(const format::L2Entry& e) {
   const auto [offset, length] = HostBytesOf(e);
   if (length == 0) co_return absl::OkStatus();
-  co_return co_await CheckOverlapOrFail(offset, length, 0);
+  // Not the inactive L2 tables: a cluster shared with a snapshot is only
+  // unreferenced here (its refcount stays above 0), and reading every
+  // snapshot L1 table per freed entry would be imgtool's cost alone.
+  co_return co_await CheckOverlapOrFail(offset, length, kOverlapInactiveL2);
 }
 
 // ---- Reads --------------------------------------------------------------------

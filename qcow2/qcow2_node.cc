@@ -3,7 +3,9 @@
 #include "qcow2/qcow2_node.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -102,6 +104,57 @@ std::string Qcow2Node::backing_filename() const {
 
 std::string Qcow2Node::backing_format() const {
   return header_.backing_format.value_or("");
+}
+
+absl::StatusOr<uint32_t> Qcow2Node::OverlapChecks(
+    const Qcow2OpenOptions& options) {
+  const std::string& given = options.overlap_check();
+  const std::string& tmpl = options.overlap_check_template();
+  if (!given.empty() && !tmpl.empty() && given != tmpl) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Conflicting values for qcow2 options 'overlap-check' ('%s') and "
+        "'overlap-check.template' ('%s')",
+        given, tmpl));
+  }
+  const std::string& name =
+      !given.empty() ? given : (!tmpl.empty() ? tmpl : std::string("cached"));
+  uint32_t bits = 0;
+  if (name == "none") {
+    bits = 0;
+  } else if (name == "constant") {
+    bits = kOverlapConstant;
+  } else if (name == "cached") {
+    bits = kOverlapCached;
+  } else if (name == "all") {
+    bits = kOverlapAll;
+  } else {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Unsupported value '%s' for qcow2 option 'overlap-check'. Allowed "
+        "are any of the following: none, constant, cached, all",
+        name));
+  }
+  auto set = [&bits](bool has, bool on, uint32_t bit) {
+    if (has) bits = on ? (bits | bit) : (bits & ~bit);
+  };
+  set(options.has_overlap_check_main_header(),
+      options.overlap_check_main_header(), kOverlapHeader);
+  set(options.has_overlap_check_active_l1(), options.overlap_check_active_l1(),
+      kOverlapActiveL1);
+  set(options.has_overlap_check_active_l2(), options.overlap_check_active_l2(),
+      kOverlapActiveL2);
+  set(options.has_overlap_check_refcount_table(),
+      options.overlap_check_refcount_table(), kOverlapRefcountTable);
+  set(options.has_overlap_check_refcount_block(),
+      options.overlap_check_refcount_block(), kOverlapRefcountBlock);
+  set(options.has_overlap_check_snapshot_table(),
+      options.overlap_check_snapshot_table(), kOverlapSnapshotTable);
+  set(options.has_overlap_check_inactive_l1(),
+      options.overlap_check_inactive_l1(), kOverlapInactiveL1);
+  set(options.has_overlap_check_inactive_l2(),
+      options.overlap_check_inactive_l2(), kOverlapInactiveL2);
+  set(options.has_overlap_check_bitmap_directory(),
+      options.overlap_check_bitmap_directory(), kOverlapBitmapDirectory);
+  return bits;
 }
 
 absl::Status Qcow2Node::CacheSizes(const format::Header& header,
@@ -239,6 +292,7 @@ io::Task<absl::StatusOr<std::unique_ptr<Qcow2Node>>> Qcow2Node::Open(
         "Lazy refcounts require a qcow2 image with at least qemu 1.1 "
         "compatibility level");
   }
+  CO_ASSIGN_OR_RETURN(config.overlap_check, OverlapChecks(options));
 
   std::unique_ptr<Qcow2Node> node(
       new Qcow2Node(std::move(file), std::move(header), config));
@@ -357,7 +411,8 @@ io::Task<absl::Status> Qcow2Node::ReadMetadata(uint64_t offset, io::IoVec buf) {
 uint32_t Qcow2Node::CheckOverlap(uint64_t offset, uint64_t size,
                                  uint32_t ignore) const {
   if (size == 0) return 0;
-  const uint32_t chk = ~ignore;
+  const uint32_t chk = config_.overlap_check & ~ignore;
+  if (chk == 0) return 0;
   if ((chk & kOverlapHeader) && offset < cluster_size_) return kOverlapHeader;
   const uint64_t mask = cluster_size_ - 1;
   const uint64_t start = offset & ~mask;
@@ -406,13 +461,55 @@ uint32_t Qcow2Node::CheckOverlap(uint64_t offset, uint64_t size,
       }
     }
   }
+  // (QEMU checks inactive L2 tables here: InactiveL2Overlap.)
+  if ((chk & kOverlapBitmapDirectory) &&
+      (header_.autoclear_features & format::kAutoclearBitmaps) &&
+      header_.bitmaps.has_value() &&
+      overlaps(header_.bitmaps->bitmap_directory_offset,
+               header_.bitmaps->bitmap_directory_size)) {
+    return kOverlapBitmapDirectory;
+  }
   return 0;
+}
+
+io::Task<absl::StatusOr<bool>> Qcow2Node::InactiveL2Overlap(uint64_t offset,
+                                                            uint64_t size) {
+  const uint64_t mask = cluster_size_ - 1;
+  const uint64_t start = offset & ~mask;
+  const uint64_t end = (offset + size + mask) & ~mask;
+  constexpr uint64_t kMaxL1Bytes = uint64_t{32} << 20;  // QCOW_MAX_L1_SIZE
+  for (const SnapshotL1& s : snapshot_l1s_) {
+    // qcow2_validate_table(..., QCOW_MAX_L1_SIZE, "", NULL).
+    if (s.bytes > kMaxL1Bytes) {
+      co_return WithMessage(ErrnoStatus("", "inactive L2 check", EFBIG),
+                            "Snapshot L1 table too large");
+    }
+    if (uint64_t{INT64_MAX} - s.bytes < s.offset || (s.offset & mask) != 0) {
+      co_return WithMessage(ErrnoStatus("", "inactive L2 check", EINVAL),
+                            "Snapshot L1 table offset invalid");
+    }
+    if (s.bytes == 0) continue;
+    io::AlignedBuffer l1(s.bytes);
+    CO_RETURN_IF_ERROR(co_await file_->Read(s.offset, l1.span()));
+    for (uint64_t i = 0; i < s.bytes; i += 8) {
+      const uint64_t l2 = LoadBE64(l1.data() + i) & format::kL1OffsetMask;
+      if (l2 != 0 && l2 < end && start < l2 + cluster_size_) co_return true;
+    }
+  }
+  co_return false;
 }
 
 io::Task<absl::Status> Qcow2Node::CheckOverlapOrFail(uint64_t offset,
                                                      uint64_t size,
                                                      uint32_t ignore) {
-  const uint32_t kind = CheckOverlap(offset, size, ignore);
+  uint32_t kind = CheckOverlap(offset, size, ignore);
+  if ((kind == 0 || kind == kOverlapBitmapDirectory) && size != 0 &&
+      (config_.overlap_check & ~ignore & kOverlapInactiveL2) &&
+      !snapshot_l1s_.empty()) {
+    CO_ASSIGN_OR_RETURN(const bool inactive,
+                        co_await InactiveL2Overlap(offset, size));
+    if (inactive) kind = kOverlapInactiveL2;
+  }
   if (kind == 0) co_return absl::OkStatus();
   const char* name = "metadata";
   switch (kind) {
@@ -423,6 +520,8 @@ io::Task<absl::Status> Qcow2Node::CheckOverlapOrFail(uint64_t offset,
     case kOverlapRefcountBlock: name = "refcount block"; break;
     case kOverlapSnapshotTable: name = "snapshot table"; break;
     case kOverlapInactiveL1: name = "inactive L1 table"; break;
+    case kOverlapInactiveL2: name = "inactive L2 table"; break;
+    case kOverlapBitmapDirectory: name = "bitmap directory"; break;
   }
   co_return co_await SignalCorruption(absl::StrCat(
       "Preventing invalid write on metadata (overlaps with ", name, ")"));

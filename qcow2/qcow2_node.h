@@ -513,6 +513,7 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
     size_t l2_cache_tables = 0;
     size_t refcount_cache_tables = 0;
     bool lazy_refcounts = false;
+    uint32_t overlap_check = kOverlapCached;  // Overlap bits checked
   };
 
   Qcow2Node(std::unique_ptr<io::BlockNode> file, format::Header header,
@@ -528,6 +529,17 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   static absl::Status CacheSizes(const format::Header& header,
                                  const Qcow2OpenOptions& options,
                                  Config* config);
+
+  // The Overlap bits `options` select, as QEMU 7.2's
+  // qcow2_update_options_prepare: the template (overlap-check, or
+  // overlap-check.template; "cached" when neither is given) with each
+  // overlap-check.<kind> boolean overriding its bit. kInvalidArgument with
+  // QEMU's messages: "Conflicting values for qcow2 options 'overlap-check'
+  // ('A') and 'overlap-check.template' ('B')", "Unsupported value 'X' for
+  // qcow2 option 'overlap-check'. Allowed are any of the following: none,
+  // constant, cached, all".
+  static absl::StatusOr<uint32_t> OverlapChecks(
+      const Qcow2OpenOptions& options);
 
   // MetadataIo.
   io::Task<absl::Status> WriteMetadata(uint64_t offset, io::ConstIoVec data,
@@ -600,8 +612,20 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   io::Task<absl::Status> PrepareFirstWrite();
   absl::Status CheckUsable() const { return broken_; }
 
-  // Overlap check (QEMU's "cached" template). 0 or the overlapping kind.
+  // QEMU 7.2's qcow2_check_metadata_overlap over the kinds the node's
+  // overlap-check option selects, minus `ignore`: 0 or the first
+  // overlapping kind, in QEMU's order. CheckOverlap answers from memory
+  // and leaves out inactive L2 tables; InactiveL2Overlap reads each
+  // snapshot's L1 table for them (an L1 table QEMU's qcow2_validate_table
+  // rejects fails it: kInvalidArgument with EINVAL for a bad offset,
+  // EFBIG for more than 32 MiB; read errors as they come).
   uint32_t CheckOverlap(uint64_t offset, uint64_t size, uint32_t ignore) const;
+  io::Task<absl::StatusOr<bool>> InactiveL2Overlap(uint64_t offset,
+                                                   uint64_t size);
+  // qcow2_pre_write_overlap_check: an overlap marks the image corrupt
+  // ("Preventing invalid write on metadata (overlaps with <kind>)") and
+  // fails with SignalCorruption's error; a failed check fails with its
+  // error and changes nothing.
   io::Task<absl::Status> CheckOverlapOrFail(uint64_t offset, uint64_t size,
                                             uint32_t ignore);
 
@@ -662,9 +686,9 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // none): a whole cluster, or a compressed cluster's byte range.
   std::pair<uint64_t, uint64_t> HostBytesOf(const format::L2Entry& entry) const;
   // Before a discard, zero write, write or resize drops an L2 entry and
-  // frees its host bytes: the overlap check, as for a write there (QEMU 7.2
-  // frees them unchecked). kDataLoss and the image marked corrupt if they
-  // hold metadata.
+  // frees its host bytes: the overlap check, as for a write there but for
+  // inactive L2 tables (QEMU 7.2 frees them unchecked). kDataLoss and the
+  // image marked corrupt if they hold metadata of a kind checked.
   io::Task<absl::Status> CheckFreeOrFail(const format::L2Entry& entry);
   // The lowest sequence number of a data request in flight (next_seq_ if
   // none): pending frees queued at or below it are no longer read.

@@ -1,10 +1,12 @@
 #include "qcow2/refcounts.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "base/errno_status.h"
 #include "base/status_macros.h"
 #include "io/aligned_buffer.h"
 #include "qcow2/bytes.h"
@@ -41,10 +43,15 @@ uint64_t RefcountBlocksNeeded(uint64_t clusters, uint64_t cluster_size,
 
 }  // namespace
 
-absl::Status Refcounts::Retry() { return absl::AbortedError(kRetryMessage); }
+// Carries EAGAIN: where it escapes (an update that is no allocation, as the
+// snapshot refcount increase of qcow2_update_snapshot_refcount), callers
+// print QEMU's "-11 (Resource temporarily unavailable)".
+absl::Status Refcounts::Retry() {
+  return WithMessage(ErrnoStatus("", kRetryMessage, EAGAIN), kRetryMessage);
+}
 
 bool Refcounts::IsRetry(const absl::Status& st) {
-  return absl::IsAborted(st) && st.message() == kRetryMessage;
+  return StatusErrno(st) == EAGAIN && st.message() == kRetryMessage;
 }
 
 Refcounts::Refcounts(MetadataIo& io, uint32_t cluster_bits,
