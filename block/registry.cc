@@ -106,7 +106,7 @@ absl::Status ParseHostCdromFilename(absl::string_view filename,
 
 // The posix_file drivers: `file` and its device twins.
 bool IsPosixFileDriver(absl::string_view name) {
-  return name == "file" || name == "host_device" || name == "host_cdrom";
+  return name == "file" || IsDeviceDriver(name);
 }
 
 absl::Status ParseNullCo(absl::string_view filename, NodeOptions*) {
@@ -1339,6 +1339,10 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
 }
 
 }  // namespace
+
+bool IsDeviceDriver(absl::string_view name) {
+  return name == "host_device" || name == "host_cdrom";
+}
 
 bool CdromMediumInserted(const std::string& filename) {
   const int fd = open(filename.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);

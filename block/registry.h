@@ -179,6 +179,11 @@ bool QemuDriverCannotCreate(absl::string_view name);
 // file system (open(2) O_NONBLOCK, stat); never fails.
 std::string HostDeviceDriverFor(const std::string& filename);
 
+// Whether `name` is one of QEMU's device drivers, host_device or
+// host_cdrom (what HostDeviceDriverFor returns), which create through
+// bdrv_co_create_opts_simple.
+bool IsDeviceDriver(absl::string_view name);
+
 // QEMU's cdrom_is_inserted for host_cdrom: whether the CDROM_DRIVE_STATUS
 // ioctl on `filename` (opened O_RDONLY | O_NONBLOCK) says CDS_DISC_OK. False
 // for anything that is not a CD-ROM drive with a disc (a loop device, a

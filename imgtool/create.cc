@@ -286,7 +286,7 @@ absl::Status RunCreate(const std::vector<std::string>& args, Streams streams) {
       // The protocol's options merged with the format's (QEMU's
       // qemu_opts_append; the format's line wins a name both have).
       const bool device = !block::HostDeviceDriverFor(operands[0]).empty();
-      const bool simple = format == "host_device" || format == "host_cdrom";
+      const bool simple = block::IsDeviceDriver(format);
       streams.out << "Supported options:\n";
       if (simple && !device) {
         // host_device's options over a file: file's extras, then
@@ -298,7 +298,7 @@ absl::Status RunCreate(const std::vector<std::string>& args, Streams streams) {
         streams.out << (device && format != "file" ? kSimpleOptionsHelp
                                                    : kFileOptionsHelp);
       }
-    } else if (format == "host_device" || format == "host_cdrom") {
+    } else if (block::IsDeviceDriver(format)) {
       streams.out << "Supported " << format << " options:\n"
                   << kSimpleOptionsHelp << kProtocolHint;
     } else if (format == "file") {
@@ -347,7 +347,7 @@ absl::Status RunCreate(const std::vector<std::string>& args, Streams streams) {
                                "The image size must be specified only once"));
   }
   if (!values.size.has_value()) values.size = size;
-  const bool simple = format == "host_device" || format == "host_cdrom";
+  const bool simple = block::IsDeviceDriver(format);
   if (simple && values.nocow.has_value()) {
     return Named(filename, absl::InvalidArgumentError("Invalid parameter 'nocow'"));
   }

@@ -63,7 +63,7 @@ absl::Status CheckFormat(const std::string& format, bool for_create) {
   }
   // Protocol drivers that create through QEMU's bdrv_co_create_opts_simple
   // (open the existing device; imgtool's create handles them).
-  if (format == "host_device" || format == "host_cdrom") {
+  if (block::IsDeviceDriver(format)) {
     return absl::OkStatus();
   }
   if (for_create && block::QemuDriverCannotCreate(format)) {

@@ -237,7 +237,7 @@ absl::Status CreateFileForFormat(const std::string& format,
                                  const std::string& filename,
                                  const posix_file::FileCreateOptions& options,
                                  std::ostream& err) {
-  if (format != "host_device" && format != "host_cdrom") {
+  if (!block::IsDeviceDriver(format)) {
     return CreateImageFile(filename, options, err);
   }
   const auto named = [&](absl::StatusCode code, absl::string_view message) {
