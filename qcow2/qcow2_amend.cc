@@ -207,7 +207,8 @@ Qcow2Node::ReadSnapshotRecords(uint64_t* table_bytes) {
 }
 
 io::Task<absl::Status> Qcow2Node::RewriteSnapshotTable(
-    const std::vector<SnapshotRecord>& records, uint64_t old_table_bytes) {
+    const std::vector<SnapshotRecord>& records, uint64_t old_table_bytes,
+    std::optional<uint64_t> incompatible_features) {
   const std::vector<uint8_t> table = format::EncodeSnapshotTable(records);
   const uint64_t bytes = table.size();
   if (bytes > format::kMaxSnapshotTableBytes) {
@@ -225,11 +226,23 @@ io::Task<absl::Status> Qcow2Node::RewriteSnapshotTable(
   // The new table and its refcounts are durable before the header points
   // to them.
   CO_RETURN_IF_ERROR(co_await FlushAll());
-  uint8_t field[12];
+  // nb_snapshots and snapshots_offset (bytes 60-71), and with
+  // `incompatible_features` the version 3 field right after them (72-79):
+  // one write within the first sector, so the switch to the new table and
+  // the change of the dirty bit reach the disk together or not at all.
+  uint8_t field[20];
   StoreBE32(field, static_cast<uint32_t>(records.size()));
   StoreBE64(field + 4, table_offset);
-  CO_RETURN_IF_ERROR(co_await WriteHeaderField(kNbSnapshotsOffset,
-                                               io::ConstIoVec(field, 12)));
+  size_t field_bytes = 12;
+  if (incompatible_features.has_value()) {
+    StoreBE64(field + 12, *incompatible_features);
+    field_bytes = 20;
+  }
+  CO_RETURN_IF_ERROR(co_await WriteHeaderField(
+      kNbSnapshotsOffset, io::ConstIoVec(field, field_bytes)));
+  if (incompatible_features.has_value()) {
+    header_.incompatible_features = *incompatible_features;
+  }
   const uint64_t old_offset = header_.snapshots_offset;
   header_.nb_snapshots = static_cast<uint32_t>(records.size());
   header_.snapshots_offset = table_offset;

@@ -952,9 +952,12 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // where the refcount is 1 and clears it elsewhere, writes the L2 tables
   // and refcounts, and (addend >= 0) the L1 table if its flags changed.
   // Clusters whose refcount drops to 0 are punched in the file.
+  // With `sync` false nothing is flushed: the L2 tables and refcounts stay
+  // in their caches and the L1 table is written unsynced, for a caller whose
+  // next FlushAll makes them durable before anything depends on them.
   io::Task<absl::Status> UpdateSnapshotRefcount(std::vector<uint64_t>& l1,
                                                 bool active, uint64_t l1_offset,
-                                                int addend);
+                                                int addend, bool sync = true);
   // qcow2_validate_table for a snapshot's L1 table: kInvalidArgument
   // (EINVAL) "Snapshot L1 table offset invalid", kResourceExhausted (EFBIG)
   // "Snapshot L1 table too large".
@@ -969,10 +972,15 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
       uint64_t* table_bytes);
   // qcow2_write_snapshots: writes `records` (every entry with at least
   // version 3's 24 bytes of extra data) to newly allocated clusters,
-  // points the header at them (synced) and frees the old table, punching
-  // a hole where a cluster became free (QEMU's pass-discard-snapshot).
+  // flushes everything cached (FlushAll), points the header at them
+  // (synced) and frees the old table (in the refcount cache, not flushed),
+  // punching a hole where a cluster became free (QEMU's
+  // pass-discard-snapshot). With `incompatible_features` (version 3 only)
+  // the header write also sets that field (e.g. the dirty bit changed), in
+  // the same 20-byte write at offset 60, and header_ follows it.
   io::Task<absl::Status> RewriteSnapshotTable(
-      const std::vector<SnapshotRecord>& records, uint64_t old_table_bytes);
+      const std::vector<SnapshotRecord>& records, uint64_t old_table_bytes,
+      std::optional<uint64_t> incompatible_features = std::nullopt);
   // Zero clusters in the active L1's and every snapshot's L2 tables become
   // unallocated (no backing file) or zeroed data clusters
   // (qcow2_expand_zero_clusters); progress counts L1 entries.

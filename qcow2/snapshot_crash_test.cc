@@ -150,7 +150,10 @@ void Replay(const std::string& path,
   close(fd);
 }
 
-enum class Op { kCreate, kApply, kDelete };
+// kDelete removes s1 (the active clusters stay shared with s2), kDeleteLast
+// s2: clusters shared by s2 and the active state only drop to refcount 1 and
+// their COPIED flags are set again.
+enum class Op { kCreate, kApply, kDelete, kDeleteLast };
 
 struct Case {
   const char* name;
@@ -191,6 +194,9 @@ uint64_t RunOp(Env& env, const std::string& path, Op op, uint64_t budget,
     }
     case Op::kDelete:
       st = env.Run((*node)->DeleteSnapshot(0));
+      break;
+    case Op::kDeleteLast:
+      st = env.Run((*node)->DeleteSnapshot(1));
       break;
   }
   absl::Status closed = env.Run((*node)->Close());
@@ -294,6 +300,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"create", "", Op::kCreate},
                       Case{"apply", "", Op::kApply},
                       Case{"delete", "", Op::kDelete},
+                      Case{"delete_last", "", Op::kDeleteLast},
                       Case{"create_ext", "-o extended_l2=on", Op::kCreate},
                       Case{"apply_ext", "-o extended_l2=on", Op::kApply},
                       Case{"delete_ext", "-o extended_l2=on", Op::kDelete},
