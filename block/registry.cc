@@ -33,6 +33,7 @@
 #include "cor_filter/cor_filter.h"
 #include "cor_filter/cor_options.pb.h"
 #include "google/protobuf/message.h"
+#include "nbd_block/nbd_node.h"
 #include "null_block/null_node.h"
 #include "null_block/null_options.pb.h"
 #include "posix_file/file_options.pb.h"
@@ -73,8 +74,8 @@ constexpr std::array<const char*, 5> kGenericKeys = {
     "driver", "node-name", "read-only", "auto-read-only", "force-share"};
 
 // Protocols QEMU 7.2 has and imgtool does not (bdrv_find_protocol's names).
-constexpr std::array<const char*, 20> kUnsupportedProtocols = {
-    "nbd",          "nbd+tcp",      "nbd+unix", "ssh",  "http",
+constexpr std::array<const char*, 17> kUnsupportedProtocols = {
+    "ssh",  "http",
     "https",        "ftp",          "ftps",     "iscsi", "iser",
     "rbd",          "gluster",      "gluster+tcp", "gluster+unix",
     "gluster+rdma", "nfs",          "fat",      "blkverify", "nvme", "vxhs"};
@@ -116,6 +117,21 @@ absl::Status ParseNullAio(absl::string_view filename, NodeOptions*) {
   return null_block::ParseNullFilename("null-aio", filename);
 }
 
+// nbd: URIs (nbd://, nbd+tcp://, nbd+unix://) and the legacy nbd:...
+// syntax fill server.* and export (nbd_block/nbd_node.h).
+absl::Status ParseNbd(absl::string_view filename, NodeOptions* node) {
+  return nbd_block::ParseNbdFilename(
+      filename, [node](const std::string& key, const std::string& value) {
+        const size_t dot = key.find('.');
+        if (dot == std::string::npos) {
+          node->values[key] = value;
+        } else {
+          node->children[key.substr(0, dot)].values[key.substr(dot + 1)] =
+              value;
+        }
+      });
+}
+
 const std::vector<Driver>& Drivers() {
   static const std::vector<Driver>* drivers = [] {
     auto* d = new std::vector<Driver>;
@@ -155,6 +171,16 @@ const std::vector<Driver>& Drivers() {
                                                            : ParseNullAio,
       });
     }
+    d->push_back(Driver{
+        .name = "nbd",
+        .kind = DriverKind::kProtocol,
+        .keys = {"server.type", "server.path", "server.host", "server.port",
+                 "export"},
+        .unsupported_keys = {"tls-creds", "tls-hostname", "x-dirty-bitmap",
+                             "reconnect-delay", "open-timeout"},
+        .protocol = "nbd",
+        .parse_filename = ParseNbd,
+    });
     d->push_back(Driver{
         .name = "raw",
         .kind = DriverKind::kFormat,
@@ -891,6 +917,46 @@ io::Task<absl::StatusOr<Opened>> OpenNull(const Driver& driver,
   co_return out;
 }
 
+// nbd: named as QEMU's nbd_refresh_filename (nbd_block::ExactFilename),
+// json:{"driver": "nbd", "server": {...}, "export": ...} when it has no
+// such name (an IPv6 host).
+io::Task<absl::StatusOr<Opened>> OpenNbd(const Driver& driver,
+                                         NodeOptions node, Context ctx) {
+  CO_ASSIGN_OR_RETURN(
+      nbd_block::NbdAddress address,
+      nbd_block::AddressFromOptions(
+          [&node](const std::string& key) { return FindKeyValue(node, key); }));
+  std::string exact = nbd_block::ExactFilename(address);
+  std::vector<std::pair<std::string, std::string>> server;
+  auto quote = [](const std::string& v) {
+    std::string q;
+    AppendJsonString(v, &q);
+    return q;
+  };
+  if (address.is_unix) {
+    server = {{"type", quote("unix")}, {"path", quote(address.path)}};
+  } else {
+    server = {{"type", quote("inet")},
+              {"host", quote(address.host)},
+              {"port", quote(address.port)}};
+  }
+  std::vector<std::pair<std::string, std::string>> members = {
+      {"driver", quote(driver.name)}, {"server", QdictJson(server)}};
+  if (address.export_name.has_value()) {
+    members.emplace_back("export", quote(*address.export_name));
+  }
+  CO_ASSIGN_OR_RETURN(
+      std::unique_ptr<nbd_block::NbdNode> nbd,
+      nbd_block::NbdNode::Open(exact.empty() ? "nbd" : exact, address,
+                               ctx.settings->engine, ctx.read_only));
+  Opened out;
+  out.driver = &driver;
+  out.node = std::move(nbd);
+  out.exact_filename = exact;
+  out.json = QdictJson(std::move(members));
+  co_return out;
+}
+
 // The options of `node` as QEMU's flattened keys ("inject-error.0.event"),
 // without `skip` children.
 void FlattenValues(const NodeOptions& node, const std::string& prefix,
@@ -1254,6 +1320,8 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
     opened = co_await OpenFile(driver, node, ctx);
   } else if (driver.name == "null-co" || driver.name == "null-aio") {
     opened = co_await OpenNull(driver, node, ctx);
+  } else if (driver.name == "nbd") {
+    opened = co_await OpenNbd(driver, node, ctx);
   } else if (driver.name == "raw") {
     raw_format::RawOptions options;
     CO_RETURN_IF_ERROR(FillDriverOptions(driver, node, &options));
@@ -1608,6 +1676,10 @@ absl::StatusOr<NodeOptions> ProtocolNodeOptions(absl::string_view filename,
     const absl::string_view prefix = filename.substr(0, filename.find(':'));
     for (const Driver& d : Drivers()) {
       if (!d.protocol.empty() && d.protocol == prefix) driver = &d;
+      // QEMU's nbd driver has three protocol names.
+      if (d.name == "nbd" && (prefix == "nbd+tcp" || prefix == "nbd+unix")) {
+        driver = &d;
+      }
     }
     if (driver == nullptr) {
       if (std::find(kUnsupportedProtocols.begin(), kUnsupportedProtocols.end(),

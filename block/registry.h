@@ -139,7 +139,7 @@ bool HasProtocolPrefix(absl::string_view filename);
 // (HasProtocolPrefix) goes to the registered driver whose `protocol` it is
 // ("file:foo:bar.qcow2" is the file "./foo:bar.qcow2", "null-co://" a
 // null-co node); a name without one is a `file` node. Errors: the driver's
-// parse_filename's; kUnimplemented "Protocol 'nbd' is not supported yet"
+// parse_filename's; kUnimplemented "Protocol 'ssh' is not supported yet"
 // for protocols QEMU has and imgtool not; kInvalidArgument "Unknown
 // protocol 'foo'" for any other prefix (formats too: "qcow2:x").
 absl::StatusOr<NodeOptions> ProtocolNodeOptions(absl::string_view filename,

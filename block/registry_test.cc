@@ -36,7 +36,7 @@ NodeOptions Opts(const std::string& text) {
 TEST(RegistryTest, KnowsQemusDriverNames) {
   EXPECT_EQ(DriverNames(),
             (std::vector<std::string>{"blkdebug", "compress", "copy-on-read",
-                                      "file", "host_cdrom", "host_device",
+                                      "file", "host_cdrom", "host_device", "nbd",
                                       "null-aio", "null-co", "preallocate",
                                       "qcow2", "quorum", "raw"}));
   EXPECT_EQ(FindDriver("host_device")->kind, DriverKind::kProtocol);

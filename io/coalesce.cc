@@ -30,6 +30,7 @@ void TakeRun(std::deque<Op*>& queue, uint64_t max_bytes, MergedRequest& run) {
     const Op& next = *queue.front();
     const Op& last = *run.ops.back();
     if (next.kind != last.kind || next.fd != last.fd ||
+        (last.kind != OpKind::kRead && last.kind != OpKind::kWrite) ||
         next.offset != first->offset + run.bytes ||
         iovcnt + next.iovcnt > IOV_MAX) {
       break;

@@ -35,6 +35,13 @@ enum class OpKind {
   kFsync,      // fsync(fd)
   kFdatasync,  // fdatasync(fd)
   kFallocate,  // fallocate(fd, mode, offset, length)
+  // poll(fd, events = `mode`): waits until the fd is ready for one of the
+  // poll(2) events in `mode` (POLLIN, POLLOUT); result = the revents mask
+  // (> 0, may include POLLERR/POLLHUP) or -errno. io_uring: IORING_OP_POLL_ADD;
+  // the thread-pool and native engines make a blocking poll(2) in a worker
+  // thread. Never merged with other requests. Used by nbd_block to wait on
+  // libnbd's socket.
+  kPoll,
 };
 
 // One request. The caller owns it and keeps it (and the memory iov points

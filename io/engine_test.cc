@@ -1,6 +1,7 @@
 #include "io/engine.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <linux/magic.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -247,6 +248,35 @@ TEST_P(EngineTest, QueuesMoreRequestsThanTheQueueDepth) {
   for (int i = 0; i < kCount; ++i) {
     ASSERT_EQ(PRead(file.fd(), 512, i * 512), data[i]) << "request " << i;
   }
+}
+
+// kPoll (nbd_block waits on libnbd's socket with it): waits until the fd
+// is ready and returns the revents mask; two polls of one fd are never
+// merged.
+TEST_P(EngineTest, PollWaitsForTheFdToBeReady) {
+  std::unique_ptr<Engine> engine = MakeEngine(8);
+  int fds[2];
+  ASSERT_EQ(pipe2(fds, O_CLOEXEC | O_NONBLOCK), 0);
+  Op readable{.kind = OpKind::kPoll, .fd = fds[0], .mode = POLLIN};
+  Op writable{.kind = OpKind::kPoll, .fd = fds[1], .mode = POLLOUT};
+  Op again{.kind = OpKind::kPoll, .fd = fds[0], .mode = POLLIN};
+  int finished = 0;
+  readable.done = [&](Op&) { ++finished; };
+  writable.done = [&](Op&) { ++finished; };
+  again.done = [&](Op&) { ++finished; };
+  engine->Submit(&readable);
+  engine->Submit(&again);
+  engine->Submit(&writable);
+  while (finished < 1) ASSERT_TRUE(engine->Poll(/*wait=*/true).ok());
+  EXPECT_EQ(finished, 1);  // only the write end is ready
+  EXPECT_EQ(writable.result, POLLOUT);
+  ASSERT_EQ(write(fds[1], "x", 1), 1);
+  while (finished < 3) ASSERT_TRUE(engine->Poll(/*wait=*/true).ok());
+  EXPECT_EQ(readable.result & POLLIN, POLLIN);
+  EXPECT_EQ(again.result & POLLIN, POLLIN);
+  EXPECT_EQ(engine->in_flight(), 0u);
+  close(fds[0]);
+  close(fds[1]);
 }
 
 TEST_P(EngineTest, FsyncAndFdatasyncSucceed) {

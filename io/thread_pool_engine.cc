@@ -1,6 +1,7 @@
 #include "io/thread_pool_engine.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -32,6 +33,16 @@ void ExecuteOpBlocking(Op* op) {
       r = fallocate(op->fd, op->mode, static_cast<off_t>(op->offset),
                     static_cast<off_t>(op->length));
       break;
+    case OpKind::kPoll: {
+      struct pollfd p = {.fd = op->fd,
+                         .events = static_cast<short>(op->mode),
+                         .revents = 0};
+      do {
+        r = poll(&p, 1, -1);
+      } while (r < 0 && errno == EINTR);
+      if (r > 0) r = p.revents;
+      break;
+    }
   }
   op->result = r < 0 ? -errno : r;
 }

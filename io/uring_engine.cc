@@ -181,6 +181,9 @@ bool UringEngine::Prepare(Request* request) {
                               static_cast<off_t>(op.offset),
                               static_cast<off_t>(op.length));
       break;
+    case OpKind::kPoll:
+      io_uring_prep_poll_add(sqe, op.fd, static_cast<unsigned>(op.mode));
+      break;
   }
   io_uring_sqe_set_data(sqe, request);
   ++in_kernel_;

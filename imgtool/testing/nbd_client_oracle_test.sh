@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# Oracle test for the nbd client driver (nbd_block): imgtool and qemu-img /
+# qemu-io 7.2 against the same qemu-nbd servers (raw and qcow2 exports,
+# read-only, unix sockets and TCP on 127.0.0.1): info, map, convert from and
+# (-n) into an export, compare, io read/write/discard/zero, bench, qcow2 over
+# an nbd file node, and the errors (no server, wrong export, bad URIs and
+# options, read-only export opened for writing).
+# Every qemu-nbd is started with --fork (it returns once it listens) and
+# killed at the end of its case and on every exit path (trap): none is left
+# running.
+# Usage: nbd_client_oracle_test.sh PATH_TO_IMGTOOL
+set -u
+IMGTOOL=$(realpath "$1")
+WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/nbd_client_oracle.XXXXXX")
+# Unix socket paths must stay under 108 bytes (Bazel's TEST_TMPDIR is long).
+SOCKDIR=$(mktemp -d /tmp/nbdco.XXXXXX)
+PIDS=()
+stop_servers() {
+  local f pid
+  for f in "$SOCKDIR"/*.pid; do
+    [[ -f "$f" ]] || continue
+    pid=$(cat "$f")
+    [[ -n "$pid" ]] && kill "$pid" 2>/dev/null
+    # Wait until it is gone (it is not our child after --fork).
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
+    rm -f "$f"
+  done
+}
+cleanup() {
+  stop_servers
+  rm -rf "$WORK" "$SOCKDIR"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+if [[ -n "${TEST_SRCDIR:-}" ]]; then
+  source "$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing/oracle_lib.sh" || exit 1
+else
+  source "$(dirname "$0")/oracle_lib.sh" || exit 1
+fi
+for t in qemu-img qemu-io qemu-nbd; do
+  command -v $t >/dev/null || { echo "$t not installed (tools/setup.sh)"; exit 1; }
+done
+
+# serve NAME QEMU_NBD_ARGS...: starts qemu-nbd -t on $SOCKDIR/NAME.sock
+# (persistent: both tools connect in turn); its pid in NAME.pid.
+serve() {
+  local name=$1
+  shift
+  rm -f "$SOCKDIR/$name.sock"
+  if ! qemu-nbd --fork --pid-file="$SOCKDIR/$name.pid" -t \
+    -k "$SOCKDIR/$name.sock" "$@" 2>"$WORK/nbd.err"; then
+    echo "SETUP FAILED: qemu-nbd $*: $(cat "$WORK/nbd.err")"
+  fi
+}
+sock() { echo "nbd+unix:///?socket=$SOCKDIR/$1.sock"; }
+
+cd "$WORK" || exit 1
+
+# --- A raw export with data, a zeroed range and a hole --------------------
+qemu-img create -q -f raw raw.img 4M
+qio -f raw -c 'write -P 0xaa 0 64k' -c 'write -P 0xbb 1M 4k' raw.img
+serve raw -f raw raw.img
+R=$(sock raw)
+same_output . info "$R"
+same_output . info --output=json "$R"
+same_output . info -f raw "$R"
+same_output . map "$R"
+same_output . map --output=json "$R"
+same_output . map --output=json -f raw "$R"
+same_output . compare "$R" raw.img
+same_output . convert -O qcow2 "$R" out.qcow2
+# convert from the export: the same file from both tools.
+checks=$((checks + 1))
+"$IMGTOOL" convert -f raw -O qcow2 "$R" a.qcow2 &&
+  qemu-img convert -f raw -O qcow2 "$R" b.qcow2 &&
+  cmp -s a.qcow2 b.qcow2 || fail "convert nbd -> qcow2: files differ"
+checks=$((checks + 1))
+"$IMGTOOL" convert -f raw -O raw "$R" a.raw &&
+  qemu-img convert -f raw -O raw "$R" b.raw && cmp -s a.raw b.raw &&
+  [[ "$(qemu-img map --output=json -f raw a.raw)" == \
+     "$(qemu-img map --output=json -f raw b.raw)" ]] ||
+  fail "convert nbd -> raw: files or maps differ"
+# The legacy syntax and --image-opts / json: name the same node.
+same_output . info "nbd:unix:$SOCKDIR/raw.sock"
+same_output . info --image-opts \
+  "driver=nbd,server.type=unix,server.path=$SOCKDIR/raw.sock"
+same_output . map --output=json --image-opts \
+  "driver=raw,file.driver=nbd,file.server.type=unix,file.server.path=$SOCKDIR/raw.sock"
+same_output . info \
+  "json:{\"driver\": \"nbd\", \"server\": {\"type\": \"unix\", \"path\": \"$SOCKDIR/raw.sock\"}}"
+stop_servers
+
+# --- Errors ---------------------------------------------------------------
+serve raw -f raw raw.img
+same_output . info "nbd+unix:///nope?socket=$SOCKDIR/raw.sock"
+same_output . info "nbd+unix:///?socket=$SOCKDIR/none.sock"
+same_output . info "nbd://127.0.0.1:1/"
+for bad in 'nbd+unix:///' 'nbd:///x' 'nbd://' 'nbd+foo://x' \
+  "nbd+unix:///?socket=$SOCKDIR/raw.sock&foo=1" 'nbd://h:99999/' \
+  'nbd+unix://host/?socket=/x' 'nbd+tcp://127.0.0.1/e?a=b' \
+  'nbd:unix:/x:exportname='; do
+  same_output . info "$bad"
+done
+for opts in driver=nbd driver=nbd,server.type=foo driver=nbd,server.type=unix \
+  driver=nbd,server.type=inet,server.host=127.0.0.1 \
+  "driver=nbd,server.type=unix,server.path=$SOCKDIR/raw.sock,bogus=1"; do
+  same_output . info --image-opts "$opts"
+done
+stop_servers
+
+# --- Writing through an export: convert -n, io, read-only ----------------
+# with_export TOOL SUBCOMMAND ARGS...: a fresh 4 MiB raw file exported
+# writable; TOOL (qemu-img/qemu-io or imgtool [io]) runs ARGS on it ($T is
+# the URI); the output and the file afterwards go to $WORK/<label>.*.
+src_setup() {
+  qemu-img create -q -f qcow2 src.qcow2 4M
+  qio -c 'write -P 0x5c 0 200k' -c 'write -z 1M 1M' -c 'write -P 0x6d 3M 12k' \
+    src.qcow2
+}
+(src_setup)
+writes() {  # writes LABEL EXPORT_FORMAT COMMAND...
+  local label=$1 fmt=$2 side
+  shift 2
+  for side in q i; do
+    rm -f "t.$side.img"
+    if [[ $fmt == qcow2 ]]; then
+      qemu-img create -q -f qcow2 "t.$side.img" 4M
+    else
+      qemu-img create -q -f raw "t.$side.img" 4M
+      qio -f raw -c 'write -P 0x01 2M 1M' "t.$side.img"
+    fi
+    serve "t$side" -f "$fmt" "t.$side.img"
+    local uri
+    uri=$(sock "t$side")
+    local args=("${@//@T@/$uri}")
+    if [[ $side == q ]]; then
+      "${args[@]}" >"$WORK/$label.q.out" 2>"$WORK/$label.q.err"
+    else
+      case ${args[0]} in
+        qemu-img) "$IMGTOOL" "${args[@]:1}" ;;
+        qemu-io) "$IMGTOOL" io "${args[@]:1}" ;;
+      esac >"$WORK/$label.i.out" 2>"$WORK/$label.i.err"
+    fi
+    echo $? >"$WORK/$label.$side.rc"
+    stop_servers
+  done
+  checks=$((checks + 1))
+  local f
+  for f in out err; do
+    normalize_io "$WORK/$label.q.$f" | sed -e 's/qemu-img: /imgtool: /' \
+      -e '/^Run completed in /d' >"$WORK/$label.q.$f.n"
+    normalize_io "$WORK/$label.i.$f" | sed '/^Run completed in /d' \
+      >"$WORK/$label.i.$f.n"
+    cmp -s "$WORK/$label.q.$f.n" "$WORK/$label.i.$f.n" || {
+      fail "$label: std$f differs (< qemu, > imgtool)"
+      diff "$WORK/$label.q.$f.n" "$WORK/$label.i.$f.n" | head -10
+    }
+  done
+  cmp -s "$WORK/$label.q.rc" "$WORK/$label.i.rc" ||
+    fail "$label: exit $(cat "$WORK/$label.i.rc"), qemu's $(cat "$WORK/$label.q.rc")"
+  cmp -s t.q.img t.i.img || fail "$label: the exported files differ"
+  [[ "$(qemu-img map --output=json -f "$fmt" t.q.img)" == \
+     "$(qemu-img map --output=json -f "$fmt" t.i.img)" ]] ||
+    fail "$label: the exported files' maps differ"
+}
+writes convert-n raw qemu-img convert -n -f qcow2 -O raw src.qcow2 @T@
+writes convert-n-qcow2 qcow2 qemu-img convert -n -f qcow2 -O raw src.qcow2 @T@
+writes convert-n-W raw qemu-img convert -n -W -f qcow2 -O raw src.qcow2 @T@
+writes io-rw raw qemu-io -f raw -c 'write -P 0x42 0 64k' -c 'read -P 0x42 0 64k' \
+  -c 'write -P 0x43 100k 3k' -c 'read -P 0x01 2M 4k' -c 'read -v 2M 32' \
+  -c 'discard 2M 64k' -c 'write -z 3M 128k' -c 'write -z -u 2560k 64k' \
+  -c 'flush' -c 'aio_write -P 0x44 1M 4k' -c 'aio_flush' \
+  -c 'read -P 0x44 1M 4k' @T@
+writes io-qcow2 qcow2 qemu-io -f raw -c 'write -P 0x42 0 64k' \
+  -c 'write -z 64k 64k' -c 'discard 0 4k' -c 'read -P 0 0 4k' @T@
+writes io-past-end raw qemu-io -f raw -c 'write 4M 512' -c 'read 4190000 10000' @T@
+writes bench-w raw qemu-img bench -w -c 64 -d 16 -s 4k -S 8k -f raw @T@
+
+# qcow2 over an nbd file node (the qcow2 file exported raw).
+cp src.qcow2 served.qcow2
+serve q -f raw served.qcow2
+QI="driver=qcow2,file.driver=nbd,file.server.type=unix,file.server.path=$SOCKDIR/q.sock"
+same_output . info --image-opts "$QI"
+same_output . map --output=json --image-opts "$QI"
+same_output . map --image-opts "$QI"
+same_output . compare --image-opts "$QI" src.qcow2
+checks=$((checks + 1))
+"$IMGTOOL" convert --image-opts "$QI" -O raw qa.raw &&
+  qemu-img convert --image-opts "$QI" -O raw qb.raw && cmp -s qa.raw qb.raw ||
+  fail "convert qcow2-over-nbd -> raw: files differ"
+stop_servers
+
+# The same qcow2 image exported as qcow2 (qemu-nbd -f qcow2): the map of
+# the guest view.
+cp src.qcow2 served2.qcow2
+serve q2 -f qcow2 served2.qcow2
+same_output . map --output=json "$(sock q2)"
+same_output . compare "$(sock q2)" src.qcow2
+stop_servers
+
+# Read-only export: reads work, opening for writing fails as in QEMU.
+serve ro -r -f raw raw.img
+RO=$(sock ro)
+same_output . info "$RO"
+same_output . map --output=json "$RO"
+same_output . convert -n -f raw -O raw raw.img "$RO"
+same_output . resize -f raw "$RO" 8M
+run "$IMGTOOL" . io -f raw -c 'write 0 512' "$RO"
+a_err=$ERR a_rc=$RC
+run qemu-io . -f raw -c 'write 0 512' "$RO"
+checks=$((checks + 1))
+diff_text "io write on -r export" stderr "$a_err" "${ERR//qemu-io/imgtool}" &&
+  diff_text "io write on -r export" "exit status" "$a_rc" "$RC"
+stop_servers
+
+# TCP on 127.0.0.1 with an export name (a free port: qemu-nbd refuses a
+# busy one, then the next is tried).
+for try in 1 2 3 4 5; do
+  port=$((20000 + RANDOM % 20000))
+  qemu-nbd --fork --pid-file="$SOCKDIR/tcp.pid" -t -b 127.0.0.1 -p "$port" \
+    -x exp -f raw raw.img 2>/dev/null && break
+  port=""
+done
+if [[ -z "$port" ]]; then
+  fail "SETUP: no free TCP port for qemu-nbd"
+else
+  same_output . info "nbd://127.0.0.1:$port/exp"
+  same_output . map --output=json "nbd+tcp://127.0.0.1:$port/exp"
+  same_output . info "nbd:127.0.0.1:$port:exportname=exp"
+  same_output . info --image-opts \
+    "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port=$port,export=exp"
+  same_output . info "nbd://127.0.0.1:$port/wrong"
+  same_output . compare "nbd://127.0.0.1:$port/exp" raw.img
+fi
+stop_servers
+
+finish
