@@ -723,11 +723,14 @@ io::Task<absl::Status> Checker::ReadSnapshotTable(CheckResult& res,
       file_, offset, static_cast<uint32_t>(nb), header_.size / 512 * 512,
       fix ? &out_ : nullptr);
   if (!table.ok()) {
-    if (StatusErrno(table.status()) != EFBIG) co_return table.status();
+    // qcow2_check_read_snapshot_table: any error of qcow2_read_snapshots
+    // (too big, or a read failing: "Failed to read snapshot table: ...").
+    const int e = StatusErrno(table.status());
+    if (e == 0) co_return table.status();
     ++res.check_errors;
     out_ << kReportPrefix << "ERROR failed to read the snapshot table: "
          << table.status().message() << "\n";
-    co_return ErrnoError(EFBIG);
+    co_return ErrnoError(e);
   }
   nb -= table->dropped;
   nb_reduced += table->dropped;

@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/errno_status.h"
 #include "base/status_macros.h"
@@ -17,6 +18,16 @@ namespace {
 
 absl::Status TooBig(const std::string& message) {
   return WithMessage(ErrnoStatus("", message, EFBIG), message);
+}
+
+// BDRV_MAX_LENGTH: INT64_MAX aligned down to 1 GiB.
+constexpr uint64_t kMaxRequestEnd = (uint64_t{1} << 63) - (uint64_t{1} << 30);
+
+// qcow2_do_read_snapshots' message for a failed read.
+absl::Status ReadFailed(int error_number) {
+  return WithMessage(ErrnoStatus("", "read", error_number),
+                     absl::StrCat("Failed to read snapshot table: ",
+                                  std::strerror(error_number)));
 }
 
 }  // namespace
@@ -33,13 +44,23 @@ io::Task<absl::StatusOr<LoadedSnapshots>> LoadSnapshotTable(
   uint64_t window_start = 0;
   auto read = [&](uint64_t pos, uint8_t* dst,
                   uint64_t n) -> io::Task<absl::Status> {
+    // QEMU's block layer refuses a request reaching past BDRV_MAX_LENGTH
+    // with EIO (bdrv_check_request), even of 0 bytes.
+    if (pos > kMaxRequestEnd || n > kMaxRequestEnd - pos) {
+      co_return ReadFailed(EIO);
+    }
     while (n > 0) {
       if (window.empty() || pos < window_start ||
           pos >= window_start + window.size()) {
         window_start = pos;
         window.resize(kWindow);
-        CO_RETURN_IF_ERROR(
-            co_await ReadZeroPadded(file, pos, absl::MakeSpan(window)));
+        if (absl::Status st =
+                co_await ReadZeroPadded(file, pos, absl::MakeSpan(window));
+            !st.ok()) {
+          window.clear();
+          const int e = StatusErrno(st);
+          co_return e != 0 ? ReadFailed(e) : st;
+        }
       }
       const uint64_t k = std::min(n, window_start + window.size() - pos);
       std::memcpy(dst, window.data() + (pos - window_start), k);

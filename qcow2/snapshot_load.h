@@ -41,7 +41,10 @@ struct LoadedSnapshots {
 // "You can force-remove ... with qemu-img check -r all" hint). `repair`
 // given (`check -r all`): the extra data is cut and the overhanging entries
 // dropped instead, with QEMU's "Discarding ..." lines written to *repair as
-// they happen. Read errors of `file` as they are. Not owned.
+// they happen. A read of `file` failing, or reaching past QEMU's
+// BDRV_MAX_LENGTH (2^63 - 2^30: EIO, as bdrv_check_request), fails with its
+// errno (StatusErrno) and "Failed to read snapshot table: <strerror>".
+// `file` is not owned.
 io::Task<absl::StatusOr<LoadedSnapshots>> LoadSnapshotTable(
     io::BlockNode& file, uint64_t offset, uint32_t nb,
     uint64_t default_disk_size, std::ostream* repair);

@@ -108,3 +108,73 @@ bm_seed bm_table_shared $((0xe020)) 000000000000c000  # b1 shares b0's table
 # A writer killed with the bitmaps in use (inconsistent, flag in_use).
 cp "$bm" "$out/bm_in_use.qcow2"
 q -c 'write -P 0xb2 32k 4k' -c abort "$out/bm_in_use.qcow2" 2>/dev/null || true
+
+# Snapshot tables (issue 18) on a c4k image with two snapshots: "a" (id 1,
+# its L1 table at 0x7000) and "b" (id 2, L1 at 0xb000), each with 24 bytes
+# of extra data; qemu-img's layout: header fields nb_snapshots at 60 and
+# snapshots_offset at 64, the table at 0xc000 (a's entry; b's at 0xc048),
+# refcount table at 0x1000, active L1 at 0x3000; the file ends with the
+# table (0xc08a). The entries' dates are set to one fixed time so that the
+# seeds are the same on every run. Each broken one is refused or read as
+# qemu-img 7.2 does (testdata/README.md gives the outcome).
+sn="$tmp/sn_c4k.qcow2"
+qemu-img create -q -f qcow2 -o cluster_size=4k "$sn" 64k
+q -c 'write -P 0xc1 0 8k' "$sn"
+qemu-img snapshot -c a "$sn"
+q -c 'write -P 0xc2 4k 4k' "$sn"
+qemu-img snapshot -c b "$sn"
+patch "$sn" $((0xc010)) 6b00000000000000
+patch "$sn" $((0xc058)) 6b00000000000000
+cp "$sn" "$out/sn_c4k.qcow2"
+# sn_seed NAME OFFSET HEXBYTES: a copy of sn_c4k with one field patched.
+sn_seed() { cp "$sn" "$out/$1.qcow2"; patch "$out/$1.qcow2" "$2" "$3"; }
+sn_seed sn_count_huge 60 00010001                     # Too many snapshots
+sn_seed sn_count_high 60 00000003                     # a third entry of zeroes
+sn_seed sn_table_past_eof 64 0000000000100000         # entries of zeroes
+sn_seed sn_table_unaligned 64 000000000000c200        # offset invalid
+sn_seed sn_table_offset_huge 64 7ffffffffffff000      # offset invalid
+sn_seed sn_table_on_header 64 0000000000000000        # the header as entries
+sn_seed sn_table_on_l1 64 0000000000003000            # the L1 table as entries
+sn_seed sn_table_on_reftable 64 0000000000001000      # the refcount table
+sn_seed sn_id_long $((0xc00c)) ffff                   # a's id runs over b's entry
+sn_seed sn_name_long $((0xc056)) ffff                 # b's name runs past EOF
+sn_seed sn_extra_huge $((0xc024)) ffffffff            # Too much extra metadata
+sn_seed sn_l1_unaligned $((0xc000)) 0000000000007200  # a: L1 not aligned
+sn_seed sn_l1_past_eof $((0xc000)) 0000000000100000   # a: L1 past the end
+sn_seed sn_l1_size_huge $((0xc048 + 8)) 10000000      # b: L1 too large
+sn_seed sn_id_duplicate $((0xc048 + 64)) 31           # b's id "2" -> "1"
+# Tables rewritten whole (entry sizes change): sn_extra_short, a's extra
+# data cut to 0 bytes and b's to 8 (v3 wants 16: check reports, -r all
+# fills in); sn_name_65535, b named with 65535 bytes (qemu-img's longest
+# name is 255, so the table is written here).
+sn_rewrite() {
+  cp "$sn" "$out/$1.qcow2"
+  python3 - "$out/$1.qcow2" "$1" <<'PY'
+import struct, sys
+path, what = sys.argv[1], sys.argv[2]
+d = bytearray(open(path, 'rb').read())
+nb, off = struct.unpack('>IQ', d[60:72])
+entries, p = [], off
+for _ in range(nb):
+    p = (p + 7) & ~7
+    h = list(struct.unpack('>QIHHIIQII', d[p:p + 40]))
+    es, il, nl = h[8], h[2], h[3]
+    entries.append([h, d[p + 40:p + 40 + es], d[p + 40 + es:p + 40 + es + il],
+                    d[p + 40 + es + il:p + 40 + es + il + nl]])
+    p += 40 + es + il + nl
+if what == 'sn_extra_short':
+    entries[0][1] = b''
+    entries[1][1] = entries[1][1][:8]
+else:
+    entries[1][3] = b'n' * 65535
+t = bytearray()
+for h, extra, ident, name in entries:
+    t += bytes((-len(t)) % 8)
+    h[2], h[3], h[8] = len(ident), len(name), len(extra)
+    t += struct.pack('>QIHHIIQII', *h) + extra + ident + name
+d[off:] = t
+open(path, 'wb').write(bytes(d))
+PY
+}
+sn_rewrite sn_extra_short
+sn_rewrite sn_name_65535
