@@ -78,6 +78,9 @@ class MetadataIo {
     (void)event;
     return io::DebugEventAwaitable();
   }
+  // Whether FileDebugEvent can do anything (the file is blkdebug): when it
+  // cannot, a caller may skip the events of a step it does synchronously.
+  virtual bool FileHandlesDebugEvents() const { return false; }
 };
 
 // ReadMetadata / WriteMetadata after raising `event` on the file (the

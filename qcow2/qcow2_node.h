@@ -436,6 +436,9 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   io::DebugEventAwaitable FileDebugEvent(io::BlkdebugEvent event) override {
     return file_->DebugEvent(event);
   }
+  bool FileHandlesDebugEvents() const override {
+    return file_->HandlesDebugEvents();
+  }
 
  protected:
   io::Task<absl::Status> DoRead(uint64_t offset, io::IoVec buf) override;

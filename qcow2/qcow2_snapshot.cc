@@ -163,9 +163,20 @@ io::Task<absl::Status> Qcow2Node::UpdateSnapshotRefcount(
                   "L2 index: %#x)",
                   host, l2_offset, j));
             }
-            if (addend != 0) CO_RETURN_IF_ERROR(co_await update(host, length));
-            CO_ASSIGN_OR_RETURN(refcount,
-                                co_await refcounts_->Get(host >> cluster_bits_));
+            // Most clusters: the block is cached and the refcount stays
+            // within 1..max, done without a coroutine call (the same change
+            // as update + Get; the rest, e.g. an overflow or a drop to 0,
+            // goes the general way).
+            const uint64_t index = host >> cluster_bits_;
+            const bool done =
+                length == cluster_size_ &&
+                (addend == 0
+                     ? refcounts_->PeekRefcount(index, &refcount)
+                     : refcounts_->TryAdjustCached(index, decrease, &refcount));
+            if (!done) {
+              if (addend != 0) CO_RETURN_IF_ERROR(co_await update(host, length));
+              CO_ASSIGN_OR_RETURN(refcount, co_await refcounts_->Get(index));
+            }
           }
           if (refcount == 1) e.word |= format::kCopiedFlag;
           if (!(e == old)) SetEntry(l2, j, e);

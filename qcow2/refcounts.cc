@@ -177,6 +177,24 @@ bool Refcounts::PeekRefcount(uint64_t cluster_index, uint64_t* refcount) {
   return true;
 }
 
+bool Refcounts::TryAdjustCached(uint64_t cluster_index, bool decrease,
+                                uint64_t* refcount) {
+  if (io_.FileHandlesDebugEvents()) return false;
+  const uint64_t table_index = cluster_index >> block_bits_;
+  if (table_index >= table_.size() || table_[table_index] == 0) return false;
+  TableCache::Table* t = cache_.PeekUse(table_[table_index]);
+  if (t == nullptr) return false;
+  const uint64_t index = cluster_index & ((uint64_t{1} << block_bits_) - 1);
+  const uint64_t rc = format::GetRefcount(t->data.span(), index, refcount_order_);
+  if (decrease ? rc < 2 : (rc == 0 || rc >= format::MaxRefcount(refcount_order_))) {
+    return false;
+  }
+  *refcount = decrease ? rc - 1 : rc + 1;
+  format::SetRefcount(t->data.span(), index, refcount_order_, *refcount);
+  cache_.MarkDirty(t);
+  return true;
+}
+
 io::Task<absl::StatusOr<TableCache::Ref>> Refcounts::LoadBlock(
     uint64_t table_index) {
   if (table_index >= table_.size() || table_[table_index] == 0) {

@@ -74,6 +74,23 @@ class Refcounts {
                            /*packing=*/false);
   }
 
+  // Update(cluster_index << cluster_bits, cluster_size, 1, decrease) done
+  // synchronously when that is the same as Update and needs no I/O: the
+  // covering refcount block is cached, the file raises no debug events
+  // (Update raises refblock_alloc / refblock_load per call), and the
+  // refcount stays within 1..max (an increase from 0 or to past the
+  // maximum, a decrease to 0 or below, are left to Update: its packing
+  // hint, free hint, corruption event and ClusterFreed). Returns true and
+  // the new refcount in *refcount if it did it; false, nothing changed,
+  // otherwise. For per-cluster loops (snapshot refcount updates) where a
+  // coroutine call per cluster costs more than the change.
+  bool TryAdjustCached(uint64_t cluster_index, bool decrease,
+                       uint64_t* refcount);
+
+  // Refcount if its block is cached (or there is none: 0); false if a
+  // read is needed. No I/O, no events.
+  bool PeekRefcount(uint64_t cluster_index, uint64_t* refcount);
+
   // Decrements the refcounts of [offset, offset + length) now.
   // Raises cluster_free on the file first.
   io::Task<absl::Status> Free(uint64_t offset, uint64_t length) {
@@ -162,8 +179,6 @@ class Refcounts {
   static bool IsRetry(const absl::Status& st);
 
   uint64_t cluster_size() const { return uint64_t{1} << cluster_bits_; }
-  // Refcount if its block is cached (no I/O); false if a read is needed.
-  bool PeekRefcount(uint64_t cluster_index, uint64_t* refcount);
   // The block covering `cluster_index`, read if needed, or an empty Ref
   // if there is none. kDataLoss if the table entry is broken.
   io::Task<absl::StatusOr<TableCache::Ref>> LoadBlock(uint64_t table_index);

@@ -38,7 +38,9 @@ io::Task<absl::StatusOr<LoadedSnapshots>> LoadSnapshotTable(
   LoadedSnapshots out;
   if (nb == 0) co_return out;
   // Reads go through a window of the file so that a table of thousands of
-  // entries costs a few reads; past the end of the file: zeroes.
+  // entries costs a few reads; past the end of the file: zeroes. The
+  // window starts at 4 KiB and doubles with each refill up to 256 KiB, so
+  // that the usual table of a few entries is one small read.
   constexpr uint64_t kWindow = 256 * 1024;
   std::vector<uint8_t> window;
   uint64_t window_start = 0;
@@ -53,7 +55,8 @@ io::Task<absl::StatusOr<LoadedSnapshots>> LoadSnapshotTable(
       if (window.empty() || pos < window_start ||
           pos >= window_start + window.size()) {
         window_start = pos;
-        window.resize(kWindow);
+        window.resize(std::min<uint64_t>(
+            kWindow, std::max<uint64_t>(4096, window.size() * 2)));
         if (absl::Status st =
                 co_await ReadZeroPadded(file, pos, absl::MakeSpan(window));
             !st.ok()) {

@@ -96,7 +96,9 @@ io::Task<absl::StatusOr<TableCache::Ref>> TableCache::Get(uint64_t offset) {
   }
   auto table = std::make_unique<Table>();
   table->offset = offset;
-  table->data = io::AlignedBuffer(table_size_, alignment_);
+  // Not zeroed: the read fills all of it (BlockNode::Read reads zeroes
+  // past the end) or the table is dropped.
+  table->data = io::AlignedBuffer::Uninitialized(table_size_, alignment_);
   table->last_use = ++clock_;
   Table* raw = table.get();
   tables_[offset] = std::move(table);

@@ -89,6 +89,14 @@ class TableCache {
   // The cached table at `offset` if any, without I/O (not pinned beyond the
   // caller's use; do not hold across co_await).
   Table* Peek(uint64_t offset);
+  // Peek that also counts as a use for the LRU order (as Get does), for
+  // callers that change the table without a Ref: same rules as Peek.
+  Table* PeekUse(uint64_t offset) {
+    Table* t = Peek(offset);
+    if (t != nullptr) t->last_use = ++clock_;
+    return t;
+  }
+  void MarkDirty(Table* table) { table->dirty = true; }
 
   void MarkDirty(Ref& ref) { ref.table_->dirty = true; }
 

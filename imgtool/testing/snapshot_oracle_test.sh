@@ -193,6 +193,20 @@ twin r1
 step refcount_bits=1 qemu-img snapshot -c foo
 step refcount_bits=1 qemu-img check
 
+# refcount_bits=2 (at most 3): the +1 and -1 of the snapshot refcount
+# update at each end of the range (1 -> 2 -> 3, a third snapshot failing
+# with QEMU's -22, 3 -> 2 -> 1), data, compressed and zero clusters.
+r2() {
+  mk -o refcount_bits=2 img.qcow2 4M
+  qio -c 'write -P 1 0 1M' -c 'write -c -P 2 1M 64k' -c 'write -z 2M 64k' img.qcow2
+}
+twin r2
+for args in "-c a" "-c b" "-c c" "-d a" "-c d" "-d b" "-d d" "-l"; do
+  # shellcheck disable=SC2086
+  step refcount_bits=2 qemu-img snapshot $args
+done
+step refcount_bits=2 qemu-img check
+
 # Mixed use of one image: QEMU's tools and imgtool take turns, the twin
 # sees QEMU's tools only; the results are the same.
 twin std
