@@ -19,9 +19,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/errno_status.h"
+#include "nbd_block/libnbd.h"
 
 namespace imgtool::nbd_block {
 namespace {
+
+// libnbd's functions. Called only where an nbd handle exists, i.e. after
+// NbdNode::Open loaded the library.
+const LibNbd& Nbd() { return **LoadLibNbd(); }
 
 constexpr char kDefaultPort[] = "10809";
 
@@ -336,33 +341,36 @@ NbdNode::NbdNode(std::string filename, nbd_handle* handle, io::Engine* engine,
       handle_(handle),
       engine_(engine) {}
 
-NbdNode::~NbdNode() { nbd_close(handle_); }
+NbdNode::~NbdNode() { Nbd().nbd_close(handle_); }
 
 absl::StatusOr<std::unique_ptr<NbdNode>> NbdNode::Open(
     std::string filename, const NbdAddress& address, io::Engine* engine,
     bool read_only) {
+  if (absl::StatusOr<const LibNbd*> lib = LoadLibNbd(); !lib.ok()) {
+    return lib.status();
+  }
   const int fd = ConnectSocket(address);
   if (fd < 0) {
     return absl::UnavailableError(absl::StrCat("Failed to connect to '",
                                                AddressText(address), "': ",
                                                std::strerror(-fd)));
   }
-  nbd_handle* h = nbd_create();
+  nbd_handle* h = Nbd().nbd_create();
   if (h == nullptr) {
     close(fd);
-    return absl::ResourceExhaustedError(nbd_get_error());
+    return absl::ResourceExhaustedError(Nbd().nbd_get_error());
   }
   std::unique_ptr<NbdNode> node(
       new NbdNode(std::move(filename), h, engine, read_only));
   const std::string export_name = address.export_name.value_or("");
-  if (nbd_set_export_name(h, export_name.c_str()) != 0 ||
-      nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0) {
+  if (Nbd().nbd_set_export_name(h, export_name.c_str()) != 0 ||
+      Nbd().nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0) {
     close(fd);
-    return absl::InternalError(nbd_get_error());
+    return absl::InternalError(Nbd().nbd_get_error());
   }
   // libnbd owns fd from here (closed by nbd_close).
-  if (nbd_connect_socket(h, fd) != 0) {
-    const int e = nbd_get_errno();
+  if (Nbd().nbd_connect_socket(h, fd) != 0) {
+    const int e = Nbd().nbd_get_errno();
     if (e == ENOENT) {
       // NBD_REP_ERR_UNKNOWN: QEMU says "Requested export not available"
       // and then the server's text; libnbd 1.14 does not pass that text on,
@@ -371,21 +379,21 @@ absl::StatusOr<std::unique_ptr<NbdNode>> NbdNode::Open(
           "Requested export not available\nserver reported: export '",
           export_name, "' not present"));
     }
-    return absl::UnavailableError(nbd_get_error());
+    return absl::UnavailableError(Nbd().nbd_get_error());
   }
-  const int64_t size = nbd_get_size(h);
-  if (size < 0) return absl::InternalError(nbd_get_error());
+  const int64_t size = Nbd().nbd_get_size(h);
+  if (size < 0) return absl::InternalError(Nbd().nbd_get_error());
   node->size_ = static_cast<uint64_t>(size);
-  if (nbd_is_read_only(h) == 1 && !read_only) {
+  if (Nbd().nbd_is_read_only(h) == 1 && !read_only) {
     return absl::PermissionDeniedError("Could not open image: Permission denied");
   }
-  node->can_flush_ = nbd_can_flush(h) == 1;
-  node->can_trim_ = nbd_can_trim(h) == 1;
-  node->can_zero_ = nbd_can_zero(h) == 1;
-  node->can_fast_zero_ = nbd_can_fast_zero(h) == 1;
+  node->can_flush_ = Nbd().nbd_can_flush(h) == 1;
+  node->can_trim_ = Nbd().nbd_can_trim(h) == 1;
+  node->can_zero_ = Nbd().nbd_can_zero(h) == 1;
+  node->can_fast_zero_ = Nbd().nbd_can_fast_zero(h) == 1;
   node->base_allocation_ =
-      nbd_can_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
-  const int64_t maximum = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
+      Nbd().nbd_can_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
+  const int64_t maximum = Nbd().nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
   if (maximum > 0) {
     node->max_request_ = std::min<uint64_t>(static_cast<uint64_t>(maximum),
                                             uint64_t{64} << 20);
@@ -394,13 +402,13 @@ absl::StatusOr<std::unique_ptr<NbdNode>> NbdNode::Open(
 }
 
 void NbdNode::Pump() {
-  const unsigned direction = nbd_aio_get_direction(handle_);
-  const int in_flight = nbd_aio_in_flight(handle_);
+  const unsigned direction = Nbd().nbd_aio_get_direction(handle_);
+  const int in_flight = Nbd().nbd_aio_in_flight(handle_);
   if (in_flight > 0) {
     max_in_flight_ = std::max<uint64_t>(max_in_flight_,
                                         static_cast<uint64_t>(in_flight));
   }
-  const int fd = nbd_aio_get_fd(handle_);
+  const int fd = Nbd().nbd_aio_get_fd(handle_);
   if (fd < 0) return;
   if (!read_armed_ && in_flight > 0 &&
       (direction & LIBNBD_AIO_DIRECTION_READ) != 0) {
@@ -422,12 +430,12 @@ void NbdNode::OnPollDone(bool write, int64_t result) {
   if (result >= 0) {
     // Readable, writable, or hung up / in error: libnbd finds out which.
     if (write) {
-      nbd_aio_notify_write(handle_);
+      Nbd().nbd_aio_notify_write(handle_);
     } else {
-      nbd_aio_notify_read(handle_);
+      Nbd().nbd_aio_notify_read(handle_);
     }
   } else {
-    nbd_aio_notify_read(handle_);
+    Nbd().nbd_aio_notify_read(handle_);
   }
   std::vector<Command*> done;
   done.swap(completed_);
@@ -438,7 +446,7 @@ void NbdNode::OnPollDone(bool write, int64_t result) {
 io::Task<absl::Status> NbdNode::Wait(Command& command, int64_t cookie,
                                      const char* what) {
   if (cookie < 0) {
-    const int e = nbd_get_errno();
+    const int e = Nbd().nbd_get_errno();
     co_return ErrnoStatus(filename(), what, e != 0 ? e : EIO);
   }
   ++commands_issued_;
@@ -468,8 +476,9 @@ io::Task<absl::Status> NbdNode::DoRead(uint64_t offset, io::IoVec buf) {
   while (done < readable) {
     const uint64_t n = std::min(readable - done, max_request_);
     Command command{.node = this};
-    const int64_t cookie = nbd_aio_pread(handle_, buf.data() + done, n,
-                                         offset + done, Completion(&command), 0);
+    const int64_t cookie =
+        Nbd().nbd_aio_pread(handle_, buf.data() + done, n, offset + done,
+                            Completion(&command), 0);
     absl::Status st = co_await Wait(command, cookie, "read");
     if (!st.ok()) co_return st;
     done += n;
@@ -483,8 +492,8 @@ io::Task<absl::Status> NbdNode::DoWrite(uint64_t offset, io::ConstIoVec data) {
     const uint64_t n = std::min<uint64_t>(data.size() - done, max_request_);
     Command command{.node = this};
     const int64_t cookie =
-        nbd_aio_pwrite(handle_, data.data() + done, n, offset + done,
-                       Completion(&command), 0);
+        Nbd().nbd_aio_pwrite(handle_, data.data() + done, n, offset + done,
+                             Completion(&command), 0);
     absl::Status st = co_await Wait(command, cookie, "write");
     if (!st.ok()) co_return st;
     done += n;
@@ -505,8 +514,8 @@ io::Task<absl::Status> NbdNode::DoWriteZeroes(uint64_t offset, uint64_t length,
   while (done < length) {
     const uint64_t n = std::min(length - done, kMaxZero);
     Command command{.node = this};
-    const int64_t cookie = nbd_aio_zero(handle_, n, offset + done,
-                                        Completion(&command), cmd_flags);
+    const int64_t cookie = Nbd().nbd_aio_zero(
+        handle_, n, offset + done, Completion(&command), cmd_flags);
     absl::Status st = co_await Wait(command, cookie, "write zeroes");
     if (!st.ok()) {
       if (flags.no_fallback && StatusErrno(st) == ENOTSUP) {
@@ -527,7 +536,8 @@ io::Task<absl::Status> NbdNode::DoDiscard(uint64_t offset, uint64_t length) {
     const uint64_t n = std::min(length - done, kMaxTrim);
     Command command{.node = this};
     const int64_t cookie =
-        nbd_aio_trim(handle_, n, offset + done, Completion(&command), 0);
+        Nbd().nbd_aio_trim(handle_, n, offset + done, Completion(&command),
+                           0);
     absl::Status st = co_await Wait(command, cookie, "discard");
     if (!st.ok()) co_return st;
     done += n;
@@ -538,7 +548,8 @@ io::Task<absl::Status> NbdNode::DoDiscard(uint64_t offset, uint64_t length) {
 io::Task<absl::Status> NbdNode::DoFlush() {
   if (!can_flush_) co_return absl::OkStatus();
   Command command{.node = this};
-  const int64_t cookie = nbd_aio_flush(handle_, Completion(&command), 0);
+  const int64_t cookie =
+      Nbd().nbd_aio_flush(handle_, Completion(&command), 0);
   co_return co_await Wait(command, cookie, "flush");
 }
 
@@ -562,7 +573,7 @@ io::Task<absl::StatusOr<io::BlockStatus>> NbdNode::DoGetBlockStatus(
   constexpr uint64_t kMaxStatus = (uint64_t{INT_MAX} / 512) * 512;
   const uint64_t asked = std::min(status.length, kMaxStatus);
   Command command{.node = this};
-  const int64_t cookie = nbd_aio_block_status(
+  const int64_t cookie = Nbd().nbd_aio_block_status(
       handle_, asked, offset,
       nbd_extent_callback{
           .callback = OnExtent, .user_data = &command, .free = nullptr},
@@ -582,8 +593,9 @@ io::Task<absl::StatusOr<io::BlockStatus>> NbdNode::DoGetBlockStatus(
 
 io::Task<absl::Status> NbdNode::Close() {
   // NBD_CMD_DISC, then wait for the server to close (blocking, once).
-  if (nbd_aio_is_ready(handle_) == 1 || nbd_aio_is_processing(handle_) == 1) {
-    nbd_shutdown(handle_, 0);
+  if (Nbd().nbd_aio_is_ready(handle_) == 1 ||
+      Nbd().nbd_aio_is_processing(handle_) == 1) {
+    Nbd().nbd_shutdown(handle_, 0);
   }
   co_return absl::OkStatus();
 }

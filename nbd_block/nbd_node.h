@@ -112,7 +112,10 @@ class NbdNode final : public io::BlockNode {
  public:
   // Connects and negotiates (blocking, see the file comment). `filename` is
   // the name used in error messages. kPermissionDenied when !read_only and
-  // the export is read-only. `engine` (not owned) must outlive the node.
+  // the export is read-only. kFailedPrecondition "Could not load
+  // libnbd.so.0: ..." when libnbd is missing: the first Open loads it
+  // (dlopen, nbd_block/libnbd.h), so processes that open no nbd node never
+  // do. `engine` (not owned) must outlive the node.
   static absl::StatusOr<std::unique_ptr<NbdNode>> Open(
       std::string filename, const NbdAddress& address, io::Engine* engine,
       bool read_only);
