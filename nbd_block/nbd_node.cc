@@ -465,40 +465,44 @@ io::Task<absl::Status> NbdNode::Wait(Command& command, int64_t cookie,
   co_return absl::OkStatus();
 }
 
-io::Task<absl::Status> NbdNode::DoRead(uint64_t offset, io::IoVec buf) {
+io::Task<absl::Status> NbdNode::InPieces(
+    uint64_t length, uint64_t max_piece, const char* what,
+    std::function<int64_t(uint64_t done, uint64_t n, Command* command)>
+        issue) {
   uint64_t done = 0;
-  // Past the end: zeroes.
-  const uint64_t readable =
-      offset >= size_ ? 0 : std::min<uint64_t>(buf.size(), size_ - offset);
-  if (readable < buf.size()) {
-    std::memset(buf.data() + readable, 0, buf.size() - readable);
-  }
-  while (done < readable) {
-    const uint64_t n = std::min(readable - done, max_request_);
+  while (done < length) {
+    const uint64_t n = std::min(length - done, max_piece);
     Command command{.node = this};
-    const int64_t cookie =
-        Nbd().nbd_aio_pread(handle_, buf.data() + done, n, offset + done,
-                            Completion(&command), 0);
-    absl::Status st = co_await Wait(command, cookie, "read");
+    const int64_t cookie = issue(done, n, &command);
+    absl::Status st = co_await Wait(command, cookie, what);
     if (!st.ok()) co_return st;
     done += n;
   }
   co_return absl::OkStatus();
 }
 
-io::Task<absl::Status> NbdNode::DoWrite(uint64_t offset, io::ConstIoVec data) {
-  uint64_t done = 0;
-  while (done < data.size()) {
-    const uint64_t n = std::min<uint64_t>(data.size() - done, max_request_);
-    Command command{.node = this};
-    const int64_t cookie =
-        Nbd().nbd_aio_pwrite(handle_, data.data() + done, n, offset + done,
-                             Completion(&command), 0);
-    absl::Status st = co_await Wait(command, cookie, "write");
-    if (!st.ok()) co_return st;
-    done += n;
+io::Task<absl::Status> NbdNode::DoRead(uint64_t offset, io::IoVec buf) {
+  // Past the end: zeroes.
+  const uint64_t readable =
+      offset >= size_ ? 0 : std::min<uint64_t>(buf.size(), size_ - offset);
+  if (readable < buf.size()) {
+    std::memset(buf.data() + readable, 0, buf.size() - readable);
   }
-  co_return absl::OkStatus();
+  co_return co_await InPieces(
+      readable, max_request_, "read",
+      [&](uint64_t done, uint64_t n, Command* command) {
+        return Nbd().nbd_aio_pread(handle_, buf.data() + done, n,
+                                   offset + done, Completion(command), 0);
+      });
+}
+
+io::Task<absl::Status> NbdNode::DoWrite(uint64_t offset, io::ConstIoVec data) {
+  co_return co_await InPieces(
+      data.size(), max_request_, "write",
+      [&](uint64_t done, uint64_t n, Command* command) {
+        return Nbd().nbd_aio_pwrite(handle_, data.data() + done, n,
+                                    offset + done, Completion(command), 0);
+      });
 }
 
 io::Task<absl::Status> NbdNode::DoWriteZeroes(uint64_t offset, uint64_t length,
@@ -510,39 +514,27 @@ io::Task<absl::Status> NbdNode::DoWriteZeroes(uint64_t offset, uint64_t length,
   if (!flags.may_unmap) cmd_flags |= LIBNBD_CMD_FLAG_NO_HOLE;
   if (flags.no_fallback) cmd_flags |= LIBNBD_CMD_FLAG_FAST_ZERO;
   constexpr uint64_t kMaxZero = uint64_t{1} << 30;
-  uint64_t done = 0;
-  while (done < length) {
-    const uint64_t n = std::min(length - done, kMaxZero);
-    Command command{.node = this};
-    const int64_t cookie = Nbd().nbd_aio_zero(
-        handle_, n, offset + done, Completion(&command), cmd_flags);
-    absl::Status st = co_await Wait(command, cookie, "write zeroes");
-    if (!st.ok()) {
-      if (flags.no_fallback && StatusErrno(st) == ENOTSUP) {
-        co_return absl::UnimplementedError("Operation not supported");
-      }
-      co_return st;
-    }
-    done += n;
+  absl::Status st = co_await InPieces(
+      length, kMaxZero, "write zeroes",
+      [&](uint64_t done, uint64_t n, Command* command) {
+        return Nbd().nbd_aio_zero(handle_, n, offset + done,
+                                  Completion(command), cmd_flags);
+      });
+  if (!st.ok() && flags.no_fallback && StatusErrno(st) == ENOTSUP) {
+    co_return absl::UnimplementedError("Operation not supported");
   }
-  co_return absl::OkStatus();
+  co_return st;
 }
 
 io::Task<absl::Status> NbdNode::DoDiscard(uint64_t offset, uint64_t length) {
   if (!can_trim_) co_return absl::OkStatus();  // QEMU: nothing to do
   constexpr uint64_t kMaxTrim = uint64_t{1} << 30;
-  uint64_t done = 0;
-  while (done < length) {
-    const uint64_t n = std::min(length - done, kMaxTrim);
-    Command command{.node = this};
-    const int64_t cookie =
-        Nbd().nbd_aio_trim(handle_, n, offset + done, Completion(&command),
-                           0);
-    absl::Status st = co_await Wait(command, cookie, "discard");
-    if (!st.ok()) co_return st;
-    done += n;
-  }
-  co_return absl::OkStatus();
+  co_return co_await InPieces(
+      length, kMaxTrim, "discard",
+      [&](uint64_t done, uint64_t n, Command* command) {
+        return Nbd().nbd_aio_trim(handle_, n, offset + done,
+                                  Completion(command), 0);
+      });
 }
 
 io::Task<absl::Status> NbdNode::DoFlush() {

@@ -172,6 +172,14 @@ class NbdNode final : public io::BlockNode {
   // Waits for `command` (issued: `cookie` >= 0) and returns its status.
   io::Task<absl::Status> Wait(Command& command, int64_t cookie,
                               const char* what);
+  // Covers [offset, offset + length) in pieces of at most `max_piece`
+  // bytes, one command at a time: `issue(done, n, command)` starts the
+  // command for the `n` bytes at offset + done, completing `command`, and
+  // returns libnbd's cookie. The first failing piece's status (Wait's).
+  io::Task<absl::Status> InPieces(
+      uint64_t length, uint64_t max_piece, const char* what,
+      std::function<int64_t(uint64_t done, uint64_t n, Command* command)>
+          issue);
   uint64_t MaxRequest() const { return max_request_; }
 
   nbd_handle* handle_;
