@@ -175,7 +175,7 @@ int OnComplete(void* user_data, int* error) {
 int OnExtent(void* user_data, const char* context, uint64_t /*offset*/,
              uint32_t* entries, size_t nr_entries, int* /*error*/) {
   auto* command = static_cast<NbdNode::Command*>(user_data);
-  if (std::strcmp(context, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0) return 0;
+  if (context != command->node->context()) return 0;
   if (nr_entries >= 2 && !command->have_extent) {
     command->have_extent = true;
     command->extent_length = entries[0];
@@ -318,6 +318,14 @@ absl::StatusOr<NbdAddress> AddressFromOptions(
   if (const std::string* e = get("export"); e != nullptr) {
     address.export_name = *e;
   }
+  if (const std::string* b = get("x-dirty-bitmap"); b != nullptr) {
+    // NBD_MAX_STRING_SIZE (the NBD protocol document, "Metadata querying").
+    if (b->size() > 4096) {
+      return absl::InvalidArgumentError(
+          "x-dirty-bitmap query too long to send to server");
+    }
+    address.x_dirty_bitmap = *b;
+  }
   return address;
 }
 
@@ -363,8 +371,11 @@ absl::StatusOr<std::unique_ptr<NbdNode>> NbdNode::Open(
   std::unique_ptr<NbdNode> node(
       new NbdNode(std::move(filename), h, engine, read_only));
   const std::string export_name = address.export_name.value_or("");
+  node->context_ =
+      address.x_dirty_bitmap.value_or(LIBNBD_CONTEXT_BASE_ALLOCATION);
+  node->allocation_depth_ = node->context_ == "qemu:allocation-depth";
   if (Nbd().nbd_set_export_name(h, export_name.c_str()) != 0 ||
-      Nbd().nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0) {
+      Nbd().nbd_add_meta_context(h, node->context_.c_str()) != 0) {
     close(fd);
     return absl::InternalError(Nbd().nbd_get_error());
   }
@@ -392,7 +403,12 @@ absl::StatusOr<std::unique_ptr<NbdNode>> NbdNode::Open(
   node->can_zero_ = Nbd().nbd_can_zero(h) == 1;
   node->can_fast_zero_ = Nbd().nbd_can_fast_zero(h) == 1;
   node->base_allocation_ =
-      Nbd().nbd_can_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
+      Nbd().nbd_can_meta_context(h, node->context_.c_str()) == 1;
+  if (address.x_dirty_bitmap.has_value() && !node->base_allocation_) {
+    // QEMU 7.2 sets "requested x-dirty-bitmap C not found" but qemu-img
+    // prints the errno alone.
+    return absl::InvalidArgumentError("Could not open image: Invalid argument");
+  }
   const int64_t maximum = Nbd().nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
   if (maximum > 0) {
     node->max_request_ = std::min<uint64_t>(static_cast<uint64_t>(maximum),
@@ -578,6 +594,8 @@ io::Task<absl::StatusOr<io::BlockStatus>> NbdNode::DoGetBlockStatus(
     co_return status;
   }
   status.length = std::min<uint64_t>(command.extent_length, asked);
+  // qemu:allocation-depth through x-dirty-bitmap: depths above 2 as 2.
+  if (allocation_depth_ && command.extent_flags > 2) command.extent_flags = 2;
   status.data = (command.extent_flags & LIBNBD_STATE_HOLE) == 0;
   status.zero = (command.extent_flags & LIBNBD_STATE_ZERO) != 0;
   co_return status;

@@ -3,7 +3,8 @@
 # qemu-io 7.2 against the same qemu-nbd servers (raw and qcow2 exports,
 # read-only, unix sockets and TCP on 127.0.0.1): info, map, convert from and
 # (-n) into an export, compare, io read/write/discard/zero, bench, qcow2 over
-# an nbd file node, and the errors (no server, wrong export, bad URIs and
+# an nbd file node, x-dirty-bitmap (bitmaps and allocation depth read as
+# block status), and the errors (no server, wrong export, bad URIs and
 # options, read-only export opened for writing).
 # Every qemu-nbd is started with --fork (it returns once it listens) and
 # killed at the end of its case and on every exit path (trap): none is left
@@ -211,6 +212,28 @@ run qemu-io . -f raw -c 'write 0 512' "$RO"
 checks=$((checks + 1))
 diff_text "io write on -r export" stderr "$a_err" "${ERR//qemu-io/imgtool}" &&
   diff_text "io write on -r export" "exit status" "$a_rc" "$RC"
+stop_servers
+
+# x-dirty-bitmap (iotest qemu-img-bitmaps' "hack for reading bitmaps"): the
+# meta context asked for is the option's, its set bits read as holes.
+# qemu-nbd -B exports qemu:dirty-bitmap:NAME, -A qemu:allocation-depth.
+qemu-img create -q -f qcow2 bm.qcow2 10M
+qemu-img bitmap --add bm.qcow2 b0
+qio -f qcow2 -c 'write 3M 1M' -c 'write 5M 64k' bm.qcow2
+qemu-img bitmap --add -g 512k bm.qcow2 b1
+qio -f qcow2 -c 'write 1M 1k' bm.qcow2
+serve bm -r -f qcow2 -B b0 -B b1 -A bm.qcow2
+BM="driver=nbd,server.type=unix,server.path=$SOCKDIR/bm.sock"
+for ctx in qemu:dirty-bitmap:b0 qemu:dirty-bitmap:b1 qemu:allocation-depth \
+  base:allocation qemu:dirty-bitmap:none; do
+  same_output . map --output=json --image-opts "$BM,x-dirty-bitmap=$ctx"
+done
+same_output . map --image-opts "$BM,x-dirty-bitmap=qemu:dirty-bitmap:b0"
+same_output . info --image-opts "$BM,x-dirty-bitmap=qemu:dirty-bitmap:b1"
+same_output . map --output=json \
+  "json:{\"driver\":\"nbd\",\"server\":{\"type\":\"unix\",\"path\":\"$SOCKDIR/bm.sock\"},\"x-dirty-bitmap\":\"qemu:dirty-bitmap:b1\"}"
+same_output . map --output=json --image-opts \
+  "$BM,x-dirty-bitmap=qemu:dirty-bitmap:$(printf 'x%.0s' $(seq 4097))"
 stop_servers
 
 # TCP on 127.0.0.1 with an export name (a free port: qemu-nbd refuses a
