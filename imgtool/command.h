@@ -193,6 +193,10 @@ absl::Status RunIo(const std::vector<std::string>& args, Streams streams);
 // measure (measure.cc) and amend (amend.cc).
 absl::Status RunMeasure(const std::vector<std::string>& args, Streams streams);
 absl::Status RunAmend(const std::vector<std::string>& args, Streams streams);
+// nbd (nbd.cc): the NBD server, qemu-nbd 7.2's command line. Its getopt
+// errors are printed by the command (qemu-nbd's form); the status then has
+// an empty message (exit code 1).
+absl::Status RunNbd(const std::vector<std::string>& args, Streams streams);
 
 }  // namespace imgtool::cli
 

@@ -7,7 +7,8 @@
 // commands, "qemu-img: <message>" errors, and a --version whose first line
 // is "qemu-img version 7.2.0 (imgtool 0.2.0)", which the callers that parse
 // it accept (Cinder's `qemu-img version ([0-9.]*)`). Under the name qemu-io
-// it is `imgtool io` with qemu-io's name in messages and prompt.
+// it is `imgtool io` with qemu-io's name in messages and prompt, under the
+// name qemu-nbd `imgtool nbd` (the NBD server) with qemu-nbd's name.
 #include <signal.h>
 #include <unistd.h>
 
@@ -46,6 +47,7 @@ constexpr Command kCommands[] = {
     {"io", imgtool::cli::RunIo},
     {"map", imgtool::cli::RunMap},
     {"measure", imgtool::cli::RunMeasure},
+    {"nbd", imgtool::cli::RunNbd},
     {"rebase", imgtool::cli::RunRebase},
     {"resize", imgtool::cli::RunResize},
     {"snapshot", imgtool::cli::RunSnapshot},
@@ -90,6 +92,11 @@ constexpr char kHelp[] =
     "[--max-length=LENGTH] [-U] FILE\n"
     "  measure [--output=human|json] [-O FMT] [-o OPTIONS] [--size SIZE |\n"
     "        [--image-opts] [-f FMT] [-l SNAPSHOT] [-U] FILE]\n"
+    "  nbd [-k PATH | -p PORT [-b ADDR]] [-x NAME] [-D TEXT] [-e N] [-t] "
+    "[-r] [-f FMT]\n"
+    "        [--image-opts] [--cache=MODE] [--aio=MODE] [--discard=MODE] "
+    "[--fork]\n"
+    "        [--pid-file=PATH] FILE\n"
     "  rebase [-q] [-f FMT] [-t CACHE] [-T SRC_CACHE] [-p] [-u] [-U] "
     "-b BACKING\n"
     "        [-F BACKING_FMT] FILE\n"
@@ -188,12 +195,17 @@ int main(int argc, char** argv) {
     }
   }
   const std::string_view invoked_as = BaseName(argv[0]);
-  if (invoked_as == "qemu-img" || invoked_as == "qemu-io") {
+  if (invoked_as == "qemu-img" || invoked_as == "qemu-io" ||
+      invoked_as == "qemu-nbd") {
     imgtool::cli::SetProgramName(std::string(invoked_as));
   }
   KeepStdioBuffering();
   if (invoked_as == "qemu-io") {
     return RunCommand(imgtool::cli::RunIo,
+                      std::vector<std::string>(argv + 1, argv + argc));
+  }
+  if (invoked_as == "qemu-nbd") {
+    return RunCommand(imgtool::cli::RunNbd,
                       std::vector<std::string>(argv + 1, argv + argc));
   }
   if (argc < 2) return UsageFailure("Not enough arguments");

@@ -12,6 +12,7 @@ packages=(
   clang libclang-rt-14-dev  # tools/fuzz.sh: --config=fuzz (libFuzzer, ASan, UBSan)
   libnbd-bin  # nbdinfo: bitmap_oracle_test reads bitmaps through qemu-nbd
   libnbd-dev  # nbd_block: the nbd client driver is built on libnbd 1.14
+  python3-libnbd  # nbdsh: nbd_server_oracle_test's client without structured replies
   qemu-utils xfsprogs e2fsprogs util-linux strace fio hyperfine python3
   chromium fonts-dejavu-core
   zip file  # bazel test packs undeclared outputs (dashboard_test's screenshot) with them

@@ -1,0 +1,464 @@
+// imgtool nbd [OPTIONS] FILE (and the binary under the name qemu-nbd):
+// serves FILE over NBD with qemu-nbd 7.2's options and messages, on the
+// server of nbd_server/nbd_server.h. Implemented: -k/--socket, -p/--port,
+// -b/--bind, -x/--export-name, -D/--description, -e/--shared, -t/--persistent,
+// -r/--read-only, -f/--format, --image-opts (and json: names), -n/--nocache,
+// --cache, --aio, --discard, --pid-file, --fork, -h/--help, -V/--version.
+// Not implemented (qemu-nbd's "unrecognized option" for them): TLS, -A, -B,
+// -l, -s, -o, -L, -c, -d, --detect-zeroes, --object, -T, -v.
+//
+// Lifetime as qemu-nbd's: the server listens (a unix socket replaces a stale
+// file at its path and is removed at exit), serves up to -e clients at once
+// (0: any number), and exits after the last client left unless -t. SIGTERM,
+// SIGINT and SIGHUP stop it cleanly: connections are shut down, the image is
+// flushed and closed, exit code 0. With --fork the parent exits (0) once the
+// child listens, or 1 if the child failed before that (the child's error is
+// on the shared stderr); the child then detaches from the terminal's streams.
+#include <fcntl.h>
+#include <getopt.h>
+#include <netdb.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "base/errno_status.h"
+#include "base/status_macros.h"
+#include "imgtool/command.h"
+#include "imgtool/image.h"
+#include "io/engine.h"
+#include "nbd_server/nbd_server.h"
+
+namespace imgtool::cli {
+namespace {
+
+std::string HelpText(const std::string& name) {
+  return absl::StrCat(
+      "Usage: ", name, " [OPTIONS] FILE\n",
+      "QEMU Disk Network Block Device Utility\n"
+      "\n"
+      "  -h, --help                display this help and exit\n"
+      "  -V, --version             output version information and exit\n"
+      "\n"
+      "Connection properties:\n"
+      "  -p, --port=PORT           port to listen on (default `10809')\n"
+      "  -b, --bind=IFACE          interface to bind to (default `0.0.0.0')\n"
+      "  -k, --socket=PATH         path to the unix socket\n"
+      "  -e, --shared=NUM          device can be shared by NUM clients "
+      "(default '1')\n"
+      "  -t, --persistent          don't exit on the last connection\n"
+      "  -x, --export-name=NAME    expose export by name (default is empty "
+      "string)\n"
+      "  -D, --description=TEXT    export a human-readable description\n"
+      "\n"
+      "General purpose options:\n"
+      "  --fork                    fork off the server process and exit the "
+      "parent\n"
+      "                            once the server is running\n"
+      "  --pid-file=PATH           store the server's process ID in the given "
+      "file\n"
+      "\n"
+      "Block device options:\n"
+      "  -f, --format=FORMAT       set image format (raw, qcow2, ...)\n"
+      "  -r, --read-only           export read-only\n"
+      "  -n, --nocache             disable host cache\n"
+      "      --cache=MODE          set cache mode used to access the disk "
+      "image, the\n"
+      "                            valid options are: 'none', 'writeback' "
+      "(default),\n"
+      "                            'writethrough', 'directsync' and 'unsafe'\n"
+      "      --aio=MODE            set AIO mode (native, io_uring or threads)\n"
+      "      --discard=MODE        set discard mode (ignore, unmap)\n"
+      "      --image-opts          treat FILE as a full set of image options\n"
+      "\n"
+      "Not supported by imgtool: TLS, -A, -B, -o, -l, -s, -L, -c, -d, "
+      "--detect-zeroes.\n");
+}
+
+enum LongOption { kCache = 256, kAio, kDiscard, kImageOpts, kPidFile, kFork };
+
+const struct option kLongOptions[] = {
+    {"help", no_argument, nullptr, 'h'},
+    {"version", no_argument, nullptr, 'V'},
+    {"port", required_argument, nullptr, 'p'},
+    {"bind", required_argument, nullptr, 'b'},
+    {"socket", required_argument, nullptr, 'k'},
+    {"shared", required_argument, nullptr, 'e'},
+    {"persistent", no_argument, nullptr, 't'},
+    {"export-name", required_argument, nullptr, 'x'},
+    {"description", required_argument, nullptr, 'D'},
+    {"format", required_argument, nullptr, 'f'},
+    {"read-only", no_argument, nullptr, 'r'},
+    {"nocache", no_argument, nullptr, 'n'},
+    {"cache", required_argument, nullptr, kCache},
+    {"aio", required_argument, nullptr, kAio},
+    {"discard", required_argument, nullptr, kDiscard},
+    {"image-opts", no_argument, nullptr, kImageOpts},
+    {"pid-file", required_argument, nullptr, kPidFile},
+    {"fork", no_argument, nullptr, kFork},
+    {nullptr, 0, nullptr, 0},
+};
+
+struct Args {
+  std::string port = "10809";
+  std::string bind = "0.0.0.0";
+  bool tcp = false;  // -p or -b given (or no -k)
+  std::string socket_path;
+  nbd_server::ExportOptions export_options;
+  ImageSpec spec;
+  std::string pid_file;
+  bool fork = false;
+  std::string file;
+};
+
+// A failure already printed (qemu-nbd's getopt lines): exit code 1, nothing
+// more from main.
+absl::Status Printed() { return WithExitCode(absl::CancelledError(), 1); }
+
+absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
+                       Args& a) {
+  const std::string& name = ProgramName();
+  std::vector<std::string> storage;
+  storage.reserve(args.size() + 1);
+  storage.push_back(name);
+  for (const std::string& s : args) storage.push_back(s);
+  std::vector<char*> argv;
+  for (std::string& s : storage) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  optind = 0;  // full reinitialisation (glibc)
+  opterr = 0;
+  auto try_help = [&]() {
+    streams.err << name << ": Try `" << name
+                << " --help' for more information.\n";
+    return Printed();
+  };
+  int c;
+  int long_index = -1;
+  while ((c = getopt_long(static_cast<int>(argv.size() - 1), argv.data(),
+                          ":hVp:b:k:e:tx:D:f:rn", kLongOptions,
+                          &long_index)) != -1) {
+    const std::string arg = optarg != nullptr ? optarg : "";
+    switch (c) {
+      case 'h':
+        return StopWithOutput(HelpText(name));
+      case 'V':
+        return StopWithOutput(VersionText());
+      case 'p':
+        a.port = arg;
+        a.tcp = true;
+        break;
+      case 'b':
+        a.bind = arg;
+        a.tcp = true;
+        break;
+      case 'k':
+        a.socket_path = arg;
+        break;
+      case 'e': {
+        int n = 0;
+        if (!absl::SimpleAtoi(arg, &n) || n < 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("Invalid shared device number '", arg, "'"));
+        }
+        a.export_options.max_connections = n;
+        break;
+      }
+      case 't':
+        a.export_options.persistent = true;
+        break;
+      case 'x':
+        if (arg.size() > 4096) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("Export name '", arg, "' too long"));
+        }
+        a.export_options.name = arg;
+        break;
+      case 'D':
+        if (arg.size() > 4096) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("Export description '", arg, "' too long"));
+        }
+        a.export_options.description = arg;
+        break;
+      case 'f':
+        a.spec.format = arg;
+        break;
+      case 'r':
+        a.export_options.read_only = true;
+        break;
+      case 'n':
+        a.spec.cache = "none";
+        break;
+      case kCache: {
+        std::optional<std::string> mode = CacheMode(arg);
+        if (!mode.has_value()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("Invalid cache mode `", arg, "'"));
+        }
+        a.spec.cache = *mode;
+        break;
+      }
+      case kAio: {
+        absl::StatusOr<io::EngineKind> kind = io::ParseEngineKind(arg);
+        if (!kind.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("Invalid aio mode '", arg, "'"));
+        }
+        a.spec.aio = *kind;
+        break;
+      }
+      case kDiscard:
+        if (arg == "ignore" || arg == "off") {
+          a.export_options.discard_unmap = false;
+        } else if (arg == "unmap" || arg == "on") {
+          a.export_options.discard_unmap = true;
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat("Invalid discard mode `", arg, "'"));
+        }
+        break;
+      case kImageOpts:
+        a.spec.image_opts = true;
+        break;
+      case kPidFile:
+        a.pid_file = arg;
+        break;
+      case kFork:
+        a.fork = true;
+        break;
+      case ':': {
+        const char* word = argv[optind - 1];
+        if (optopt != 0) {
+          streams.err << name << ": option requires an argument -- '"
+                      << static_cast<char>(optopt) << "'\n";
+        } else {
+          streams.err << name << ": option '" << word
+                      << "' requires an argument\n";
+        }
+        return try_help();
+      }
+      default: {
+        if (optopt != 0) {
+          streams.err << name << ": invalid option -- '"
+                      << static_cast<char>(optopt) << "'\n";
+        } else {
+          streams.err << name << ": unrecognized option '"
+                      << argv[optind - 1] << "'\n";
+        }
+        return try_help();
+      }
+    }
+  }
+  const int operands = static_cast<int>(argv.size() - 1) - optind;
+  if (operands != 1) {
+    streams.err << name << ": Invalid number of arguments\n"
+                << "Try `" << name << " --help' for more information.\n";
+    return Printed();
+  }
+  a.file = argv[optind];
+  if (a.socket_path.empty()) a.tcp = true;
+  if (!a.socket_path.empty() && a.tcp) {
+    return absl::InvalidArgumentError(
+        "--socket and --port/--bind are mutually exclusive");
+  }
+  return absl::OkStatus();
+}
+
+// A listening socket (close-on-exec) for the address the options give.
+absl::StatusOr<int> Listen(const Args& a) {
+  const int backlog = a.export_options.max_connections > 0
+                          ? std::min(a.export_options.max_connections,
+                                     SOMAXCONN)
+                          : SOMAXCONN;
+  if (!a.tcp) {
+    struct sockaddr_un addr = {};
+    addr.sun_family = AF_UNIX;
+    if (a.socket_path.size() >= sizeof addr.sun_path) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "UNIX socket path '", a.socket_path, "' is too long"));
+    }
+    std::memcpy(addr.sun_path, a.socket_path.data(), a.socket_path.size());
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      return absl::InternalError(
+          absl::StrCat("Failed to create socket: ", std::strerror(errno)));
+    }
+    if (unlink(a.socket_path.c_str()) < 0 && errno != ENOENT) {
+      const int e = errno;
+      close(fd);
+      return absl::InternalError(absl::StrCat("Failed to unlink socket ",
+                                              a.socket_path, ": ",
+                                              std::strerror(e)));
+    }
+    if (bind(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof addr) < 0 ||
+        listen(fd, backlog) < 0) {
+      const int e = errno;
+      close(fd);
+      return absl::InternalError(absl::StrCat("Failed to bind socket to ",
+                                              a.socket_path, ": ",
+                                              std::strerror(e)));
+    }
+    return fd;
+  }
+  struct addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  struct addrinfo* res = nullptr;
+  const int rc = getaddrinfo(a.bind.c_str(), a.port.c_str(), &hints, &res);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address resolution failed for ", a.bind, ":", a.port,
+                     ": ", gai_strerror(rc)));
+  }
+  int last_errno = 0;
+  int fd = -1;
+  for (struct addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
+                ai->ai_protocol);
+    if (fd < 0) {
+      last_errno = errno;
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        listen(fd, backlog) == 0) {
+      break;
+    }
+    last_errno = errno;
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("Failed to bind socket: ",
+                                            std::strerror(last_errno)));
+  }
+  return fd;
+}
+
+absl::Status Serve(Args& a, Streams streams, int ready_fd) {
+  // The stop signals arrive through a signalfd; blocked before the engine
+  // starts any thread, so that every thread has them blocked.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
+  sigprocmask(SIG_BLOCK, &stop_signals, nullptr);
+  const int signal_fd =
+      signalfd(-1, &stop_signals, SFD_NONBLOCK | SFD_CLOEXEC);
+
+  a.spec.filename = a.file;
+  a.spec.read_only = a.export_options.read_only;
+  absl::StatusOr<OpenedImage> opened = OpenImage(a.spec, streams.err);
+  if (!opened.ok()) {
+    // qemu-img's "Could not open '<file>': " is qemu-img's own prefix;
+    // qemu-nbd puts its own in front of the block layer's message.
+    absl::string_view message = opened.status().message();
+    absl::ConsumePrefix(&message,
+                        absl::StrCat("Could not open '", a.file, "': "));
+    return WithMessage(opened.status(),
+                       absl::StrCat("Failed to blk_new_open '", a.file,
+                                    "': ", message));
+  }
+  OpenedImage image = *std::move(opened);
+  a.export_options.size = VirtualSize(image);
+  absl::StatusOr<int> listen_fd = Listen(a);
+  if (!listen_fd.ok()) {
+    (void)CloseImage(image);
+    return listen_fd.status();
+  }
+  if (!a.pid_file.empty()) {
+    std::ofstream pid(a.pid_file, std::ios::trunc);
+    pid << getpid() << "\n";
+    if (!pid.good()) {
+      close(*listen_fd);
+      (void)CloseImage(image);
+      return absl::InternalError(
+          absl::StrCat("Failed to write pid file '", a.pid_file, "'"));
+    }
+  }
+  if (ready_fd >= 0) {
+    // --fork: tell the parent, then leave the caller's streams.
+    const char ok = 0;
+    [[maybe_unused]] ssize_t w = write(ready_fd, &ok, 1);
+    close(ready_fd);
+    const int null_fd = open("/dev/null", O_RDWR);
+    if (null_fd >= 0) {
+      dup2(null_fd, STDIN_FILENO);
+      dup2(null_fd, STDOUT_FILENO);
+      dup2(null_fd, STDERR_FILENO);
+      if (null_fd > STDERR_FILENO) close(null_fd);
+    }
+  }
+  absl::Status status;
+  {
+    nbd_server::Server server(*image.engine, *image.node, a.export_options);
+    status = io::RunSync(*image.engine, server.Serve(*listen_fd, signal_fd));
+  }
+  close(*listen_fd);
+  if (!a.socket_path.empty()) unlink(a.socket_path.c_str());
+  const absl::Status closed = CloseImage(image);
+  if (signal_fd >= 0) close(signal_fd);
+  if (!status.ok()) return status;
+  return closed;
+}
+
+}  // namespace
+
+absl::Status RunNbd(const std::vector<std::string>& args, Streams streams) {
+  Args a;
+  RETURN_IF_ERROR(ParseArgs(args, streams, a));
+  if (!a.fork) return Serve(a, streams, -1);
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) < 0) {
+    return absl::InternalError(
+        absl::StrCat("Failed to create pipe: ", std::strerror(errno)));
+  }
+  std::cout.flush();
+  std::cerr.flush();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    return absl::InternalError(
+        absl::StrCat("Failed to fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    close(pipe_fds[0]);
+    setsid();
+    return Serve(a, streams, pipe_fds[1]);
+  }
+  close(pipe_fds[1]);
+  char byte;
+  ssize_t r;
+  do {
+    r = read(pipe_fds[0], &byte, 1);
+  } while (r < 0 && errno == EINTR);
+  close(pipe_fds[0]);
+  if (r == 1) return absl::OkStatus();
+  // The child failed before listening and printed why.
+  int child_status = 0;
+  waitpid(pid, &child_status, 0);
+  return Printed();
+}
+
+}  // namespace imgtool::cli

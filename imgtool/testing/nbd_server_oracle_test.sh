@@ -1,0 +1,323 @@
+#!/usr/bin/env bash
+# Oracle test for the NBD server (imgtool nbd, nbd_server/): each case
+# exports copies of the same image with qemu-nbd 7.2 and with imgtool nbd
+# and asks both the same questions with real clients: qemu-img info / map /
+# compare / convert, qemu-io read / write / discard / zero patterns (the
+# files compared afterwards), nbdinfo --json / --map / --list, nbdcopy with
+# 4 connections (-e 4), a libnbd client without structured replies (nbdsh's
+# python module), a read-only export, a qcow2 image with a backing file, one
+# TCP export on 127.0.0.1, hostile traffic (nbd_hostile.py: bad magics,
+# oversized and out-of-range requests, refused writes, a client leaving
+# mid-request) and the command line (--help, usage errors, open errors,
+# exit after the last client without -t).
+# Every server is started with --fork and a pid file and stopped at the end
+# of its case and on every exit path (trap): none is left running.
+# Usage: nbd_server_oracle_test.sh PATH_TO_IMGTOOL
+set -u
+IMGTOOL=$(realpath "$1")
+WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/nbd_server_oracle.XXXXXX")
+# Unix socket paths must stay under 108 bytes (Bazel's TEST_TMPDIR is long).
+# qemu-nbd's sockets are under q/, imgtool's under o/: outputs are compared
+# with o/ replaced by q/.
+SOCKDIR=$(mktemp -d /tmp/nbdso.XXXXXX)
+mkdir -p "$SOCKDIR/q" "$SOCKDIR/o"
+stop_pid_file() {
+  local f=$1 pid
+  [[ -f "$f" ]] || return 0
+  pid=$(cat "$f")
+  if [[ -n "$pid" ]]; then
+    kill "$pid" 2>/dev/null
+    # Wait until it is gone (it is not our child after --fork).
+    for _ in $(seq 250); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
+    kill -9 "$pid" 2>/dev/null
+  fi
+  rm -f "$f"
+}
+stop_servers() {
+  local f
+  for f in "$SOCKDIR"/q/*.pid "$SOCKDIR"/o/*.pid; do stop_pid_file "$f"; done
+}
+cleanup() {
+  stop_servers
+  rm -rf "$WORK" "$SOCKDIR"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+if [[ -n "${TEST_SRCDIR:-}" ]]; then
+  LIBDIR="$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing"
+else
+  LIBDIR=$(realpath "$(dirname "$0")")
+fi
+source "$LIBDIR/oracle_lib.sh" || exit 1
+HOSTILE="$LIBDIR/nbd_hostile.py"
+# Debian's python3 has the libnbd module (python3-libnbd).
+PY=/usr/bin/python3
+for t in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy $PY; do
+  command -v $t >/dev/null || { echo "$t not installed (tools/setup.sh)"; exit 1; }
+done
+$PY -c 'import nbd' || { echo "python3-libnbd not installed (tools/setup.sh)"; exit 1; }
+
+# serve WHO NAME ARGS...: starts qemu-nbd (WHO=q) or imgtool nbd (WHO=o)
+# with --fork on $SOCKDIR/WHO/NAME.sock; its pid in NAME.pid.
+serve() {
+  local who=$1 name=$2
+  shift 2
+  local prog=(qemu-nbd)
+  [[ $who == o ]] && prog=("$IMGTOOL" nbd)
+  rm -f "$SOCKDIR/$who/$name.sock"
+  if ! timeout 30 "${prog[@]}" --fork --pid-file="$SOCKDIR/$who/$name.pid" \
+    -k "$SOCKDIR/$who/$name.sock" "$@" 2>"$WORK/serve.err"; then
+    echo "SETUP FAILED: ${prog[*]} $*: $(cat "$WORK/serve.err")"
+  fi
+}
+stop() { stop_pid_file "$SOCKDIR/$1/$2.pid"; }
+uri() { echo "nbd+unix:///${3:-}?socket=$SOCKDIR/$1/$2.sock"; }
+
+# same CMD...: runs CMD with @Q@ and @O@ replaced by qemu-nbd's and
+# imgtool's URI (set in QU and OU); stdout, stderr and exit status equal
+# once imgtool's socket directory reads as qemu-nbd's.
+same() {
+  checks=$((checks + 1))
+  local qargs=() oargs=() a
+  for a in "$@"; do
+    qargs+=("${a//@U@/$QU}")
+    oargs+=("${a//@U@/$OU}")
+  done
+  local q_out q_rc o_out o_rc
+  q_out=$(timeout 60 "${qargs[@]}" 2>&1; echo "rc=$?")
+  o_out=$(timeout 60 "${oargs[@]}" 2>&1; echo "rc=$?")
+  o_out=${o_out//$SOCKDIR\/o\//$SOCKDIR/q/}
+  # qemu-io's timing lines differ from run to run.
+  q_out=$(sed -E '/^[0-9.]+ (bytes|KiB|MiB), [0-9]+ ops; /d' <<<"$q_out")
+  o_out=$(sed -E '/^[0-9.]+ (bytes|KiB|MiB), [0-9]+ ops; /d' <<<"$o_out")
+  if [[ "$q_out" != "$o_out" ]]; then
+    fail "$*: output differs (< qemu-nbd, > imgtool nbd)"
+    diff <(echo "$q_out") <(echo "$o_out") | head -20
+  fi
+}
+
+# same_files LABEL A B: two image files with equal contents and maps.
+same_files() {
+  checks=$((checks + 1))
+  cmp -s "$2" "$3" || { fail "$1: files $2 and $3 differ"; return; }
+}
+
+cd "$WORK" || exit 1
+
+# --- A raw export: data, a zeroed range, a hole; reads and writes ---------
+qemu-img create -q -f raw base.img 4M
+qio -f raw -c 'write -P 0xaa 0 64k' -c 'write -P 0xbb 1M 4k' \
+  -c 'write -z 2M 64k' base.img
+cp base.img q.img && cp base.img o.img
+serve q raw -t -f raw q.img
+serve o raw -t -f raw o.img
+QU=$(uri q raw) OU=$(uri o raw)
+same qemu-img info @U@
+same qemu-img info --output=json @U@
+same qemu-img map --output=json @U@
+same qemu-img map @U@
+same qemu-img compare @U@ base.img
+same nbdinfo --json @U@
+same nbdinfo --map @U@
+same nbdinfo --map --totals @U@
+same nbdinfo --list @U@
+same nbdinfo --can structured-reply @U@
+checks=$((checks + 1))
+qemu-img convert -O qcow2 "$QU" cq.qcow2 && qemu-img convert -O qcow2 "$OU" co.qcow2 &&
+  cmp -s cq.qcow2 co.qcow2 || fail "convert from the exports: files differ"
+same qemu-io -f raw -c 'read -P 0xaa 0 64k' -c 'read -P 0xbb 1M 4k' \
+  -c 'read -P 0 2M 64k' -c 'read -P 0 3M 512' -c 'read -v 65530 12' @U@
+same qemu-io -f raw -c 'write -P 0x5a 512k 64k' -c 'write -P 0x11 4095 3' \
+  -c 'writev -P 0x22 700k 4k 8k' -c 'aio_write -P 0x33 900k 16k' \
+  -c 'aio_flush' -c 'write -z 1M 2k' \
+  -c 'write -z -u 40k 8k' -c 'discard 3M 64k' -c 'flush' \
+  -c 'read -P 0x5a 512k 64k' -c 'read -P 0x11 4095 3' -c 'read -P 0 1M 2k' @U@
+same qemu-io -f raw -c 'write -P 1 4194303 1' -c 'write 4194303 2' \
+  -c 'read 4194000 1000' @U@
+same qemu-img map --output=json @U@
+same qemu-img compare -f raw -F raw @U@ base.img
+stop q raw
+stop o raw
+same_files "raw export after writes" q.img o.img
+
+# --- --discard=unmap: discard and zero writes punch holes -----------------
+cp base.img q.img && cp base.img o.img
+serve q unmap -t -f raw --discard=unmap q.img
+serve o unmap -t -f raw --discard=unmap o.img
+QU=$(uri q unmap) OU=$(uri o unmap)
+same qemu-io -f raw -c 'discard 0 64k' -c 'write -z -u 1M 4k' @U@
+same nbdinfo --map @U@
+stop q unmap
+stop o unmap
+same_files "--discard=unmap" q.img o.img
+checks=$((checks + 1))
+[[ "$(qemu-img map --output=json -f raw q.img)" == \
+   "$(qemu-img map --output=json -f raw o.img)" ]] ||
+  fail "--discard=unmap: the maps of the files differ"
+
+# --- A client without structured replies (simple replies only) ------------
+cp base.img q.img && cp base.img o.img
+serve q simple -t -f raw q.img
+serve o simple -t -f raw o.img
+QU=$(uri q simple) OU=$(uri o simple)
+cat >simple.py <<'EOF'
+import hashlib, sys, nbd
+h = nbd.NBD()
+h.set_request_structured_replies(False)
+h.connect_uri(sys.argv[1])
+print("structured:", h.get_structured_replies_negotiated())
+print("size:", h.get_size(), "ro:", h.is_read_only(), "flush:", h.can_flush(),
+      "trim:", h.can_trim(), "zero:", h.can_zero(), "cache:", h.can_cache(),
+      "multi:", h.can_multi_conn(), "df:", h.can_df())
+print(hashlib.sha256(h.pread(4 << 20, 0)).hexdigest())
+h.pwrite(b"\x77" * 5000, 12345)
+h.zero(8192, 1 << 20, nbd.CMD_FLAG_NO_HOLE)
+h.trim(65536, 3 << 20)
+h.flush()
+h.cache(4096, 0)
+print(hashlib.sha256(h.pread(4 << 20, 0)).hexdigest())
+try:
+    h.pread(512, 4 << 20)
+except nbd.Error as e:
+    print("past the end:", e.errno)
+h.shutdown()
+EOF
+same $PY simple.py @U@
+stop q simple
+stop o simple
+same_files "simple replies" q.img o.img
+
+# --- Read-only, shared by 4 clients: multi-conn, nbdcopy --connections=4 ---
+cp base.img q.img && cp base.img o.img
+serve q ro -t -r -e 4 -x exp -D "a description" -f raw q.img
+serve o ro -t -r -e 4 -x exp -D "a description" -f raw o.img
+QU=$(uri q ro exp) OU=$(uri o ro exp)
+same nbdinfo --json @U@
+same nbdinfo --list @U@
+same qemu-img info @U@
+same qemu-io -f raw -c 'write 0 512' @U@
+same qemu-io -r -f raw -c 'read -P 0xbb 1M 4k' @U@
+checks=$((checks + 1))
+nbdcopy --connections=4 "$QU" cq.raw && nbdcopy --connections=4 "$OU" co.raw &&
+  cmp -s cq.raw co.raw && cmp -s co.raw base.img ||
+  fail "nbdcopy --connections=4 from the read-only exports: files differ"
+stop q ro
+stop o ro
+
+# --- Writing with 4 connections (-e 4): nbdcopy into the exports ----------
+qemu-img create -q -f raw src.img 4M
+qio -f raw -c 'write -P 0x61 0 1M' -c 'write -P 0x62 3M 512k' src.img
+qemu-img create -q -f raw q.img 4M && cp q.img o.img
+serve q mc -t -e 4 -f raw q.img
+serve o mc -t -e 4 -f raw o.img
+QU=$(uri q mc) OU=$(uri o mc)
+same nbdinfo --can multi-conn @U@
+checks=$((checks + 1))
+nbdcopy --connections=4 src.img "$QU" && nbdcopy --connections=4 src.img "$OU" ||
+  fail "nbdcopy --connections=4 into the exports failed"
+stop q mc
+stop o mc
+same_files "nbdcopy into -e 4 exports" q.img o.img
+same_files "nbdcopy into -e 4 exports (source)" src.img o.img
+
+# --- qcow2 with a backing file ---------------------------------------------
+qemu-img create -q -f qcow2 back.qcow2 4M
+qio -c 'write -P 0x10 0 1M' -c 'write -P 0x20 2M 512k' back.qcow2
+qemu-img create -q -f qcow2 -b back.qcow2 -F qcow2 q.qcow2
+qio -c 'write -P 0x30 512k 1M' -c 'write -z 2M 64k' q.qcow2
+cp q.qcow2 o.qcow2
+serve q chain -t -f qcow2 q.qcow2
+serve o chain -t -f qcow2 o.qcow2
+QU=$(uri q chain) OU=$(uri o chain)
+same nbdinfo --map @U@
+same qemu-img map --output=json @U@
+same qemu-io -f raw -c 'read -P 0x10 0 512k' -c 'read -P 0x30 512k 1M' \
+  -c 'read -P 0 2M 64k' -c 'read -P 0x20 2112k 448k' -c 'read -P 0 3M 1M' @U@
+same qemu-io -f raw -c 'write -P 0x40 100k 8k' -c 'write -z 3M 64k' \
+  -c 'discard 0 64k' -c 'read -P 0x40 100k 8k' @U@
+checks=$((checks + 1))
+qemu-img convert -O raw "$QU" cq.raw && qemu-img convert -O raw "$OU" co.raw &&
+  cmp -s cq.raw co.raw || fail "convert from the qcow2 exports: files differ"
+stop q chain
+stop o chain
+checks=$((checks + 1))
+qemu-img check -q o.qcow2 || fail "qcow2 chain: qemu-img check of imgtool's image"
+checks=$((checks + 1))
+qemu-img compare q.qcow2 o.qcow2 >/dev/null ||
+  fail "qcow2 chain: the images differ after writes through the exports"
+checks=$((checks + 1))
+[[ "$(qemu-img map --output=json o.qcow2)" == \
+   "$(qemu-img map --output=json q.qcow2)" ]] ||
+  fail "qcow2 chain: the maps differ after writes through the exports"
+
+# --- TCP on 127.0.0.1 -------------------------------------------------------
+port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+checks=$((checks + 1))
+if timeout 30 "$IMGTOOL" nbd --fork --pid-file="$SOCKDIR/o/tcp.pid" -t \
+  -b 127.0.0.1 -p "$port" -f raw base.img; then
+  out=$(timeout 30 qemu-img compare -f raw -F raw "nbd://127.0.0.1:$port" base.img) ||
+    fail "TCP: compare: $out"
+  json=$(timeout 30 nbdinfo --json "nbd://127.0.0.1:$port" | grep -v '"uri"')
+  serve q tcpref -t -f raw base.img
+  ref=$(timeout 30 nbdinfo --json "$(uri q tcpref)" | grep -v '"uri"')
+  [[ "$json" == "$ref" ]] || fail "TCP: nbdinfo --json differs from qemu-nbd's"
+  stop q tcpref
+else
+  fail "TCP: imgtool nbd -b 127.0.0.1 -p $port did not start"
+fi
+stop o tcp
+
+# --- Hostile clients (read-only export) ------------------------------------
+serve q hostile -t -r -f raw base.img
+serve o hostile -t -r -f raw base.img
+checks=$((checks + 1))
+timeout 60 $PY "$HOSTILE" "$SOCKDIR/q/hostile.sock" >hq.out 2>&1
+timeout 60 $PY "$HOSTILE" "$SOCKDIR/o/hostile.sock" >ho.out 2>&1
+if ! cmp -s hq.out ho.out; then
+  fail "hostile clients: answers differ (< qemu-nbd, > imgtool nbd)"
+  diff hq.out ho.out | head -20
+fi
+checks=$((checks + 1))
+grep -q '^after disc: closed$' ho.out || fail "hostile clients: $(tail -3 ho.out)"
+QU=$(uri q hostile) OU=$(uri o hostile)
+same qemu-img compare -f raw @U@ base.img
+stop q hostile
+stop o hostile
+
+# --- Without -t: the server exits after its last client ---------------------
+serve o once -f raw base.img
+checks=$((checks + 1))
+pid=$(cat "$SOCKDIR/o/once.pid")
+timeout 30 nbdinfo --size "$(uri o once)" >/dev/null || fail "once: nbdinfo failed"
+for _ in $(seq 250); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
+if kill -0 "$pid" 2>/dev/null; then
+  fail "without -t the server is still running after its client left"
+fi
+[[ -e "$SOCKDIR/o/once.sock" ]] && fail "without -t: the socket file is left behind"
+stop o once
+
+# --- Command line, compared under the name qemu-nbd -------------------------
+mkdir -p bin && ln -sf "$IMGTOOL" bin/qemu-nbd
+cli() {
+  checks=$((checks + 1))
+  local q o
+  q=$(cd "$WORK" && timeout 10 qemu-nbd "$@" 2>&1; echo "rc=$?")
+  o=$(cd "$WORK" && timeout 10 bin/qemu-nbd "$@" 2>&1; echo "rc=$?")
+  o=${o//bin\/qemu-nbd/qemu-nbd}
+  if [[ "$q" != "$o" ]]; then
+    fail "qemu-nbd $*: output differs (< qemu-nbd, > imgtool as qemu-nbd)"
+    diff <(echo "$q") <(echo "$o") | head -10
+  fi
+}
+cli
+cli a b
+cli --frobnicate x.img
+cli -z x.img
+cli -x
+cli -k "$SOCKDIR/o/none.sock" nonexistent.img
+cli -k "$SOCKDIR/o/none.sock" -f qcow2 base.img
+checks=$((checks + 1))
+"$IMGTOOL" nbd --help | grep -q -- '--persistent' || fail "imgtool nbd --help"
+
+echo "$checks checks, $failures failures"
+((failures == 0))

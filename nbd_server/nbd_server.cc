@@ -1,0 +1,936 @@
+#include "nbd_server/nbd_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <coroutine>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/errno_status.h"
+#include "io/chain_status.h"
+
+namespace imgtool::nbd_server {
+namespace {
+
+// doc/proto.md, "Values".
+constexpr uint64_t kNbdMagic = 0x4e42444d41474943;     // "NBDMAGIC"
+constexpr uint64_t kOptMagic = 0x49484156454F5054;     // "IHAVEOPT"
+constexpr uint64_t kOptReplyMagic = 0x0003e889045565a9;
+constexpr uint32_t kRequestMagic = 0x25609513;
+constexpr uint32_t kSimpleReplyMagic = 0x67446698;
+constexpr uint32_t kStructuredReplyMagic = 0x668e33ef;
+
+constexpr uint16_t kFlagFixedNewstyle = 1 << 0;
+constexpr uint16_t kFlagNoZeroes = 1 << 1;
+
+constexpr uint32_t kOptExportName = 1;
+constexpr uint32_t kOptAbort = 2;
+constexpr uint32_t kOptList = 3;
+constexpr uint32_t kOptStartTls = 5;
+constexpr uint32_t kOptInfo = 6;
+constexpr uint32_t kOptGo = 7;
+constexpr uint32_t kOptStructuredReply = 8;
+constexpr uint32_t kOptListMetaContext = 9;
+constexpr uint32_t kOptSetMetaContext = 10;
+
+constexpr uint32_t kRepAck = 1;
+constexpr uint32_t kRepServer = 2;
+constexpr uint32_t kRepInfo = 3;
+constexpr uint32_t kRepMetaContext = 4;
+constexpr uint32_t kRepErrUnsup = 0x80000001;
+constexpr uint32_t kRepErrPolicy = 0x80000002;
+constexpr uint32_t kRepErrInvalid = 0x80000003;
+constexpr uint32_t kRepErrUnknown = 0x80000006;
+
+constexpr uint16_t kInfoExport = 0;
+constexpr uint16_t kInfoName = 1;
+constexpr uint16_t kInfoDescription = 2;
+constexpr uint16_t kInfoBlockSize = 3;
+
+constexpr uint16_t kTxHasFlags = 1 << 0;
+constexpr uint16_t kTxReadOnly = 1 << 1;
+constexpr uint16_t kTxSendFlush = 1 << 2;
+constexpr uint16_t kTxSendFua = 1 << 3;
+constexpr uint16_t kTxSendTrim = 1 << 5;
+constexpr uint16_t kTxSendWriteZeroes = 1 << 6;
+constexpr uint16_t kTxSendDf = 1 << 7;
+constexpr uint16_t kTxCanMultiConn = 1 << 8;
+constexpr uint16_t kTxSendCache = 1 << 10;
+constexpr uint16_t kTxSendFastZero = 1 << 11;
+
+constexpr uint16_t kCmdRead = 0;
+constexpr uint16_t kCmdWrite = 1;
+constexpr uint16_t kCmdDisc = 2;
+constexpr uint16_t kCmdFlush = 3;
+constexpr uint16_t kCmdTrim = 4;
+constexpr uint16_t kCmdCache = 5;
+constexpr uint16_t kCmdWriteZeroes = 6;
+constexpr uint16_t kCmdBlockStatus = 7;
+
+constexpr uint16_t kCmdFlagFua = 1 << 0;
+constexpr uint16_t kCmdFlagNoHole = 1 << 1;
+constexpr uint16_t kCmdFlagDf = 1 << 2;
+constexpr uint16_t kCmdFlagReqOne = 1 << 3;
+constexpr uint16_t kCmdFlagFastZero = 1 << 4;
+
+constexpr uint16_t kReplyFlagDone = 1 << 0;
+constexpr uint16_t kReplyNone = 0;
+constexpr uint16_t kReplyOffsetData = 1;
+constexpr uint16_t kReplyOffsetHole = 2;
+constexpr uint16_t kReplyBlockStatus = 5;
+constexpr uint16_t kReplyError = 0x8001;
+
+constexpr uint32_t kStateHole = 1 << 0;
+constexpr uint32_t kStateZero = 1 << 1;
+
+constexpr uint32_t kNbdEperm = 1;  // for errors of the block graph
+constexpr uint32_t kNbdEio = 5;
+constexpr uint32_t kNbdEnomem = 12;
+constexpr uint32_t kNbdEinval = 22;
+constexpr uint32_t kNbdEnospc = 28;
+constexpr uint32_t kNbdEoverflow = 75;
+constexpr uint32_t kNbdEnotsup = 95;
+
+constexpr char kBaseAllocation[] = "base:allocation";
+constexpr uint32_t kBaseAllocationId = 0;
+// Names as qemu's NBD_MAX_STRING_SIZE; option data of known options as
+// read into memory at most.
+constexpr uint32_t kMaxName = 4096;
+constexpr uint32_t kMaxOptionData = 64 * 1024;
+// Extents in one BLOCK_STATUS reply (qemu's NBD_MAX_BLOCK_STATUS_EXTENTS).
+constexpr size_t kMaxExtents = 1024 * 1024 / 8;
+
+void Put16(std::string& s, uint16_t v) {
+  s.push_back(static_cast<char>(v >> 8));
+  s.push_back(static_cast<char>(v));
+}
+void Put32(std::string& s, uint32_t v) {
+  Put16(s, static_cast<uint16_t>(v >> 16));
+  Put16(s, static_cast<uint16_t>(v));
+}
+void Put64(std::string& s, uint64_t v) {
+  Put32(s, static_cast<uint32_t>(v >> 32));
+  Put32(s, static_cast<uint32_t>(v));
+}
+uint16_t Get16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] << 8 | p[1]);
+}
+uint32_t Get32(const uint8_t* p) {
+  return static_cast<uint32_t>(Get16(p)) << 16 | Get16(p + 2);
+}
+uint64_t Get64(const uint8_t* p) {
+  return static_cast<uint64_t>(Get32(p)) << 32 | Get32(p + 4);
+}
+
+// The NBD error for a failed block request, as qemu's
+// system_errno_to_nbd_errno over the errno the status carries.
+uint32_t NbdErrno(const absl::Status& status) {
+  int e = StatusErrno(status);
+  if (e == 0) {
+    switch (status.code()) {
+      case absl::StatusCode::kPermissionDenied:
+      case absl::StatusCode::kFailedPrecondition:
+        e = EPERM;
+        break;
+      case absl::StatusCode::kResourceExhausted:
+        e = ENOSPC;
+        break;
+      case absl::StatusCode::kInvalidArgument:
+      case absl::StatusCode::kOutOfRange:
+        e = EINVAL;
+        break;
+      case absl::StatusCode::kUnimplemented:
+        e = ENOTSUP;
+        break;
+      default:
+        e = EIO;
+    }
+  }
+  switch (e) {
+    case EPERM:
+    case EROFS:
+      return kNbdEperm;
+    case EIO:
+      return kNbdEio;
+    case ENOMEM:
+      return kNbdEnomem;
+    case EDQUOT:
+    case EFBIG:
+    case ENOSPC:
+      return kNbdEnospc;
+    case EOVERFLOW:
+      return kNbdEoverflow;
+    case ENOTSUP:
+      return kNbdEnotsup;
+    default:
+      return kNbdEinval;
+  }
+}
+
+}  // namespace
+
+struct Server::Connection {
+  int fd = -1;
+  bool no_zeroes = false;
+  bool structured = false;
+  bool base_allocation = false;  // SET_META_CONTEXT selected it
+  io::Mutex send_mu;
+  int in_flight = 0;
+  // The reader, waiting until in_flight < wait_below.
+  std::coroutine_handle<> reader;
+  int wait_below = 0;
+};
+
+struct Server::Request {
+  uint16_t flags = 0;
+  uint16_t type = 0;
+  uint64_t handle = 0;
+  uint64_t offset = 0;
+  uint32_t length = 0;
+  uint32_t error = 0;  // found while reading the request: reply with it
+  std::vector<uint8_t> data;
+};
+
+Server::Server(io::Engine& engine, io::BlockNode& node, ExportOptions options)
+    : engine_(engine), node_(node), options_(std::move(options)) {}
+
+Server::~Server() {
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+io::Task<void> Server::WaitFd(int fd, int events) {
+  io::Op op{.kind = io::OpKind::kPoll, .fd = fd, .mode = events};
+  co_await engine_.Run(op);
+}
+
+io::Task<bool> Server::ReadFull(int fd, void* data, size_t length) {
+  auto* p = static_cast<uint8_t*>(data);
+  while (length > 0) {
+    const ssize_t r = recv(fd, p, length, MSG_DONTWAIT);
+    if (r > 0) {
+      p += r;
+      length -= static_cast<size_t>(r);
+    } else if (r == 0) {
+      co_return false;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      co_await WaitFd(fd, POLLIN);
+    } else if (errno != EINTR) {
+      co_return false;
+    }
+  }
+  co_return true;
+}
+
+io::Task<bool> Server::WriteFull(int fd, const struct iovec* iov, int iovcnt) {
+  std::vector<struct iovec> v(iov, iov + iovcnt);
+  size_t first = 0;
+  while (first < v.size()) {
+    if (v[first].iov_len == 0) {
+      ++first;
+      continue;
+    }
+    struct msghdr msg = {};
+    msg.msg_iov = v.data() + first;
+    msg.msg_iovlen = v.size() - first;
+    const ssize_t r = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        co_await WaitFd(fd, POLLOUT);
+        continue;
+      }
+      if (errno == EINTR) continue;
+      co_return false;
+    }
+    size_t done = static_cast<size_t>(r);
+    while (done > 0 && first < v.size()) {
+      const size_t n = std::min(done, v[first].iov_len);
+      v[first].iov_base = static_cast<uint8_t*>(v[first].iov_base) + n;
+      v[first].iov_len -= n;
+      done -= n;
+      if (v[first].iov_len == 0) ++first;
+    }
+  }
+  co_return true;
+}
+
+io::Task<bool> Server::Drop(int fd, uint64_t length) {
+  uint8_t buf[4096];
+  while (length > 0) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(length, sizeof buf));
+    if (!co_await ReadFull(fd, buf, n)) co_return false;
+    length -= n;
+  }
+  co_return true;
+}
+
+void Server::Wake() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t r = write(wake_fd_, &one, sizeof one);
+}
+
+uint16_t Server::TransmissionFlags(const Connection& conn) const {
+  uint16_t flags = kTxHasFlags | kTxSendFlush | kTxSendFua | kTxSendCache;
+  if (options_.read_only) {
+    flags |= kTxReadOnly;
+  } else {
+    flags |= kTxSendTrim | kTxSendWriteZeroes | kTxSendFastZero;
+  }
+  if (conn.structured) flags |= kTxSendDf;
+  if (options_.max_connections != 1) flags |= kTxCanMultiConn;
+  return flags;
+}
+
+io::Task<absl::Status> Server::Serve(int listen_fd, int signal_fd) {
+  const int fl = fcntl(listen_fd, F_GETFL);
+  if (fl < 0 || fcntl(listen_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+    co_return ErrnoStatus("", "fcntl", errno);
+  }
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) co_return ErrnoStatus("", "eventfd", errno);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) co_return ErrnoStatus("", "epoll_create1", errno);
+  auto add = [&](int fd) {
+    struct epoll_event ev = {};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    return epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  };
+  if (add(wake_fd_) < 0 || (signal_fd >= 0 && add(signal_fd) < 0)) {
+    co_return ErrnoStatus("", "epoll_ctl", errno);
+  }
+  bool listening = false;
+  bool served = false;
+  while (!stopping_) {
+    if (!options_.persistent && served && clients_ == 0) break;
+    const bool want = options_.max_connections <= 0 ||
+                      clients_ < options_.max_connections;
+    if (want != listening) {
+      if (want) {
+        if (add(listen_fd) < 0) co_return ErrnoStatus("", "epoll_ctl", errno);
+      } else {
+        epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd, nullptr);
+      }
+      listening = want;
+    }
+    co_await WaitFd(epoll_fd_, POLLIN);
+    struct epoll_event events[4];
+    const int n = epoll_wait(epoll_fd_, events, 4, 0);
+    for (int i = 0; i < n; ++i) {
+      const int fd = events[i].data.fd;
+      if (fd == wake_fd_) {
+        uint64_t count;
+        [[maybe_unused]] ssize_t r = read(wake_fd_, &count, sizeof count);
+      } else if (fd == signal_fd) {
+        struct signalfd_siginfo info;
+        [[maybe_unused]] ssize_t r = read(signal_fd, &info, sizeof info);
+        stopping_ = true;
+      } else if (fd == listen_fd) {
+        while (!stopping_ && (options_.max_connections <= 0 ||
+                              clients_ < options_.max_connections)) {
+          const int c = accept4(listen_fd, nullptr, nullptr,
+                                SOCK_NONBLOCK | SOCK_CLOEXEC);
+          if (c < 0) break;
+          ++clients_;
+          served = true;
+          auto conn = std::make_unique<Connection>();
+          conn->fd = c;
+          Connection* raw = conn.get();
+          connections_.push_back(std::move(conn));
+          io::Spawn(RunConnection(raw));
+        }
+      }
+    }
+  }
+  stopping_ = true;
+  for (const auto& conn : connections_) shutdown(conn->fd, SHUT_RDWR);
+  if (!connections_.empty()) {
+    io::Event ended;
+    all_ended_ = &ended;
+    co_await ended.Wait();
+    all_ended_ = nullptr;
+  }
+  co_return absl::OkStatus();
+}
+
+void Server::ConnectionEnded(Connection* conn) {
+  close(conn->fd);
+  --clients_;
+  connections_.remove_if(
+      [conn](const std::unique_ptr<Connection>& c) { return c.get() == conn; });
+  if (all_ended_ != nullptr && connections_.empty()) {
+    all_ended_->Set();
+  } else if (!stopping_) {
+    Wake();
+  }
+}
+
+io::Task<bool> Server::SendOptionReply(Connection& conn, uint32_t option,
+                                       uint32_t type, const std::string& data) {
+  std::string head;
+  Put64(head, kOptReplyMagic);
+  Put32(head, option);
+  Put32(head, type);
+  Put32(head, static_cast<uint32_t>(data.size()));
+  const struct iovec iov[2] = {
+      {const_cast<char*>(head.data()), head.size()},
+      {const_cast<char*>(data.data()), data.size()}};
+  co_return co_await WriteFull(conn.fd, iov, 2);
+}
+
+io::Task<bool> Server::SendExportInfo(Connection& conn, uint32_t option,
+                                      const std::vector<uint16_t>& requests) {
+  const bool want_name = std::find(requests.begin(), requests.end(),
+                                   kInfoName) != requests.end();
+  const bool want_description =
+      std::find(requests.begin(), requests.end(), kInfoDescription) !=
+      requests.end();
+  std::string d;
+  if (want_name) {
+    Put16(d, kInfoName);
+    d += options_.name;
+    if (!co_await SendOptionReply(conn, option, kRepInfo, d)) co_return false;
+  }
+  if (want_description && !options_.description.empty()) {
+    d.clear();
+    Put16(d, kInfoDescription);
+    d += options_.description;
+    if (!co_await SendOptionReply(conn, option, kRepInfo, d)) co_return false;
+  }
+  d.clear();
+  Put16(d, kInfoBlockSize);
+  Put32(d, 1);
+  Put32(d, 4096);
+  Put32(d, kMaxPayload);
+  if (!co_await SendOptionReply(conn, option, kRepInfo, d)) co_return false;
+  d.clear();
+  Put16(d, kInfoExport);
+  Put64(d, options_.size);
+  Put16(d, TransmissionFlags(conn));
+  if (!co_await SendOptionReply(conn, option, kRepInfo, d)) co_return false;
+  co_return co_await SendOptionReply(conn, option, kRepAck, "");
+}
+
+// Returns true when the client entered transmission, false to close.
+io::Task<bool> Server::Handshake(Connection& conn) {
+  std::string hello;
+  Put64(hello, kNbdMagic);
+  Put64(hello, kOptMagic);
+  Put16(hello, kFlagFixedNewstyle | kFlagNoZeroes);
+  const struct iovec iov = {hello.data(), hello.size()};
+  if (!co_await WriteFull(conn.fd, &iov, 1)) co_return false;
+  uint8_t b[16];
+  if (!co_await ReadFull(conn.fd, b, 4)) co_return false;
+  const uint32_t client_flags = Get32(b);
+  if ((client_flags & ~uint32_t{kFlagFixedNewstyle | kFlagNoZeroes}) != 0) {
+    co_return false;
+  }
+  conn.no_zeroes = (client_flags & kFlagNoZeroes) != 0;
+  std::string data;
+  while (true) {
+    if (!co_await ReadFull(conn.fd, b, 16)) co_return false;
+    if (Get64(b) != kOptMagic) co_return false;
+    const uint32_t option = Get32(b + 8);
+    const uint32_t length = Get32(b + 12);
+    const bool known =
+        option == kOptExportName || option == kOptAbort ||
+        option == kOptList || option == kOptInfo || option == kOptGo ||
+        option == kOptStructuredReply || option == kOptListMetaContext ||
+        option == kOptSetMetaContext;
+    if (!known) {
+      if (!co_await Drop(conn.fd, length)) co_return false;
+      const uint32_t type =
+          option == kOptStartTls ? kRepErrPolicy : kRepErrUnsup;
+      if (!co_await SendOptionReply(conn, option, type, "")) co_return false;
+      continue;
+    }
+    if (option == kOptExportName && length > kMaxName) co_return false;
+    if (length > kMaxOptionData) {
+      if (!co_await Drop(conn.fd, length)) co_return false;
+      if (!co_await SendOptionReply(conn, option, kRepErrInvalid, "")) {
+        co_return false;
+      }
+      continue;
+    }
+    data.resize(length);
+    if (!co_await ReadFull(conn.fd, data.data(), length)) co_return false;
+    const auto* p = reinterpret_cast<const uint8_t*>(data.data());
+    bool valid = true;
+    switch (option) {
+      case kOptExportName: {
+        if (data != options_.name) co_return false;
+        std::string reply;
+        Put64(reply, options_.size);
+        Put16(reply, TransmissionFlags(conn));
+        if (!conn.no_zeroes) reply.append(124, '\0');
+        const struct iovec r = {reply.data(), reply.size()};
+        co_return co_await WriteFull(conn.fd, &r, 1);
+      }
+      case kOptAbort:
+        co_await SendOptionReply(conn, option, kRepAck, "");
+        co_return false;
+      case kOptList: {
+        if (length != 0) {
+          valid = false;
+          break;
+        }
+        std::string d;
+        Put32(d, static_cast<uint32_t>(options_.name.size()));
+        d += options_.name;
+        d += options_.description;
+        if (!co_await SendOptionReply(conn, option, kRepServer, d) ||
+            !co_await SendOptionReply(conn, option, kRepAck, "")) {
+          co_return false;
+        }
+        continue;
+      }
+      case kOptStructuredReply:
+        if (length != 0 || conn.structured) {
+          valid = false;
+          break;
+        }
+        conn.structured = true;
+        if (!co_await SendOptionReply(conn, option, kRepAck, "")) {
+          co_return false;
+        }
+        continue;
+      case kOptInfo:
+      case kOptGo: {
+        uint32_t name_length = 0;
+        if (length < 6 || (name_length = Get32(p)) > length - 6 ||
+            name_length > kMaxName) {
+          valid = false;
+          break;
+        }
+        const uint16_t count = Get16(p + 4 + name_length);
+        if (length != 6 + name_length + 2u * count) {
+          valid = false;
+          break;
+        }
+        if (data.compare(4, name_length, options_.name) != 0) {
+          if (!co_await SendOptionReply(conn, option, kRepErrUnknown, "")) {
+            co_return false;
+          }
+          continue;
+        }
+        std::vector<uint16_t> requests;
+        for (uint16_t i = 0; i < count; ++i) {
+          requests.push_back(Get16(p + 6 + name_length + 2 * i));
+        }
+        if (!co_await SendExportInfo(conn, option, requests)) co_return false;
+        if (option == kOptGo) co_return true;
+        continue;
+      }
+      case kOptListMetaContext:
+      case kOptSetMetaContext: {
+        if (option == kOptSetMetaContext && !conn.structured) {
+          valid = false;
+          break;
+        }
+        // u32 name length, name, u32 query count, queries (u32 length,
+        // text), all within the option's data.
+        uint32_t pos = 0;
+        auto need = [&](uint64_t n) { return pos + n <= length; };
+        if (!need(4)) {
+          valid = false;
+          break;
+        }
+        const uint32_t name_length = Get32(p);
+        pos = 4;
+        if (name_length > kMaxName || !need(uint64_t{name_length} + 4)) {
+          valid = false;
+          break;
+        }
+        const std::string name = data.substr(pos, name_length);
+        pos += name_length;
+        const uint32_t count = Get32(p + pos);
+        pos += 4;
+        std::vector<std::string> queries;
+        for (uint32_t i = 0; i < count && valid; ++i) {
+          if (!need(4)) {
+            valid = false;
+            break;
+          }
+          const uint32_t q = Get32(p + pos);
+          pos += 4;
+          if (!need(q)) {
+            valid = false;
+            break;
+          }
+          queries.push_back(data.substr(pos, q));
+          pos += q;
+        }
+        if (!valid || pos != length) {
+          valid = false;
+          break;
+        }
+        if (name != options_.name) {
+          if (!co_await SendOptionReply(conn, option, kRepErrUnknown, "")) {
+            co_return false;
+          }
+          continue;
+        }
+        bool match = false;
+        if (option == kOptListMetaContext) {
+          match = queries.empty();
+          for (const std::string& q : queries) {
+            if (q == "base:" || q == kBaseAllocation) match = true;
+          }
+        } else {
+          for (const std::string& q : queries) {
+            if (q == kBaseAllocation) match = true;
+          }
+          conn.base_allocation = match;
+        }
+        if (match) {
+          std::string d;
+          Put32(d, kBaseAllocationId);
+          d += kBaseAllocation;
+          if (!co_await SendOptionReply(conn, option, kRepMetaContext, d)) {
+            co_return false;
+          }
+        }
+        if (!co_await SendOptionReply(conn, option, kRepAck, "")) {
+          co_return false;
+        }
+        continue;
+      }
+    }
+    if (!valid &&
+        !co_await SendOptionReply(conn, option, kRepErrInvalid, "")) {
+      co_return false;
+    }
+  }
+}
+
+io::Task<void> Server::RunConnection(Connection* conn) {
+  if (co_await Handshake(*conn)) {
+    uint8_t h[28];
+    while (true) {
+      if (conn->in_flight >= kMaxRequests) {
+        struct SlotAwaiter {
+          Connection& c;
+          bool await_ready() const { return c.in_flight < kMaxRequests; }
+          void await_suspend(std::coroutine_handle<> handle) {
+            c.reader = handle;
+            c.wait_below = kMaxRequests;
+          }
+          void await_resume() {}
+        };
+        co_await SlotAwaiter{*conn};
+      }
+      if (!co_await ReadFull(conn->fd, h, sizeof h)) break;
+      auto request = std::make_unique<Request>();
+      request->flags = Get16(h + 4);
+      request->type = Get16(h + 6);
+      request->handle = Get64(h + 8);
+      request->offset = Get64(h + 16);
+      request->length = Get32(h + 24);
+      bool close_after = false;
+      if (Get32(h) != kRequestMagic) {
+        // qemu 7.2: an EINVAL reply, then the connection is closed (the
+        // stream cannot be trusted any more).
+        request->error = kNbdEinval;
+        close_after = true;
+      } else if (request->type == kCmdDisc) {
+        break;
+      } else if (request->type == kCmdWrite || request->type == kCmdRead ||
+                 request->type == kCmdCache) {
+        if (request->length > kMaxPayload) {
+          request->error = kNbdEinval;
+          // A WRITE's payload follows; the stream cannot be followed.
+          close_after = request->type == kCmdWrite;
+        } else if (request->type == kCmdWrite) {
+          request->data.resize(request->length);
+          if (!co_await ReadFull(conn->fd, request->data.data(),
+                                 request->length)) {
+            break;
+          }
+        }
+      }
+      ++conn->in_flight;
+      io::Spawn(HandleRequest(conn, request.release()));
+      if (close_after) break;
+    }
+  }
+  // Requests in flight still reply (the client may be reading), then close.
+  if (conn->in_flight > 0) {
+    struct DrainAwaiter {
+      Connection& c;
+      bool await_ready() const { return c.in_flight == 0; }
+      void await_suspend(std::coroutine_handle<> handle) {
+        c.reader = handle;
+        c.wait_below = 1;
+      }
+      void await_resume() {}
+    };
+    co_await DrainAwaiter{*conn};
+  }
+  ConnectionEnded(conn);
+}
+
+io::Task<bool> Server::SendSimpleReply(Connection& conn, uint64_t handle,
+                                       uint32_t error, const uint8_t* data,
+                                       size_t length) {
+  std::string head;
+  Put32(head, kSimpleReplyMagic);
+  Put32(head, error);
+  Put64(head, handle);
+  const struct iovec iov[2] = {{head.data(), head.size()},
+                               {const_cast<uint8_t*>(data), length}};
+  auto lock = co_await io::ScopedLock::Take(conn.send_mu);
+  co_return co_await WriteFull(conn.fd, iov, 2);
+}
+
+io::Task<bool> Server::SendChunk(Connection& conn, uint64_t handle,
+                                 uint16_t flags, uint16_t type,
+                                 const std::string& payload_head,
+                                 const uint8_t* data, size_t length) {
+  std::string head;
+  Put32(head, kStructuredReplyMagic);
+  Put16(head, flags);
+  Put16(head, type);
+  Put64(head, handle);
+  Put32(head, static_cast<uint32_t>(payload_head.size() + length));
+  const struct iovec iov[3] = {
+      {head.data(), head.size()},
+      {const_cast<char*>(payload_head.data()), payload_head.size()},
+      {const_cast<uint8_t*>(data), length}};
+  auto lock = co_await io::ScopedLock::Take(conn.send_mu);
+  co_return co_await WriteFull(conn.fd, iov, 3);
+}
+
+io::Task<bool> Server::SendError(Connection& conn, uint64_t handle,
+                                 uint32_t error, const std::string& message) {
+  if (!conn.structured) {
+    co_return co_await SendSimpleReply(conn, handle, error, nullptr, 0);
+  }
+  std::string payload;
+  Put32(payload, error);
+  Put16(payload, static_cast<uint16_t>(message.size()));
+  payload += message;
+  co_return co_await SendChunk(conn, handle, kReplyFlagDone, kReplyError,
+                               payload, nullptr, 0);
+}
+
+io::Task<bool> Server::DoRead(Connection& conn, Request& r) {
+  r.data.resize(r.length);
+  if (!conn.structured || (r.flags & kCmdFlagDf) != 0 || r.length == 0) {
+    const absl::Status st = co_await node_.Read(r.offset, absl::MakeSpan(r.data));
+    if (!st.ok()) {
+      co_return co_await SendError(conn, r.handle, NbdErrno(st),
+                                   std::string(st.message()));
+    }
+    if (!conn.structured) {
+      co_return co_await SendSimpleReply(conn, r.handle, 0, r.data.data(),
+                                         r.length);
+    }
+    if (r.length == 0) {
+      co_return co_await SendChunk(conn, r.handle, kReplyFlagDone, kReplyNone,
+                                   "", nullptr, 0);
+    }
+    std::string head;
+    Put64(head, r.offset);
+    co_return co_await SendChunk(conn, r.handle, kReplyFlagDone,
+                                 kReplyOffsetData, head, r.data.data(),
+                                 r.length);
+  }
+  // Sparse: one chunk per extent of the chain's block status.
+  const uint64_t end = r.offset + r.length;
+  uint64_t offset = r.offset;
+  while (offset < end) {
+    absl::StatusOr<io::ChainStatus> cs =
+        co_await io::GetChainStatus(node_, offset, end - offset);
+    uint64_t length = 0;
+    bool zero = false;
+    if (cs.ok()) {
+      length = std::min(cs->status.length, end - offset);
+      zero = !cs->present || cs->status.zero;
+    }
+    if (!cs.ok() || length == 0) {
+      // No status: read the rest as data.
+      length = end - offset;
+      zero = false;
+    }
+    const bool last = offset + length == end;
+    const uint16_t flags = last ? kReplyFlagDone : 0;
+    std::string head;
+    Put64(head, offset);
+    if (zero) {
+      Put32(head, static_cast<uint32_t>(length));
+      if (!co_await SendChunk(conn, r.handle, flags, kReplyOffsetHole, head,
+                              nullptr, 0)) {
+        co_return false;
+      }
+    } else {
+      uint8_t* p = r.data.data() + (offset - r.offset);
+      const absl::Status st =
+          co_await node_.Read(offset, absl::MakeSpan(p, length));
+      if (!st.ok()) {
+        co_return co_await SendError(conn, r.handle, NbdErrno(st),
+                                     std::string(st.message()));
+      }
+      if (!co_await SendChunk(conn, r.handle, flags, kReplyOffsetData, head,
+                              p, length)) {
+        co_return false;
+      }
+    }
+    offset += length;
+  }
+  co_return true;
+}
+
+io::Task<bool> Server::DoBlockStatus(Connection& conn, Request& r) {
+  const size_t max_extents =
+      (r.flags & kCmdFlagReqOne) != 0 ? 1 : kMaxExtents;
+  std::vector<std::pair<uint32_t, uint32_t>> extents;  // length, flags
+  const uint64_t end = r.offset + r.length;
+  uint64_t offset = r.offset;
+  while (offset < end) {
+    absl::StatusOr<io::ChainStatus> cs =
+        co_await io::GetChainStatus(node_, offset, end - offset);
+    if (!cs.ok()) {
+      co_return co_await SendError(conn, r.handle, NbdErrno(cs.status()),
+                                   std::string(cs.status().message()));
+    }
+    const uint64_t length = std::min(cs->status.length, end - offset);
+    if (length == 0) break;
+    const bool data = cs->present && cs->status.data;
+    const bool zero = !cs->present || cs->status.zero;
+    const uint32_t flags = (data ? 0 : kStateHole) | (zero ? kStateZero : 0);
+    if (!extents.empty() && extents.back().second == flags) {
+      extents.back().first += static_cast<uint32_t>(length);
+    } else if (extents.size() >= max_extents) {
+      break;
+    } else {
+      extents.emplace_back(static_cast<uint32_t>(length), flags);
+    }
+    offset += length;
+  }
+  std::string payload;
+  Put32(payload, kBaseAllocationId);
+  for (const auto& [length, flags] : extents) {
+    Put32(payload, length);
+    Put32(payload, flags);
+  }
+  co_return co_await SendChunk(conn, r.handle, kReplyFlagDone,
+                               kReplyBlockStatus, payload, nullptr, 0);
+}
+
+io::Task<void> Server::HandleRequest(Connection* conn, Request* request) {
+  std::unique_ptr<Request> owned(request);
+  Request& r = *request;
+  uint32_t error = r.error;
+  std::string message;
+  bool sent = false;
+  bool ok = true;
+  const bool writes = r.type == kCmdWrite || r.type == kCmdTrim ||
+                      r.type == kCmdWriteZeroes;
+  uint16_t valid_flags = kCmdFlagFua;
+  if (r.type == kCmdRead && conn->structured) valid_flags |= kCmdFlagDf;
+  if (r.type == kCmdWriteZeroes) valid_flags |= kCmdFlagNoHole | kCmdFlagFastZero;
+  if (r.type == kCmdBlockStatus) valid_flags |= kCmdFlagReqOne;
+  if (error == 0 && r.type > kCmdBlockStatus) {
+    error = kNbdEinval;
+    message = "unsupported operation";
+  }
+  if (error == 0 && writes && options_.read_only) {
+    error = kNbdEinval;  // qemu 7.2 replies EINVAL to every refused request
+    message = "Export is read-only";
+  }
+  if (error == 0 && r.type != kCmdFlush &&
+      (r.offset > options_.size || r.length > options_.size - r.offset)) {
+    error = kNbdEinval;
+    message = "operation past EOF";
+  }
+  if (error == 0 && (r.flags & ~valid_flags) != 0) {
+    error = kNbdEinval;
+    message = "unsupported flags";
+  }
+  if (error == 0) {
+    absl::Status st;
+    switch (r.type) {
+      case kCmdRead:
+        // qemu: FUA on a read flushes first.
+        if ((r.flags & kCmdFlagFua) != 0) st = co_await node_.Flush();
+        if (st.ok()) {
+          ok = co_await DoRead(*conn, r);
+          sent = true;
+        }
+        break;
+      case kCmdWrite:
+        st = co_await node_.Write(r.offset, absl::MakeConstSpan(r.data));
+        if (st.ok() && (r.flags & kCmdFlagFua) != 0) st = co_await node_.Flush();
+        break;
+      case kCmdFlush:
+        st = co_await node_.Flush();
+        break;
+      case kCmdTrim:
+        if (options_.discard_unmap && r.length > 0) {
+          st = co_await node_.Discard(r.offset, r.length);
+          if (st.code() == absl::StatusCode::kUnimplemented) st = absl::OkStatus();
+        }
+        if (st.ok() && (r.flags & kCmdFlagFua) != 0) st = co_await node_.Flush();
+        break;
+      case kCmdWriteZeroes:
+        if (r.length > 0) {
+          io::WriteZeroesFlags wz;
+          wz.may_unmap =
+              options_.discard_unmap && (r.flags & kCmdFlagNoHole) == 0;
+          wz.no_fallback = (r.flags & kCmdFlagFastZero) != 0;
+          st = co_await node_.WriteZeroes(r.offset, r.length, wz);
+        }
+        if (st.ok() && (r.flags & kCmdFlagFua) != 0) st = co_await node_.Flush();
+        break;
+      case kCmdCache:
+        break;
+      case kCmdBlockStatus:
+        if (!conn->structured || !conn->base_allocation) {
+          error = kNbdEinval;
+          message = "CMD_BLOCK_STATUS not negotiated";
+        } else if (r.length == 0) {
+          error = kNbdEinval;
+          message = "need non-zero length";
+        } else {
+          ok = co_await DoBlockStatus(*conn, r);
+          sent = true;
+        }
+        break;
+    }
+    if (!st.ok()) {
+      error = NbdErrno(st);
+      message = std::string(st.message());
+    }
+  }
+  if (!sent) {
+    if (error != 0) {
+      ok = co_await SendError(*conn, r.handle, error, message);
+    } else if (conn->structured) {
+      ok = co_await SendChunk(*conn, r.handle, kReplyFlagDone, kReplyNone, "",
+                              nullptr, 0);
+    } else {
+      ok = co_await SendSimpleReply(*conn, r.handle, 0, nullptr, 0);
+    }
+  }
+  // A reply that could not be sent: the client is gone; wake the reader.
+  if (!ok) shutdown(conn->fd, SHUT_RDWR);
+  owned.reset();
+  --conn->in_flight;
+  if (conn->reader && conn->in_flight < conn->wait_below) {
+    io::Resume(std::exchange(conn->reader, {}));
+  }
+}
+
+}  // namespace imgtool::nbd_server

@@ -1,0 +1,144 @@
+// NBD server: one export of a block graph over the NBD protocol
+// (NetworkBlockDevice/nbd doc/proto.md), behaving as qemu-nbd 7.2's server
+// (nbd/server.c) where the protocol leaves a choice.
+//
+// Protocol: fixed newstyle handshake, no TLS. Options: EXPORT_NAME, INFO and
+// GO (replies INFO_NAME and INFO_DESCRIPTION when asked, INFO_BLOCK_SIZE
+// (minimum 1, preferred 4096, maximum 32 MiB) and INFO_EXPORT), LIST, ABORT,
+// STRUCTURED_REPLY, LIST_META_CONTEXT / SET_META_CONTEXT with the one context
+// `base:allocation` (id 0); NBD_REP_ERR_POLICY for STARTTLS, NBD_REP_ERR_UNSUP
+// for every other option (its data is read and dropped). Commands: READ
+// (structured: OFFSET_DATA chunks and OFFSET_HOLE for ranges that read as
+// zeroes through the backing chain, one data chunk with DF), WRITE (FUA is a
+// flush after the write), FLUSH, TRIM (a no-op unless discard_unmap, as
+// qemu-nbd without --discard=unmap), WRITE_ZEROES (NO_HOLE, FAST_ZERO: a
+// write-zeroes without fallback, NBD_ENOTSUP when it would need one), CACHE
+// (accepted, nothing to do), BLOCK_STATUS for base:allocation (HOLE when no
+// layer of the chain has data, ZERO when it reads as zeroes; REQ_ONE),
+// DISC. Simple replies unless the client negotiated structured replies.
+// Transmission flags as qemu-nbd 7.2: HAS_FLAGS, SEND_FLUSH, SEND_FUA,
+// SEND_CACHE always; READ_ONLY, or SEND_TRIM | SEND_WRITE_ZEROES |
+// SEND_FAST_ZERO when writable; SEND_DF with structured replies;
+// CAN_MULTI_CONN when more than one client may connect (max_connections
+// != 1).
+//
+// Hostile clients, as qemu-nbd 7.2 answers them: a short read, unknown
+// client flags, a bad option magic close the connection; a bad request
+// magic gets an NBD_EINVAL reply, then the connection is closed. A READ,
+// WRITE or CACHE longer than 32 MiB gets NBD_EINVAL (a WRITE's payload
+// cannot be skipped: the connection is closed after the reply); a request
+// past the end of the export, an unknown command, unknown flags,
+// BLOCK_STATUS without a context, and a write, trim or write-zeroes on a
+// read-only export all get NBD_EINVAL (qemu 7.2 turns every request it
+// refuses into EINVAL, not the EPERM the protocol suggests). Errors of the
+// block graph map to NBD errors as qemu's system_errno_to_nbd_errno. Memory per connection is bounded: at most kMaxRequests requests
+// in flight, each with a buffer of at most 32 MiB; option data over 64 KiB
+// is dropped in 4 KiB pieces, never buffered.
+//
+// Design: one process, one thread (the io engine's). Every socket is
+// non-blocking; a coroutine that would block waits for its fd with an
+// io::OpKind::kPoll request, so the engine thread never blocks on a socket.
+// The listener waits on an epoll fd holding the listening socket (while
+// fewer than max_connections clients are connected), an eventfd (wakeups)
+// and an optional signalfd (SIGTERM/SIGINT/SIGHUP: stop). Each connection
+// runs a reader coroutine (handshake, then one request at a time) that
+// spawns one coroutine per request; a request's I/O runs on the block graph
+// concurrently with the others of all connections, and its reply is sent
+// under the connection's send mutex. No thread per request or connection.
+// Thread model: everything on the engine's thread; Serve() is awaited from
+// a task driven by that engine.
+#ifndef IMGTOOL_NBD_SERVER_NBD_SERVER_H_
+#define IMGTOOL_NBD_SERVER_NBD_SERVER_H_
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "io/block_node.h"
+#include "io/engine.h"
+#include "io/sync.h"
+#include "io/task.h"
+
+namespace imgtool::nbd_server {
+
+// The largest READ / WRITE payload accepted (qemu's NBD_MAX_BUFFER_SIZE),
+// bytes; also the INFO_BLOCK_SIZE maximum.
+inline constexpr uint32_t kMaxPayload = 32 * 1024 * 1024;
+// Requests of one connection in flight together (qemu's MAX_NBD_REQUESTS).
+inline constexpr int kMaxRequests = 16;
+
+struct ExportOptions {
+  std::string name;         // -x; "" by default
+  std::string description;  // -D; not sent when empty
+  uint64_t size = 0;        // bytes the export shows (the image's size)
+  bool read_only = false;   // -r
+  bool discard_unmap = false;  // --discard=unmap: TRIM and may-unmap zeroes
+  // -e: clients connected at once (0: no limit); more wait in the backlog.
+  int max_connections = 1;
+  // -t: keep serving after the last client left; otherwise Serve returns
+  // once a client has connected and no client is left.
+  bool persistent = false;
+};
+
+class Server {
+ public:
+  // `engine` and `node` outlive the server; `node` is the export (its
+  // backing chain answers block status and reads as usual).
+  Server(io::Engine& engine, io::BlockNode& node, ExportOptions options);
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+  ~Server();
+
+  // Serves clients on `listen_fd` (a listening socket; made non-blocking
+  // here, not closed) until the last client left (not persistent) or a
+  // signal arrived on `signal_fd` (a signalfd, or -1 for none; read here).
+  // Connections still open at a stop are shut down and their requests
+  // finished before it returns. Errors: kInternal for epoll/eventfd setup.
+  io::Task<absl::Status> Serve(int listen_fd, int signal_fd);
+
+ private:
+  struct Connection;
+  struct Request;
+
+  io::Task<void> WaitFd(int fd, int events);
+  io::Task<bool> ReadFull(int fd, void* data, size_t length);
+  io::Task<bool> WriteFull(int fd, const struct iovec* iov, int iovcnt);
+  io::Task<bool> Drop(int fd, uint64_t length);
+
+  io::Task<void> RunConnection(Connection* conn);
+  io::Task<bool> Handshake(Connection& conn);
+  io::Task<bool> SendOptionReply(Connection& conn, uint32_t option,
+                                 uint32_t type, const std::string& data);
+  io::Task<bool> SendExportInfo(Connection& conn, uint32_t option,
+                                const std::vector<uint16_t>& requests);
+  io::Task<void> HandleRequest(Connection* conn, Request* request);
+  io::Task<bool> SendSimpleReply(Connection& conn, uint64_t handle,
+                                 uint32_t error, const uint8_t* data,
+                                 size_t length);
+  io::Task<bool> SendChunk(Connection& conn, uint64_t handle, uint16_t flags,
+                           uint16_t type, const std::string& head,
+                           const uint8_t* data, size_t length);
+  io::Task<bool> SendError(Connection& conn, uint64_t handle, uint32_t error,
+                           const std::string& message);
+  io::Task<bool> DoRead(Connection& conn, Request& request);
+  io::Task<bool> DoBlockStatus(Connection& conn, Request& request);
+  uint16_t TransmissionFlags(const Connection& conn) const;
+  void ConnectionEnded(Connection* conn);
+  void Wake();
+
+  io::Engine& engine_;
+  io::BlockNode& node_;
+  ExportOptions options_;
+  int wake_fd_ = -1;
+  int epoll_fd_ = -1;
+  bool stopping_ = false;
+  int clients_ = 0;
+  std::list<std::unique_ptr<Connection>> connections_;
+  io::Event* all_ended_ = nullptr;
+};
+
+}  // namespace imgtool::nbd_server
+
+#endif  // IMGTOOL_NBD_SERVER_NBD_SERVER_H_
