@@ -212,8 +212,19 @@ Server::~Server() {
 }
 
 io::Task<void> Server::WaitFd(int fd, int events) {
-  io::Op op{.kind = io::OpKind::kPoll, .fd = fd, .mode = events};
-  co_await engine_.Run(op);
+  struct Awaiter {
+    Server& server;
+    int fd;
+    bool out;
+    bool await_ready() const { return false; }
+    void await_suspend(std::coroutine_handle<> h) {
+      SocketWaiters& w = server.waiters_[fd];
+      (out ? w.out : w.in) = h;
+      server.Arm(fd, w);
+    }
+    void await_resume() {}
+  };
+  co_await Awaiter{*this, fd, (events & POLLOUT) != 0};
 }
 
 io::Task<bool> Server::ReadFull(int fd, void* data, size_t length) {
@@ -313,10 +324,21 @@ io::Task<absl::Status> Server::Serve(int listen_fd, int signal_fd) {
   }
   bool listening = false;
   bool served = false;
-  while (!stopping_) {
-    if (!options_.persistent && served && clients_ == 0) break;
-    const bool want = options_.max_connections <= 0 ||
-                      clients_ < options_.max_connections;
+  bool shut_down = false;
+  std::vector<std::coroutine_handle<>> ready;
+  // The one poll request in flight: on the epoll fd, which holds the
+  // listening socket, the wake and signal fds and every socket a coroutine
+  // waits on (WaitFd); this loop resumes the waiters.
+  while (true) {
+    if (!options_.persistent && served && clients_ == 0) stopping_ = true;
+    if (stopping_ && !shut_down) {
+      // Readers see the end of their stream; replies in flight fail.
+      for (const auto& conn : connections_) shutdown(conn->fd, SHUT_RDWR);
+      shut_down = true;
+    }
+    if (stopping_ && connections_.empty()) break;
+    const bool want = !stopping_ && (options_.max_connections <= 0 ||
+                                     clients_ < options_.max_connections);
     if (want != listening) {
       if (want) {
         if (add(listen_fd) < 0) co_return ErrnoStatus("", "epoll_ctl", errno);
@@ -325,11 +347,15 @@ io::Task<absl::Status> Server::Serve(int listen_fd, int signal_fd) {
       }
       listening = want;
     }
-    co_await WaitFd(epoll_fd_, POLLIN);
-    struct epoll_event events[4];
-    const int n = epoll_wait(epoll_fd_, events, 4, 0);
+    {
+      io::Op op{.kind = io::OpKind::kPoll, .fd = epoll_fd_, .mode = POLLIN};
+      co_await engine_.Run(op);
+    }
+    struct epoll_event events[64];
+    const int n = epoll_wait(epoll_fd_, events, 64, 0);
     for (int i = 0; i < n; ++i) {
       const int fd = events[i].data.fd;
+      const uint32_t ev = events[i].events;
       if (fd == wake_fd_) {
         uint64_t count;
         [[maybe_unused]] ssize_t r = read(wake_fd_, &count, sizeof count);
@@ -351,30 +377,52 @@ io::Task<absl::Status> Server::Serve(int listen_fd, int signal_fd) {
           connections_.push_back(std::move(conn));
           io::Spawn(RunConnection(raw));
         }
+      } else if (auto it = waiters_.find(fd); it != waiters_.end()) {
+        SocketWaiters& w = it->second;
+        const bool hangup = (ev & (EPOLLHUP | EPOLLERR)) != 0;
+        if (w.in && (hangup || (ev & EPOLLIN) != 0)) {
+          ready.push_back(std::exchange(w.in, {}));
+        }
+        if (w.out && (hangup || (ev & EPOLLOUT) != 0)) {
+          ready.push_back(std::exchange(w.out, {}));
+        }
+        if (w.in || w.out) Arm(fd, w);  // one-shot: re-arm what still waits
       }
     }
+    // Resumed after the whole batch: a resumed coroutine may end its
+    // connection (a connection ends only when none of its coroutines waits).
+    for (std::coroutine_handle<> h : ready) io::Resume(h);
+    ready.clear();
   }
-  stopping_ = true;
-  for (const auto& conn : connections_) shutdown(conn->fd, SHUT_RDWR);
-  if (!connections_.empty()) {
-    io::Event ended;
-    all_ended_ = &ended;
-    co_await ended.Wait();
-    all_ended_ = nullptr;
-  }
+  if (listening) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd, nullptr);
   co_return absl::OkStatus();
 }
 
+void Server::Arm(int fd, SocketWaiters& w) {
+  struct epoll_event ev = {};
+  ev.events = EPOLLONESHOT | (w.in ? EPOLLIN : 0u) | (w.out ? EPOLLOUT : 0u);
+  ev.data.fd = fd;
+  if (!w.added) {
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+    w.added = true;
+  } else {
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
+  }
+}
+
 void Server::ConnectionEnded(Connection* conn) {
+  if (auto it = waiters_.find(conn->fd); it != waiters_.end()) {
+    if (it->second.added) {
+      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn->fd, nullptr);
+    }
+    waiters_.erase(it);
+  }
   close(conn->fd);
   --clients_;
   connections_.remove_if(
       [conn](const std::unique_ptr<Connection>& c) { return c.get() == conn; });
-  if (all_ended_ != nullptr && connections_.empty()) {
-    all_ended_->Set();
-  } else if (!stopping_) {
-    Wake();
-  }
+  // Serve's loop re-checks the client count (it may be waiting in poll).
+  Wake();
 }
 
 io::Task<bool> Server::SendOptionReply(Connection& conn, uint32_t option,

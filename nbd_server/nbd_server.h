@@ -36,11 +36,15 @@
 // is dropped in 4 KiB pieces, never buffered.
 //
 // Design: one process, one thread (the io engine's). Every socket is
-// non-blocking; a coroutine that would block waits for its fd with an
-// io::OpKind::kPoll request, so the engine thread never blocks on a socket.
-// The listener waits on an epoll fd holding the listening socket (while
-// fewer than max_connections clients are connected), an eventfd (wakeups)
-// and an optional signalfd (SIGTERM/SIGINT/SIGHUP: stop). Each connection
+// non-blocking; a coroutine that would block registers itself as the
+// socket's reader or writer in one epoll set (one-shot), and Serve's loop
+// keeps exactly one io::OpKind::kPoll request in flight on the epoll fd and
+// resumes the waiters of the sockets it reports. So the engine thread never
+// blocks on a socket, and with the thread-pool and native engines (whose
+// kPoll is a poll(2) in a worker thread) idle connections hold no worker.
+// The epoll set also holds the listening socket (while fewer than
+// max_connections clients are connected), an eventfd (wakeups) and an
+// optional signalfd (SIGTERM/SIGINT/SIGHUP: stop). Each connection
 // runs a reader coroutine (handshake, then one request at a time) that
 // spawns one coroutine per request; a request's I/O runs on the block graph
 // concurrently with the others of all connections, and its reply is sent
@@ -50,10 +54,13 @@
 #ifndef IMGTOOL_NBD_SERVER_NBD_SERVER_H_
 #define IMGTOOL_NBD_SERVER_NBD_SERVER_H_
 
+#include <coroutine>
 #include <cstdint>
 #include <list>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "io/block_node.h"
@@ -128,6 +135,15 @@ class Server {
   void ConnectionEnded(Connection* conn);
   void Wake();
 
+  // The coroutines waiting for a socket to become readable / writable.
+  struct SocketWaiters {
+    std::coroutine_handle<> in;
+    std::coroutine_handle<> out;
+    bool added = false;  // in the epoll set
+  };
+  // (Re-)arms `fd` in the epoll set, one-shot, for what `w` waits for.
+  void Arm(int fd, SocketWaiters& w);
+
   io::Engine& engine_;
   io::BlockNode& node_;
   ExportOptions options_;
@@ -136,7 +152,7 @@ class Server {
   bool stopping_ = false;
   int clients_ = 0;
   std::list<std::unique_ptr<Connection>> connections_;
-  io::Event* all_ended_ = nullptr;
+  std::unordered_map<int, SocketWaiters> waiters_;  // by fd
 };
 
 }  // namespace imgtool::nbd_server
