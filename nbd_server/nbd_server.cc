@@ -799,15 +799,14 @@ io::Task<bool> Server::DoRead(Connection& conn, Request& r) {
   const uint64_t end = r.offset + r.length;
   uint64_t offset = r.offset;
   while (offset < end) {
-    absl::StatusOr<io::ChainStatus> cs =
-        co_await io::GetChainStatus(node_, offset, end - offset);
+    absl::StatusOr<Extent> e = co_await ExtentAt(offset, end - offset);
     uint64_t length = 0;
     bool zero = false;
-    if (cs.ok()) {
-      length = std::min(cs->status.length, end - offset);
-      zero = !cs->present || cs->status.zero;
+    if (e.ok()) {
+      length = e->length;
+      zero = e->zero;
     }
-    if (!cs.ok() || length == 0) {
+    if (!e.ok() || length == 0) {
       // No status: read the rest as data.
       length = end - offset;
       zero = false;
@@ -840,6 +839,25 @@ io::Task<bool> Server::DoRead(Connection& conn, Request& r) {
   co_return true;
 }
 
+io::Task<absl::StatusOr<Server::Extent>> Server::ExtentAt(uint64_t offset,
+                                                          uint64_t max) {
+  Extent e;
+  if (offset >= node_.size()) {
+    // The export's tail past the node's end (a raw file's length rounded
+    // up to whole sectors) reads as zeroes: QEMU reports it as a hole.
+    e.length = max;
+    e.zero = true;
+    co_return e;
+  }
+  absl::StatusOr<io::ChainStatus> cs =
+      co_await io::GetChainStatus(node_, offset, max);
+  if (!cs.ok()) co_return cs.status();
+  e.length = std::min(cs->status.length, max);
+  e.data = cs->present && cs->status.data;
+  e.zero = !cs->present || cs->status.zero;
+  co_return e;
+}
+
 io::Task<bool> Server::DoBlockStatus(Connection& conn, Request& r) {
   const size_t max_extents =
       (r.flags & kCmdFlagReqOne) != 0 ? 1 : kMaxExtents;
@@ -847,17 +865,15 @@ io::Task<bool> Server::DoBlockStatus(Connection& conn, Request& r) {
   const uint64_t end = r.offset + r.length;
   uint64_t offset = r.offset;
   while (offset < end) {
-    absl::StatusOr<io::ChainStatus> cs =
-        co_await io::GetChainStatus(node_, offset, end - offset);
-    if (!cs.ok()) {
-      co_return co_await SendError(conn, r.handle, NbdErrno(cs.status()),
-                                   std::string(cs.status().message()));
+    absl::StatusOr<Extent> e = co_await ExtentAt(offset, end - offset);
+    if (!e.ok()) {
+      co_return co_await SendError(conn, r.handle, NbdErrno(e.status()),
+                                   "can't get block status");
     }
-    const uint64_t length = std::min(cs->status.length, end - offset);
+    const uint64_t length = e->length;
     if (length == 0) break;
-    const bool data = cs->present && cs->status.data;
-    const bool zero = !cs->present || cs->status.zero;
-    const uint32_t flags = (data ? 0 : kStateHole) | (zero ? kStateZero : 0);
+    const uint32_t flags =
+        (e->data ? 0 : kStateHole) | (e->zero ? kStateZero : 0);
     if (!extents.empty() && extents.back().second == flags) {
       extents.back().first += static_cast<uint32_t>(length);
     } else if (extents.size() >= max_extents) {

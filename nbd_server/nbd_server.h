@@ -63,6 +63,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "io/block_node.h"
 #include "io/engine.h"
 #include "io/sync.h"
@@ -131,6 +132,14 @@ class Server {
                            const std::string& message);
   io::Task<bool> DoRead(Connection& conn, Request& request);
   io::Task<bool> DoBlockStatus(Connection& conn, Request& request);
+  // The state of [offset, offset + at most max) through the backing chain
+  // as QEMU's bdrv_block_status_above: data in some layer, reads as zeroes.
+  struct Extent {
+    uint64_t length = 0;
+    bool data = false;
+    bool zero = false;
+  };
+  io::Task<absl::StatusOr<Extent>> ExtentAt(uint64_t offset, uint64_t max);
   uint16_t TransmissionFlags(const Connection& conn) const;
   void ConnectionEnded(Connection* conn);
   void Wake();

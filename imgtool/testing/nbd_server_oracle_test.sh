@@ -250,6 +250,18 @@ checks=$((checks + 1))
    "$(qemu-img map --output=json q.qcow2)" ]] ||
   fail "qcow2 chain: the maps differ after writes through the exports"
 
+# --- A raw file of 1000 bytes: the export is 1024, its tail a hole ----------
+head -c 1000 /dev/zero | tr '\0' '\132' >odd.img
+serve q odd -t -f raw odd.img
+serve o odd -t -f raw odd.img
+QU=$(uri q odd) OU=$(uri o odd)
+same nbdinfo --map @U@
+same nbdinfo --size @U@
+same qemu-img map --output=json @U@
+same qemu-io -f raw -r -c 'read -v 990 34' @U@
+stop q odd
+stop o odd
+
 # --- TCP on 127.0.0.1 -------------------------------------------------------
 port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 checks=$((checks + 1))
