@@ -1,5 +1,6 @@
 #include "base/options.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -482,6 +483,18 @@ absl::StatusOr<bool> ParseBoolOption(absl::string_view name,
   }
   return absl::InvalidArgumentError(
       absl::StrCat("Parameter '", name, "' expects 'on' or 'off'"));
+}
+
+absl::StatusOr<uint64_t> ParseNumberOption(absl::string_view name,
+                                           const std::string& value) {
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(value.c_str(), &end, 0);
+  if (value.empty() || end == value.c_str() || *end != '\0' || errno != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Parameter '", name, "' expects a number"));
+  }
+  return static_cast<uint64_t>(n);
 }
 
 }  // namespace imgtool

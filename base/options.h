@@ -6,6 +6,7 @@
 #ifndef IMGTOOL_BASE_OPTIONS_H_
 #define IMGTOOL_BASE_OPTIONS_H_
 
+#include <cstdint>
 #include <map>
 #include <set>
 #include <string>
@@ -36,6 +37,12 @@ absl::StatusOr<OptionList> ParseOptionString(absl::string_view text,
 // kInvalidArgument "Parameter '<name>' expects 'on' or 'off'" otherwise.
 absl::StatusOr<bool> ParseBoolOption(absl::string_view name,
                                      absl::string_view value);
+
+// QEMU's number option values (QemuOpts: qemu_strtou64, base 0: decimal,
+// 0x hex, 0 octal; leading blanks; "-N" wraps around as strtoull does).
+// kInvalidArgument "Parameter '<name>' expects a number" otherwise.
+absl::StatusOr<uint64_t> ParseNumberOption(absl::string_view name,
+                                           const std::string& value);
 
 // Options of one node and its children, from dotted keys:
 // "driver=qcow2,file.driver=file,file.filename=x" gives

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/align.h"
 #include "base/errno_status.h"
+#include "base/options.h"
 #include "base/status_macros.h"
 
 namespace imgtool::blkdebug {
@@ -48,20 +49,11 @@ absl::Status Invalid(absl::string_view message) {
   return absl::InvalidArgumentError(message);
 }
 
-// QemuOpts' number parsing (qemu_strtou64, base 0).
+// QemuOpts' number parsing (base/options.h; "-N" is -N).
 absl::StatusOr<int64_t> ParseNumber(const std::string& key,
                                     const std::string& value) {
-  const absl::Status bad =
-      Invalid(absl::StrCat("Parameter '", key, "' expects a number"));
-  if (value.empty()) return bad;
-  errno = 0;
-  char* end = nullptr;
-  const char* text = value.c_str();
-  while (*text == ' ' || *text == '\t') ++text;
-  const bool negative = *text == '-';
-  unsigned long long v = std::strtoull(value.c_str(), &end, 0);
-  if (errno != 0 || end == value.c_str() || *end != '\0') return bad;
-  return negative ? -static_cast<int64_t>(-v) : static_cast<int64_t>(v);
+  ASSIGN_OR_RETURN(const uint64_t n, ParseNumberOption(key, value));
+  return static_cast<int64_t>(n);
 }
 
 // QemuOpts' bool parsing (qapi_bool_parse).

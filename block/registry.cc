@@ -175,9 +175,9 @@ const std::vector<Driver>& Drivers() {
         .name = "nbd",
         .kind = DriverKind::kProtocol,
         .keys = {"server.type", "server.path", "server.host", "server.port",
-                 "export", "x-dirty-bitmap"},
-        .unsupported_keys = {"tls-creds", "tls-hostname", "reconnect-delay",
-                             "open-timeout"},
+                 "export", "x-dirty-bitmap", "reconnect-delay",
+                 "open-timeout"},
+        .unsupported_keys = {"tls-creds", "tls-hostname"},
         .protocol = "nbd",
         .parse_filename = ParseNbd,
     });

@@ -204,14 +204,7 @@ absl::StatusOr<OptionValue> ParseTypedOption(const std::string& key,
       break;
     }
     case OptionType::kNumber: {
-      errno = 0;
-      char* end = nullptr;
-      const unsigned long long n = std::strtoull(value.c_str(), &end, 0);
-      if (value.empty() || *end != '\0' || errno != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("Parameter '", key, "' expects a number"));
-      }
-      v.number = static_cast<uint64_t>(n);
+      ASSIGN_OR_RETURN(v.number, ParseNumberOption(key, value));
       break;
     }
     case OptionType::kBool: {

@@ -26,6 +26,8 @@ namespace imgtool::nbd_block {
   X(nbd_aio_get_direction)                                                     \
   X(nbd_aio_get_fd)                                                            \
   X(nbd_aio_in_flight)                                                         \
+  X(nbd_aio_is_closed)                                                         \
+  X(nbd_aio_is_dead)                                                           \
   X(nbd_aio_is_processing)                                                     \
   X(nbd_aio_is_ready)                                                          \
   X(nbd_aio_notify_read)                                                       \

@@ -3,7 +3,9 @@
 #include <libnbd.h>
 #include <netdb.h>
 #include <poll.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -18,7 +20,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "base/errno_status.h"
+#include "base/options.h"
 #include "nbd_block/libnbd.h"
 
 namespace imgtool::nbd_block {
@@ -326,6 +331,17 @@ absl::StatusOr<NbdAddress> AddressFromOptions(
     }
     address.x_dirty_bitmap = *b;
   }
+  // QemuOpts numbers kept in 32 bits, as QEMU's uint32_t fields.
+  if (const std::string* t = get("open-timeout"); t != nullptr) {
+    absl::StatusOr<uint64_t> n = ParseNumberOption("open-timeout", *t);
+    if (!n.ok()) return n.status();
+    address.open_timeout = static_cast<uint32_t>(*n);
+  }
+  if (const std::string* d = get("reconnect-delay"); d != nullptr) {
+    absl::StatusOr<uint64_t> n = ParseNumberOption("reconnect-delay", *d);
+    if (!n.ok()) return n.status();
+    address.reconnect_delay = static_cast<uint32_t>(*n);
+  }
   return address;
 }
 
@@ -343,20 +359,24 @@ std::string ExactFilename(const NbdAddress& a) {
   return absl::StrCat("nbd://", a.host, ":", a.port);
 }
 
-NbdNode::NbdNode(std::string filename, nbd_handle* handle, io::Engine* engine,
-                 bool read_only)
+NbdNode::NbdNode(std::string filename, const NbdAddress& address,
+                 io::Engine* engine, bool read_only)
     : BlockNode(std::move(filename), read_only),
-      handle_(handle),
+      address_(address),
       engine_(engine) {}
 
-NbdNode::~NbdNode() { Nbd().nbd_close(handle_); }
+NbdNode::~NbdNode() {
+  if (handle_ != nullptr) Nbd().nbd_close(handle_);
+  if (poll_fd_ >= 0) close(poll_fd_);
+}
 
-absl::StatusOr<std::unique_ptr<NbdNode>> NbdNode::Open(
-    std::string filename, const NbdAddress& address, io::Engine* engine,
-    bool read_only) {
-  if (absl::StatusOr<const LibNbd*> lib = LoadLibNbd(); !lib.ok()) {
-    return lib.status();
-  }
+namespace {
+
+// A new libnbd handle connected to `address` and negotiated (blocking),
+// asking for the meta context `context`; the caller owns it. Errors as
+// NbdNode::Open's (kUnavailable: no connection).
+absl::StatusOr<nbd_handle*> ConnectHandle(const NbdAddress& address,
+                                          const std::string& context) {
   const int fd = ConnectSocket(address);
   if (fd < 0) {
     return absl::UnavailableError(absl::StrCat("Failed to connect to '",
@@ -368,53 +388,103 @@ absl::StatusOr<std::unique_ptr<NbdNode>> NbdNode::Open(
     close(fd);
     return absl::ResourceExhaustedError(Nbd().nbd_get_error());
   }
-  std::unique_ptr<NbdNode> node(
-      new NbdNode(std::move(filename), h, engine, read_only));
   const std::string export_name = address.export_name.value_or("");
-  node->context_ =
-      address.x_dirty_bitmap.value_or(LIBNBD_CONTEXT_BASE_ALLOCATION);
-  node->allocation_depth_ = node->context_ == "qemu:allocation-depth";
   if (Nbd().nbd_set_export_name(h, export_name.c_str()) != 0 ||
-      Nbd().nbd_add_meta_context(h, node->context_.c_str()) != 0) {
+      Nbd().nbd_add_meta_context(h, context.c_str()) != 0) {
+    absl::Status st = absl::InternalError(Nbd().nbd_get_error());
     close(fd);
-    return absl::InternalError(Nbd().nbd_get_error());
+    Nbd().nbd_close(h);
+    return st;
   }
   // libnbd owns fd from here (closed by nbd_close).
   if (Nbd().nbd_connect_socket(h, fd) != 0) {
     const int e = Nbd().nbd_get_errno();
+    absl::Status st = absl::UnavailableError(Nbd().nbd_get_error());
     if (e == ENOENT) {
       // NBD_REP_ERR_UNKNOWN: QEMU says "Requested export not available"
       // and then the server's text; libnbd 1.14 does not pass that text on,
       // so this is qemu-nbd's (nbd/server.c) for the name asked for.
-      return absl::NotFoundError(absl::StrCat(
+      st = absl::NotFoundError(absl::StrCat(
           "Requested export not available\nserver reported: export '",
           export_name, "' not present"));
     }
-    return absl::UnavailableError(Nbd().nbd_get_error());
+    Nbd().nbd_close(h);
+    return st;
   }
-  const int64_t size = Nbd().nbd_get_size(h);
-  if (size < 0) return absl::InternalError(Nbd().nbd_get_error());
-  node->size_ = static_cast<uint64_t>(size);
-  if (Nbd().nbd_is_read_only(h) == 1 && !read_only) {
-    return absl::PermissionDeniedError("Could not open image: Permission denied");
+  return h;
+}
+
+// QEMU's connect thread waits 1 s after a failed attempt, doubling up to
+// 16 s (nbd/client-connection.c).
+constexpr uint64_t kFirstRetryMs = 1000;
+constexpr uint64_t kMaxRetryMs = 16000;
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NbdNode>> NbdNode::Open(
+    std::string filename, const NbdAddress& address, io::Engine* engine,
+    bool read_only) {
+  if (absl::StatusOr<const LibNbd*> lib = LoadLibNbd(); !lib.ok()) {
+    return lib.status();
   }
-  node->can_flush_ = Nbd().nbd_can_flush(h) == 1;
-  node->can_trim_ = Nbd().nbd_can_trim(h) == 1;
-  node->can_zero_ = Nbd().nbd_can_zero(h) == 1;
-  node->can_fast_zero_ = Nbd().nbd_can_fast_zero(h) == 1;
-  node->base_allocation_ =
-      Nbd().nbd_can_meta_context(h, node->context_.c_str()) == 1;
+  std::unique_ptr<NbdNode> node(
+      new NbdNode(std::move(filename), address, engine, read_only));
+  node->context_ =
+      address.x_dirty_bitmap.value_or(LIBNBD_CONTEXT_BASE_ALLOCATION);
+  node->allocation_depth_ = node->context_ == "qemu:allocation-depth";
+  absl::StatusOr<nbd_handle*> h = ConnectHandle(address, node->context_);
+  // open-timeout: more attempts while there is no server (blocking, as the
+  // first).
+  const int64_t deadline =
+      NowMs() + int64_t{1000} * static_cast<int64_t>(address.open_timeout);
+  uint64_t wait_ms = kFirstRetryMs;
+  while (!h.ok() && absl::IsUnavailable(h.status()) && NowMs() < deadline) {
+    const int64_t left = deadline - NowMs();
+    usleep(static_cast<useconds_t>(
+        std::min<int64_t>(static_cast<int64_t>(wait_ms), left) * 1000));
+    wait_ms = std::min(wait_ms * 2, kMaxRetryMs);
+    h = ConnectHandle(address, node->context_);
+  }
+  if (!h.ok()) return h.status();
+  node->Adopt(*h);
+  if (node->size_ == UINT64_MAX) {
+    return absl::InternalError(Nbd().nbd_get_error());
+  }
   if (address.x_dirty_bitmap.has_value() && !node->base_allocation_) {
     // QEMU 7.2 sets "requested x-dirty-bitmap C not found" but qemu-img
     // prints the errno alone.
     return absl::InvalidArgumentError("Could not open image: Invalid argument");
   }
-  const int64_t maximum = Nbd().nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
-  if (maximum > 0) {
-    node->max_request_ = std::min<uint64_t>(static_cast<uint64_t>(maximum),
-                                            uint64_t{64} << 20);
+  if (Nbd().nbd_is_read_only(node->handle_) == 1 && !read_only) {
+    return absl::PermissionDeniedError("Could not open image: Permission denied");
   }
   return node;
+}
+
+void NbdNode::Adopt(nbd_handle* h) {
+  if (handle_ != nullptr) Nbd().nbd_close(handle_);
+  handle_ = h;
+  if (poll_fd_ >= 0) close(poll_fd_);
+  const int fd = Nbd().nbd_aio_get_fd(h);
+  poll_fd_ = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+  const int64_t size = Nbd().nbd_get_size(h);
+  size_ = size < 0 ? UINT64_MAX : static_cast<uint64_t>(size);
+  can_flush_ = Nbd().nbd_can_flush(h) == 1;
+  can_trim_ = Nbd().nbd_can_trim(h) == 1;
+  can_zero_ = Nbd().nbd_can_zero(h) == 1;
+  can_fast_zero_ = Nbd().nbd_can_fast_zero(h) == 1;
+  base_allocation_ = Nbd().nbd_can_meta_context(h, context_.c_str()) == 1;
+  const int64_t maximum = Nbd().nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
+  max_request_ = maximum > 0 ? std::min<uint64_t>(static_cast<uint64_t>(maximum),
+                                                  uint64_t{64} << 20)
+                             : uint64_t{32} << 20;
+}
+
+bool NbdNode::ConnectionLost() const {
+  return Nbd().nbd_aio_is_dead(handle_) == 1 ||
+         Nbd().nbd_aio_is_closed(handle_) == 1;
 }
 
 void NbdNode::Pump() {
@@ -424,8 +494,8 @@ void NbdNode::Pump() {
     max_in_flight_ = std::max<uint64_t>(max_in_flight_,
                                         static_cast<uint64_t>(in_flight));
   }
-  const int fd = Nbd().nbd_aio_get_fd(handle_);
-  if (fd < 0) return;
+  const int fd = poll_fd_;
+  if (fd < 0 || ConnectionLost()) return;
   if (!read_armed_ && in_flight > 0 &&
       (direction & LIBNBD_AIO_DIRECTION_READ) != 0) {
     read_armed_ = true;
@@ -456,6 +526,9 @@ void NbdNode::OnPollDone(bool write, int64_t result) {
   std::vector<Command*> done;
   done.swap(completed_);
   Pump();
+  if (polls_idle_ != nullptr && !read_armed_ && !write_armed_) {
+    std::exchange(polls_idle_, nullptr)->Set();
+  }
   for (Command* command : done) command->done.Set();
 }
 
@@ -488,13 +561,84 @@ io::Task<absl::Status> NbdNode::InPieces(
   uint64_t done = 0;
   while (done < length) {
     const uint64_t n = std::min(length - done, max_piece);
-    Command command{.node = this};
-    const int64_t cookie = issue(done, n, &command);
-    absl::Status st = co_await Wait(command, cookie, what);
+    Command command;
+    absl::Status st = co_await Run(
+        what, command,
+        [&](Command* c) { return issue(done, n, c); });
     if (!st.ok()) co_return st;
     done += n;
   }
   co_return absl::OkStatus();
+}
+
+io::Task<absl::Status> NbdNode::Run(
+    const char* what, Command& command,
+    const std::function<int64_t(Command*)>& issue) {
+  for (;;) {
+    const uint64_t generation = generation_;
+    command = Command{.node = this};
+    absl::Status st = co_await Wait(command, issue(&command), what);
+    if (st.ok() || !ConnectionLost()) co_return st;
+    // QEMU's nbd client fails requests on a lost connection with EIO.
+    if (address_.reconnect_delay == 0 || !co_await Reconnect(generation)) {
+      co_return ErrnoStatus(filename(), what, EIO);
+    }
+  }
+}
+
+io::Task<bool> NbdNode::Reconnect(uint64_t generation) {
+  io::ScopedLock lock = co_await io::ScopedLock::Take(reconnect_mu_);
+  if (generation_ != generation) co_return !ConnectionLost();
+  if (!lost_at_ms_.has_value()) lost_at_ms_ = NowMs();
+  const int64_t deadline =
+      *lost_at_ms_ +
+      int64_t{1000} * static_cast<int64_t>(address_.reconnect_delay);
+  // The engine's polls on the old socket end before it is replaced.
+  if (poll_fd_ >= 0) shutdown(poll_fd_, SHUT_RDWR);
+  while (read_armed_ || write_armed_) {
+    io::Event idle;
+    polls_idle_ = &idle;
+    co_await idle.Wait();
+  }
+  uint64_t wait_ms = kFirstRetryMs;
+  for (;;) {
+    absl::StatusOr<nbd_handle*> h = ConnectHandle(address_, context_);
+    if (h.ok() && static_cast<uint64_t>(Nbd().nbd_get_size(*h)) != size_) {
+      Nbd().nbd_close(*h);  // another export now: not this node's data
+      h = absl::DataLossError("export size changed");
+    }
+    if (h.ok()) {
+      Adopt(*h);
+      ++generation_;
+      lost_at_ms_.reset();
+      co_return true;
+    }
+    const int64_t left = deadline - NowMs();
+    if (left <= 0) co_return false;
+    co_await Sleep(std::min<uint64_t>(wait_ms, static_cast<uint64_t>(left)));
+    wait_ms = std::min(wait_ms * 2, kMaxRetryMs);
+  }
+}
+
+io::Task<void> NbdNode::Sleep(uint64_t ms) {
+  const int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
+  if (tfd < 0) {
+    usleep(static_cast<useconds_t>(ms * 1000));
+    co_return;
+  }
+  itimerspec spec = {};
+  spec.it_value.tv_sec = static_cast<time_t>(ms / 1000);
+  spec.it_value.tv_nsec = static_cast<long>(ms % 1000) * 1000000 + 1;
+  timerfd_settime(tfd, 0, &spec, nullptr);
+  io::Event fired;
+  timer_fired_ = &fired;
+  timer_poll_ = io::Op{.kind = io::OpKind::kPoll, .fd = tfd, .mode = POLLIN};
+  timer_poll_.done = [this](io::Op&) {
+    std::exchange(timer_fired_, nullptr)->Set();
+  };
+  engine_->Submit(&timer_poll_);
+  co_await fired.Wait();
+  close(tfd);
 }
 
 io::Task<absl::Status> NbdNode::DoRead(uint64_t offset, io::IoVec buf) {
@@ -555,10 +699,10 @@ io::Task<absl::Status> NbdNode::DoDiscard(uint64_t offset, uint64_t length) {
 
 io::Task<absl::Status> NbdNode::DoFlush() {
   if (!can_flush_) co_return absl::OkStatus();
-  Command command{.node = this};
-  const int64_t cookie =
-      Nbd().nbd_aio_flush(handle_, Completion(&command), 0);
-  co_return co_await Wait(command, cookie, "flush");
+  Command command;
+  co_return co_await Run("flush", command, [this](Command* c) {
+    return Nbd().nbd_aio_flush(handle_, Completion(c), 0);
+  });
 }
 
 io::Task<absl::Status> NbdNode::DoTruncate(uint64_t size,
@@ -580,13 +724,14 @@ io::Task<absl::StatusOr<io::BlockStatus>> NbdNode::DoGetBlockStatus(
   }
   constexpr uint64_t kMaxStatus = (uint64_t{INT_MAX} / 512) * 512;
   const uint64_t asked = std::min(status.length, kMaxStatus);
-  Command command{.node = this};
-  const int64_t cookie = Nbd().nbd_aio_block_status(
-      handle_, asked, offset,
-      nbd_extent_callback{
-          .callback = OnExtent, .user_data = &command, .free = nullptr},
-      Completion(&command), LIBNBD_CMD_FLAG_REQ_ONE);
-  absl::Status st = co_await Wait(command, cookie, "block status");
+  Command command;
+  absl::Status st = co_await Run("block status", command, [&](Command* c) {
+    return Nbd().nbd_aio_block_status(
+        handle_, asked, offset,
+        nbd_extent_callback{
+            .callback = OnExtent, .user_data = c, .free = nullptr},
+        Completion(c), LIBNBD_CMD_FLAG_REQ_ONE);
+  });
   if (!st.ok()) co_return st;
   if (!command.have_extent || command.extent_length == 0) {
     status.length = asked;

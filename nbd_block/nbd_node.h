@@ -58,8 +58,22 @@
 // The option is not part of the node's name (not one of QEMU's strong
 // runtime options for nbd).
 //
-// Not in this slice: multi-conn, TLS (nbds://, tls-creds), reconnect-delay,
-// open-timeout, FUA (BlockNode has no FUA flag yet).
+// open-timeout=N (seconds, QEMU's number syntax): Open retries a connection
+// that fails to connect (no server yet) until N seconds have passed, after
+// 1 s, 2 s, 4 s ... (at most 16 s) as QEMU's connect thread, and then fails
+// with the last attempt's error. reconnect-delay=N: when the connection is
+// lost (the server closed it or died; libnbd's handle is dead), requests
+// wait while the node connects again (the same backoff), are sent again on
+// the new connection, and fail with EIO once N seconds have passed since
+// the loss without a connection (each later request makes one attempt).
+// Without it a lost connection fails requests with EIO, as QEMU's.
+// Reconnecting is blocking on the engine thread like Open (connect(2) and
+// the handshake); the waits between attempts are not (a timerfd polled
+// through the engine). A new connection to an export of another size is
+// refused (EIO).
+//
+// Not in this slice: multi-conn, TLS (nbds://, tls-creds), FUA (BlockNode
+// has no FUA flag yet).
 //
 // Units: bytes. Errors: kInvalidArgument for names and options; kUnavailable
 // for connect and handshake failures (messages as above), kNotFound for an
@@ -99,8 +113,11 @@ struct NbdAddress {
   std::string host;  // inet
   std::string port;  // inet, a decimal number as given
   std::optional<std::string> export_name;
-  // Not an address: the x-dirty-bitmap option (see the file comment).
+  // Not the address: the x-dirty-bitmap, open-timeout and reconnect-delay
+  // options (see the file comment); seconds.
   std::optional<std::string> x_dirty_bitmap;
+  uint32_t open_timeout = 0;
+  uint32_t reconnect_delay = 0;
 };
 
 // QEMU's nbd_parse_filename: fills the node's options from an NBD filename
@@ -113,8 +130,9 @@ absl::Status ParseNbdFilename(
     absl::string_view filename,
     const std::function<void(const std::string&, const std::string&)>& set);
 
-// The address from options (the `server` child's values, `export` and
-// `x-dirty-bitmap`), as nbd_process_options checks them. `get(key)` returns the value of a
+// The address from options (the `server` child's values, `export`,
+// `x-dirty-bitmap`, `open-timeout`, `reconnect-delay`), as
+// nbd_process_options checks them. `get(key)` returns the value of a
 // (dotted) key or null.
 absl::StatusOr<NbdAddress> AddressFromOptions(
     const std::function<const std::string*(const std::string&)>& get);
@@ -150,6 +168,8 @@ class NbdNode final : public io::BlockNode {
   bool has_base_allocation() const { return base_allocation_; }
   // libnbd commands issued so far, and the most in flight at once.
   uint64_t commands_issued() const { return commands_issued_; }
+  // Connections made again after a loss (reconnect-delay).
+  uint64_t reconnects() const { return generation_; }
   uint64_t max_in_flight() const { return max_in_flight_; }
 
  protected:
@@ -181,8 +201,25 @@ class NbdNode final : public io::BlockNode {
   const std::string& context() const { return context_; }
 
  private:
-  NbdNode(std::string filename, nbd_handle* handle, io::Engine* engine,
-          bool read_only);
+  NbdNode(std::string filename, const NbdAddress& address,
+          io::Engine* engine, bool read_only);
+
+  // Takes `handle` (connected) as the node's connection: its socket for
+  // the polls, the size and what the server offers.
+  void Adopt(nbd_handle* handle);
+  // Whether libnbd gave the connection up (dead or closed).
+  bool ConnectionLost() const;
+  // Issues a command with `issue` (returns libnbd's cookie) into `command`
+  // (made afresh for each attempt) and waits for it; after a lost
+  // connection, with reconnect-delay, connects again and issues it again.
+  // The status is Wait's, EIO for a lost connection.
+  io::Task<absl::Status> Run(const char* what, Command& command,
+                             const std::function<int64_t(Command*)>& issue);
+  // Connects again (one coroutine at a time; `generation` is the
+  // connection the caller lost). True when connected.
+  io::Task<bool> Reconnect(uint64_t generation);
+  // Waits `ms` milliseconds without blocking the engine (timerfd + kPoll).
+  io::Task<void> Sleep(uint64_t ms);
 
   // Arms the engine polls libnbd needs now (see the file comment).
   void Pump();
@@ -201,7 +238,12 @@ class NbdNode final : public io::BlockNode {
           issue);
   uint64_t MaxRequest() const { return max_request_; }
 
-  nbd_handle* handle_;
+  nbd_handle* handle_ = nullptr;
+  // A dup of the connection's socket, polled by the engine: the node can
+  // shut it down (waking the polls) and close it when the connection is
+  // replaced, whatever libnbd has done with its own descriptor.
+  int poll_fd_ = -1;
+  const NbdAddress address_;
   io::Engine* const engine_;
   uint64_t size_ = 0;
   uint64_t max_request_ = 32 << 20;
@@ -218,6 +260,14 @@ class NbdNode final : public io::BlockNode {
   io::Op write_poll_;
   bool read_armed_ = false;
   bool write_armed_ = false;
+  // Set when neither poll is armed (Reconnect waits for it).
+  io::Event* polls_idle_ = nullptr;
+  io::Op timer_poll_;
+  io::Event* timer_fired_ = nullptr;
+  // Connections replaced so far; when the current one was found lost.
+  uint64_t generation_ = 0;
+  std::optional<int64_t> lost_at_ms_;
+  io::Mutex reconnect_mu_;
   std::vector<Command*> completed_;
   uint64_t commands_issued_ = 0;
   uint64_t max_in_flight_ = 0;

@@ -4,7 +4,7 @@
 # read-only, unix sockets and TCP on 127.0.0.1): info, map, convert from and
 # (-n) into an export, compare, io read/write/discard/zero, bench, qcow2 over
 # an nbd file node, x-dirty-bitmap (bitmaps and allocation depth read as
-# block status), and the errors (no server, wrong export, bad URIs and
+# block status), open-timeout and reconnect-delay, and the errors (no server, wrong export, bad URIs and
 # options, read-only export opened for writing).
 # Every qemu-nbd is started with --fork (it returns once it listens) and
 # killed at the end of its case and on every exit path (trap): none is left
@@ -235,6 +235,74 @@ same_output . map --output=json \
 same_output . map --output=json --image-opts \
   "$BM,x-dirty-bitmap=qemu:dirty-bitmap:$(printf 'x%.0s' $(seq 4097))"
 stop_servers
+
+# open-timeout: no server yet. 0 (or none) fails at once with the connect
+# error; a number that is none fails as QEMU's QemuOpts.
+NONE="driver=nbd,server.type=unix,server.path=$SOCKDIR/none.sock"
+same_output . info --image-opts "$NONE,open-timeout=0"
+same_output . info --image-opts "$NONE,open-timeout=abc"
+same_output . info --image-opts "$NONE,reconnect-delay=1.5"
+# A server that starts after the client: both tools wait for it (retries
+# after 1 s, 2 s, ...; 30 s is far more than the start takes).
+rm -f late.*
+qemu-img create -q -f raw late.img 1M
+"$IMGTOOL" info --image-opts "$NONE,open-timeout=30" >late.i.out 2>&1 &
+late_i=$!
+qemu-img info --image-opts "$NONE,open-timeout=30" >late.q.out 2>&1 &
+late_q=$!
+sleep 0.3
+serve none -f raw late.img
+wait $late_i
+echo "exit $?" >>late.i.out
+wait $late_q
+echo "exit $?" >>late.q.out
+checks=$((checks + 1))
+diff_text "info with open-timeout=30, server started later" output \
+  "$(cat late.i.out)" "$(sed 's/^qemu-img: /imgtool: /' late.q.out)"
+stop_servers
+
+# reconnect-delay: an io session (commands through a fifo) whose server is
+# killed between two commands. With reconnect-delay the next command waits
+# for the server to come back and then works; without it fails with EIO.
+# The server comes back while the command waits (or before: the result
+# is the same).
+wait_for() {  # wait_for FILE TEXT: until FILE has TEXT (at most 60 s)
+  for _ in $(seq 1200); do grep -qF -- "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
+  return 1
+}
+reconnect_session() {  # reconnect_session OUT OPTIONS TOOL...
+  local out=$1 opts=$2 pid
+  shift 2
+  rm -f rc.fifo "$out"
+  mkfifo rc.fifo
+  qemu-img create -q -f raw rc.img 1M
+  serve rc -f raw rc.img
+  "$@" --image-opts "driver=nbd,server.type=unix,server.path=$SOCKDIR/rc.sock$opts" \
+    <rc.fifo >"$out" 2>&1 &
+  pid=$!
+  exec 4>rc.fifo
+  echo 'write -P 0x5a 0 64k' >&4
+  wait_for "$out" "wrote 65536/65536" || echo "SETUP: no write reply" >>"$out"
+  stop_servers
+  echo 'read -P 0x5a 0 64k' >&4
+  sleep 0.5
+  serve rc -f raw rc.img 4>&-  # the server must not hold the fifo open
+  echo 'write -P 0x6b 64k 4k' >&4
+  exec 4>&-
+  wait "$pid"
+  echo "exit $?" >>"$out"
+  stop_servers
+  sed -i -E '/^[0-9.]+ (bytes|KiB|MiB), [0-9]+ ops; /d; s/^qemu-io/imgtool/' "$out"
+  qemu-io -f raw -c 'read -P 0x5a 0 64k' -c 'read -P 0x6b 64k 4k' rc.img |
+    grep -c '^read' >>"$out"
+}
+for opts in ",reconnect-delay=20" ""; do
+  reconnect_session rc.i.out "$opts" "$IMGTOOL" io
+  reconnect_session rc.q.out "$opts" qemu-io
+  checks=$((checks + 1))
+  diff_text "io session, server killed and back, options '$opts'" output \
+    "$(cat rc.i.out)" "$(cat rc.q.out)"
+done
 
 # TCP on 127.0.0.1 with an export name (a free port: qemu-nbd refuses a
 # busy one, then the next is tried).
