@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/errno_status.h"
@@ -166,6 +167,11 @@ absl::Status RunSnapshot(const std::vector<std::string>& args,
                                                             1000)));
       }
       if (!st.ok()) {
+        // A corruption event is printed as it happens in QEMU, before the
+        // command's error (qcow2_signal_corruption's error_report).
+        if (absl::StartsWith(st.message(), "qcow2: Marking image as corrupt: ")) {
+          streams.err << st.message() << "\n";
+        }
         const int e = ErrnoOf(st);
         result = WithMessage(st, absl::StrFormat(
                                      "Could not create snapshot '%s': %d (%s)",

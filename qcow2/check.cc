@@ -247,6 +247,13 @@ class Checker {
   io::Task<absl::Status> WriteBackRefblock();
   // Writes back the cache, flushes, then discards freed clusters.
   io::Task<absl::Status> CommitRefcounts();
+  // For a free of a cluster past what any refcount table can cover, as
+  // QEMU's alloc_refcount_block: the first free cluster (in existing
+  // refcount blocks) gets refcount 1 and is written as an empty refcount
+  // block, then the table cannot grow: EFBIG (ENOSPC if none is free).
+  io::Task<absl::Status> LeakRefblockForFree();
+  // Discards the clusters whose refcount repairs set to 0 (unreferenced).
+  io::Task<void> DiscardFreed();
 
   // qcow2_check_read_snapshot_table: reads the snapshot table; with -r all
   // drops overhanging snapshots (header count rewritten at once), cuts
@@ -331,6 +338,10 @@ class Checker {
   std::vector<Snapshot> snapshots_;
 
   bool signaled_corruption_ = false;
+  // The image was marked corrupt (QEMU's fatal qcow2_signal_corruption
+  // takes the driver away: nothing is written after it, not even the
+  // refcounts still cached).
+  bool marked_corrupt_ = false;
   // CheckCutTable found a table that the end of the file cuts.
   bool cut_table_ = false;
 
@@ -470,7 +481,9 @@ io::Task<absl::Status> Checker::SignalCorruption(bool fatal,
   out_ << "qcow2: Marking image as corrupt: " << message
        << "; further corruption events will be suppressed\n";
   incompatible_features_ |= format::kIncompatibleCorrupt;
-  co_return co_await WriteHeaderFeatures();
+  absl::Status st = co_await WriteHeaderFeatures();
+  marked_corrupt_ = true;
+  co_return st;
 }
 
 io::Task<absl::Status> Checker::WriteHeaderFeatures() {
@@ -621,6 +634,11 @@ io::Task<absl::Status> Checker::CommitRefcounts() {
   }
   // The freed clusters are unreferenced and their refcount 0 is on disk:
   // give their space back (QEMU discards freed clusters). Advisory.
+  co_await DiscardFreed();
+  co_return absl::OkStatus();
+}
+
+io::Task<void> Checker::DiscardFreed() {
   std::vector<uint64_t> freed = std::move(freed_clusters_);
   freed_clusters_.clear();
   std::sort(freed.begin(), freed.end());
@@ -635,7 +653,6 @@ io::Task<absl::Status> Checker::CommitRefcounts() {
     }
     i = j;
   }
-  co_return absl::OkStatus();
 }
 
 // ---- The check ------------------------------------------------------------
@@ -671,6 +688,12 @@ io::Task<absl::StatusOr<CheckResult>> Checker::Check(RepairMode mode) {
 
 io::Task<absl::Status> Checker::Close() {
   if (!writable()) co_return absl::OkStatus();
+  if (marked_corrupt_) {
+    // QEMU's update_refcount discards a cluster as its cached refcount
+    // drops to 0 (QCOW2_DISCARD_ALWAYS), written or not.
+    co_await DiscardFreed();
+    co_return absl::OkStatus();
+  }
   CO_RETURN_IF_ERROR(co_await CommitRefcounts());
   if (incompatible_features_ & format::kIncompatibleDirty) {
     incompatible_features_ &= ~format::kIncompatibleDirty;
@@ -788,6 +811,29 @@ io::Task<absl::Status> Checker::FixSnapshotTable(CheckResult& res,
   co_return absl::OkStatus();
 }
 
+io::Task<absl::Status> Checker::LeakRefblockForFree() {
+  const uint64_t covered = reftable_size_ << refblock_bits_;
+  for (uint64_t c = 1; c < covered; ++c) {
+    if ((ReftableEntry(c >> refblock_bits_) &
+         format::kRefcountTableOffsetMask) == 0) {
+      c = (((c >> refblock_bits_) + 1) << refblock_bits_) - 1;
+      continue;
+    }
+    CO_ASSIGN_OR_RETURN(const uint64_t rc, co_await GetStoredRefcount(c));
+    if (rc != 0) continue;
+    CO_RETURN_IF_ERROR(co_await SetStoredRefcount(c, 1));
+    CO_RETURN_IF_ERROR(co_await CommitRefcounts());
+    const uint64_t offset = c << cluster_bits_;
+    CO_RETURN_IF_ERROR(
+        co_await OverlapCheck(kOlRefcountBlock, offset, cluster_size()));
+    std::vector<uint8_t> zeroes(cluster_size(), 0);
+    CO_RETURN_IF_ERROR(co_await file_.Write(offset, zeroes));
+    CO_RETURN_IF_ERROR(co_await file_.Flush());
+    co_return ErrnoError(EFBIG);
+  }
+  co_return ErrnoError(ENOSPC);
+}
+
 io::Task<absl::Status> Checker::WriteSnapshotTable() {
   // Every entry as version 3 wants it: at least the 24 known bytes of
   // extra data (qcow2_write_snapshots).
@@ -848,6 +894,15 @@ io::Task<absl::Status> Checker::WriteSnapshotTable() {
     std::vector<uint64_t> counts;
     absl::Status freed;
     for (uint64_t c = first; c < end && freed.ok(); ++c) {
+      if ((c >> refblock_bits_) >= format::kMaxRefcountTableBytes / 8) {
+        // No refcount block can cover it: alloc_refcount_block takes the
+        // first free cluster for one (refcount 1, zeroed, written), then
+        // qcow2_refcount_area refuses a table past QCOW_MAX_REFTABLE_SIZE
+        // with EFBIG; the new block stays allocated (a leak). (A table
+        // that could grow so far is not done here: EINVAL below.)
+        freed = co_await LeakRefblockForFree();
+        break;
+      }
       absl::StatusOr<uint64_t> rc = co_await GetStoredRefcount(c);
       if (!rc.ok()) {
         freed = rc.status();
@@ -1015,11 +1070,14 @@ io::Task<absl::Status> Checker::CheckRefcounts(CheckResult& res,
     }
   }
 
-  // COPIED flags rely on the refcounts: those must be on disk first.
+  // COPIED flags rely on the refcounts: CheckOflagCopied commits them
+  // before its first repair write that passes the overlap check (QEMU's
+  // stay cached until then, and are lost when that check marks the image
+  // corrupt).
+  CO_RETURN_IF_ERROR(co_await CheckOflagCopied(res, mode));
   if (mode != RepairMode::kNone) {
     CO_RETURN_IF_ERROR(co_await CommitRefcounts());
   }
-  CO_RETURN_IF_ERROR(co_await CheckOflagCopied(res, mode));
 
   res.image_end_offset = (highest_cluster + 1) * cluster_size();
   co_return absl::OkStatus();
@@ -1648,6 +1706,7 @@ io::Task<absl::Status> Checker::CheckOflagCopied(CheckResult& res,
         format::StoreL1Entry(absl::MakeSpan(buf, 8), 0, l1_table_[i]);
         const uint64_t at = l1_offset_ + i * 8;
         absl::Status st = co_await OverlapCheck(kOlActiveL1, at, 8);
+        if (st.ok()) st = co_await CommitRefcounts();
         if (st.ok()) st = co_await file_.Write(at, io::ConstIoVec(buf, 8));
         if (st.ok()) st = co_await file_.Flush();
         if (!st.ok()) {
@@ -1702,7 +1761,8 @@ io::Task<absl::Status> Checker::CheckOflagCopied(CheckResult& res,
         ++res.check_errors;
         co_return st;
       }
-      st = co_await file_.Write(l2_offset, table);
+      st = co_await CommitRefcounts();
+      if (st.ok()) st = co_await file_.Write(l2_offset, table);
       if (!st.ok()) {
         out_ << "ERROR: Could not write L2 table: " << st.message() << "\n";
         ++res.check_errors;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -1016,6 +1017,197 @@ TEST_F(CheckTest, RebuildRefcountsRepairsDirtyImage) {
               ::testing::Contains("Rebuilding refcount structure"));
   EXPECT_EQ(QemuCheck("dirty.qcow2"), 0);
   EXPECT_EQ(HexAt("dirty.qcow2", 72, 8), "0000000000000000");
+}
+
+// One snapshot table entry as stored: the 40-byte fixed part (its three
+// size fields are rewritten from the other parts), the extra data, the id
+// and the name. Raw bytes, so that entries with under 24 bytes of extra
+// data (which format::EncodeSnapshotTable cannot write) can be made.
+struct RawSnapshot {
+  std::vector<uint8_t> header, extra, id, name;
+};
+
+uint64_t GetBE(const std::vector<uint8_t>& d, uint64_t at, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v = (v << 8) | d[at + i];
+  return v;
+}
+
+void PutBE(std::vector<uint8_t>& d, uint64_t at, int n, uint64_t v) {
+  for (int i = n - 1; i >= 0; --i, v >>= 8) d[at + i] = v & 0xff;
+}
+
+// Reads the snapshot table of `path` (nb_snapshots at 60, the offset at
+// 64), lets `edit` change its entries, and writes the table back in place,
+// each entry 8-byte aligned as QEMU lays them out (the bytes after a
+// shorter table stay as they were; a longer one may grow the file), as
+// snapshot_oracle_test's faulty() does.
+void EditSnapshotTable(
+    const std::string& path,
+    const std::function<void(std::vector<RawSnapshot>&)>& edit) {
+  std::vector<uint8_t> d = testing::ReadFile(path);
+  const uint64_t nb = GetBE(d, 60, 4);
+  const uint64_t offset = GetBE(d, 64, 8);
+  std::vector<RawSnapshot> table;
+  uint64_t p = offset;
+  auto take = [&](uint64_t n) {
+    std::vector<uint8_t> part(d.begin() + p, d.begin() + p + n);
+    p += n;
+    return part;
+  };
+  for (uint64_t i = 0; i < nb; ++i) {
+    p = (p + 7) & ~uint64_t{7};
+    const uint64_t id_size = GetBE(d, p + 12, 2);
+    const uint64_t name_size = GetBE(d, p + 14, 2);
+    const uint64_t extra_size = GetBE(d, p + 36, 4);
+    RawSnapshot e;
+    e.header = take(40);
+    e.extra = take(extra_size);
+    e.id = take(id_size);
+    e.name = take(name_size);
+    table.push_back(std::move(e));
+  }
+  edit(table);
+  std::vector<uint8_t> out;
+  for (RawSnapshot& e : table) {
+    out.resize((out.size() + 7) & ~size_t{7});
+    PutBE(e.header, 12, 2, e.id.size());
+    PutBE(e.header, 14, 2, e.name.size());
+    PutBE(e.header, 36, 4, e.extra.size());
+    for (const std::vector<uint8_t>* part : {&e.header, &e.extra, &e.id, &e.name}) {
+      out.insert(out.end(), part->begin(), part->end());
+    }
+  }
+  if (d.size() < offset + out.size()) d.resize(offset + out.size());
+  std::copy(out.begin(), out.end(), d.begin() + offset);
+  testing::WriteFile(path, d);
+}
+
+// The faults of snapshot_oracle_test's faulty() (QEMU 7.2's
+// qcow2_read_snapshots, qcow2_check_read_snapshot_table and
+// qcow2_check_fix_snapshot_table), each on the image of
+// SnapshotTableEntryErrors ("first" at 0xd0000, "second" at 0xd0048, 24
+// bytes of extra data each): check's lines and counts in every mode, the
+// file after -r leaks and -r all byte-identical to qemu-img's, and qemu-img
+// check of our repaired file as clean as of QEMU's.
+class SnapshotTableFaultTest : public CheckTest {
+ protected:
+  // The image with two snapshots, then `edit` applied to its table.
+  void MakeFaulty(const std::string& name,
+                  const std::function<void(std::vector<RawSnapshot>&)>& edit) {
+    MakeBaseImage(name);
+    Sh("qemu-img snapshot -c first " + name);
+    Sh("qemu-io -c 'write -P 5 0 64k' " + name + " >/dev/null");
+    Sh("qemu-img snapshot -c second " + name);
+    ASSERT_EQ(HexAt(name, 60, 12), "00000002" "00000000000d0000");
+    if (edit) EditSnapshotTable(Path(name), edit);
+  }
+
+  // -r all on a copy; then qemu-img check's exit code of our file (and
+  // expects QEMU's own repaired copy to give the same).
+  int CheckAfterRepair(const std::string& name) {
+    CompareWithQemu(name, RepairMode::kAll);
+    const int ours = QemuCheck(name + ".ours");
+    EXPECT_EQ(ours, QemuCheck(name + ".qemu"));
+    return ours;
+  }
+};
+
+// Entry 1 with 2000 bytes of extra data (QEMU's limit is 1024): no report
+// ("Check failed: File too large"); -r all cuts it to 1024.
+TEST_F(SnapshotTableFaultTest, ExtraDataTooBig) {
+  MakeFaulty("big.qcow2", [](std::vector<RawSnapshot>& t) {
+    t[1].extra.resize(2000);
+  });
+  Outcome o = CompareWithQemu("big.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              ElementsAre("imgtool: ERROR failed to read the snapshot table: "
+                          "Too much extra metadata in snapshot table entry 1",
+                          "You can force-remove this extra metadata with "
+                          "qemu-img check -r all"));
+  EXPECT_EQ(o.status.message(), "Check failed: File too large");
+  CompareWithQemu("big.qcow2", RepairMode::kLeaks);
+  o = CompareWithQemu("big.qcow2", RepairMode::kAll);
+  EXPECT_THAT(o.messages,
+              ::testing::Contains("Discarding too much extra metadata in "
+                                  "snapshot table entry 1 (2000 > 1024)"));
+  EXPECT_EQ(o.result.corruptions_fixed, 1u);
+  EXPECT_EQ(CheckAfterRepair("big.qcow2"), 0);
+}
+
+// A v3 image whose entries have 0 and 8 bytes of extra data (16 needed):
+// two corruptions; -r all rewrites the table with the fields filled in.
+TEST_F(SnapshotTableFaultTest, V3ExtraDataTooShort) {
+  MakeFaulty("short.qcow2", [](std::vector<RawSnapshot>& t) {
+    t[0].extra.clear();
+    t[1].extra.resize(8);
+  });
+  Outcome o = CompareWithQemu("short.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              ElementsAre("ERROR snapshot table entry 0 is incomplete",
+                          "ERROR snapshot table entry 1 is incomplete"));
+  EXPECT_EQ(o.result.corruptions, 2u);
+  CompareWithQemu("short.qcow2", RepairMode::kLeaks);
+  o = CompareWithQemu("short.qcow2", RepairMode::kAll);
+  EXPECT_EQ(o.result.corruptions_fixed, 2u);
+  EXPECT_EQ(CheckAfterRepair("short.qcow2"), 0);
+}
+
+// Entry 0's L1 table offset moved into its cluster (0x80200).
+TEST_F(SnapshotTableFaultTest, L1TableUnaligned) {
+  MakeFaulty("l1u.qcow2", [](std::vector<RawSnapshot>& t) {
+    PutBE(t[0].header, 0, 8, GetBE(t[0].header, 0, 8) + 0x200);
+  });
+  Outcome o = CompareWithQemu("l1u.qcow2", RepairMode::kNone);
+  ASSERT_FALSE(o.messages.empty());
+  EXPECT_EQ(o.messages.front(),
+            "ERROR snapshot 1 (first) l1_offset=0x80200: L1 table is not "
+            "cluster aligned; snapshot table entry corrupted");
+  EXPECT_EQ(o.result.corruptions, 1u);
+  CompareWithQemu("l1u.qcow2", RepairMode::kLeaks);
+  CheckAfterRepair("l1u.qcow2");
+}
+
+// Entry 1's L1 size 0x10000000 (above QEMU's 32 MiB L1 limit): its
+// clusters look leaked; -r all repairs the refcounts but not the entry.
+TEST_F(SnapshotTableFaultTest, L1TableTooLarge) {
+  MakeFaulty("l1h.qcow2", [](std::vector<RawSnapshot>& t) {
+    PutBE(t[1].header, 8, 4, 0x10000000);
+  });
+  Outcome o = CompareWithQemu("l1h.qcow2", RepairMode::kNone);
+  ASSERT_FALSE(o.messages.empty());
+  EXPECT_EQ(o.messages.front(),
+            "ERROR snapshot 2 (second) l1_size=0x10000000: L1 table is too "
+            "large; snapshot table entry corrupted");
+  EXPECT_EQ(o.result.corruptions, 1u);
+  EXPECT_EQ(o.result.leaks, 5u);
+  CompareWithQemu("l1h.qcow2", RepairMode::kLeaks);
+  EXPECT_EQ(CheckAfterRepair("l1h.qcow2"), 2);
+}
+
+// The table moved past the end of the file (16 MiB): two empty entries,
+// the table's range past the end, the snapshots' clusters leaked; -r all
+// writes a new table (the old one's free fails: "qcow2_free_clusters
+// failed: Invalid argument").
+TEST_F(SnapshotTableFaultTest, TablePastTheEndOfTheFile) {
+  MakeFaulty("eof.qcow2", nullptr);
+  PatchHex(Path("eof.qcow2"), 64, "0000000001000000");
+  Outcome o = CompareWithQemu("eof.qcow2", RepairMode::kNone);
+  EXPECT_THAT(o.messages,
+              ::testing::IsSupersetOf(
+                  {"ERROR snapshot table entry 0 is incomplete",
+                   "ERROR snapshot table entry 1 is incomplete",
+                   "ERROR: counting reference for region exceeding the end "
+                   "of the file by one cluster or more: offset 0x1000000 "
+                   "size 0x50"}));
+  EXPECT_EQ(o.result.corruptions, 3u);
+  EXPECT_EQ(o.result.leaks, 9u);
+  CompareWithQemu("eof.qcow2", RepairMode::kLeaks);
+  o = CompareWithQemu("eof.qcow2", RepairMode::kAll);
+  EXPECT_THAT(o.messages,
+              ::testing::Contains("qcow2_free_clusters failed: Invalid "
+                                  "argument"));
+  EXPECT_EQ(CheckAfterRepair("eof.qcow2"), 0);
 }
 
 }  // namespace

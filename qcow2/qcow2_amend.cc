@@ -22,6 +22,7 @@
 #include "qcow2/bytes.h"
 #include "qcow2/format/l2_entry.h"
 #include "qcow2/format/refcount.h"
+#include "qcow2/free_clusters.h"
 #include "qcow2/qcow2_node.h"
 
 namespace imgtool::qcow2 {
@@ -220,6 +221,42 @@ io::Task<absl::Status> Qcow2Node::RewriteSnapshotTable(
   // qcow2_write_snapshots has one): nothing refers to the new clusters
   // until the header does, and the flush below makes their refcounts and
   // contents durable before that.
+  if (CheckOverlap(table_offset, bytes, 0) != 0) {
+    // The new table would overwrite metadata (say an old table whose last
+    // entry runs past the end of the file, where the new one is put), and
+    // the check below marks the image corrupt. The file as QEMU 7.2 leaves
+    // it: qcow2_write_snapshots flushes (the refcounts, L2 tables, and the
+    // new table's allocation reach the disk) before its overlap check,
+    // whose qcow2_mark_corrupt rewrites the header from memory, where
+    // qcow2_snapshot_create / _delete have already changed nb_snapshots
+    // (the table offset is still the old one) and where no dirty bit is
+    // set (QEMU sets none for snapshots; ours, set by the caller, goes).
+    // One write: count, old offset and features with the corrupt bit.
+    CO_RETURN_IF_ERROR(co_await FlushAll());
+    if (incompatible_features.has_value()) {
+      header_.incompatible_features &= ~format::kIncompatibleDirty;
+    }
+    header_.nb_snapshots = static_cast<uint32_t>(records.size());
+    uint8_t field[20];
+    StoreBE32(field, header_.nb_snapshots);
+    StoreBE64(field + 4, header_.snapshots_offset);
+    size_t field_bytes = 12;
+    if (header_.version >= 3) {
+      StoreBE64(field + 12,
+                header_.incompatible_features | format::kIncompatibleCorrupt);
+      field_bytes = 20;
+    }
+    absl::Status st = co_await file_->Write(
+        kNbSnapshotsOffset, io::ConstIoVec(field, field_bytes));
+    (void)st;  // the corruption below is the error
+    absl::Status corrupt = co_await CheckOverlapOrFail(table_offset, bytes, 0);
+    // qcow2_write_snapshots' failure path frees the new table's clusters
+    // with QCOW2_DISCARD_ALWAYS: the refcounts are not written any more
+    // (the image is corrupt), but the clusters are punched.
+    const uint64_t mask = cluster_size_ - 1;
+    (void)co_await file_->Discard(table_offset, (bytes + mask) & ~mask);
+    co_return corrupt.ok() ? absl::DataLossError("qcow2: overlap") : corrupt;
+  }
   CO_RETURN_IF_ERROR(co_await CheckOverlapOrFail(table_offset, bytes, 0));
   // One write, padding between entries zeroed (QEMU's g_malloc0 buffer).
   if (bytes > 0) CO_RETURN_IF_ERROR(co_await file_->Write(table_offset, table));
@@ -250,12 +287,13 @@ io::Task<absl::Status> Qcow2Node::RewriteSnapshotTable(
   if (old_table_bytes > 0) {
     // A failed free only leaks the old table (QEMU's qcow2_free_clusters
     // prints it and goes on).
-    if (absl::Status freed = co_await refcounts_->Free(old_offset, old_table_bytes);
+    if (absl::Status freed = co_await FreeClustersAsQemu(
+            *refcounts_, cluster_bits_, header_.refcount_order, old_offset,
+            old_table_bytes);
         !freed.ok()) {
-      const int e = StatusErrno(freed);
       diagnostics_.push_back(
           {false, absl::StrCat("qcow2_free_clusters failed: ",
-                               std::strerror(e != 0 ? e : EIO))});
+                               std::strerror(FreeErrno(freed)))});
       co_return absl::OkStatus();
     }
     // QEMU passes the snapshot table's free down as a discard: the

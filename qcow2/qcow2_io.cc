@@ -156,6 +156,16 @@ io::Task<absl::StatusOr<TableCache::Ref>> Qcow2Node::GetL2ForWrite(
         absl::Status d = co_await file_->Discard(table, cluster_size_);
         (void)d;
       }
+    } else {
+      // The L1 write marked the image corrupt (say it overlaps the
+      // snapshot table): QEMU's free still drops the refcount in its cache
+      // (never written any more) and discards the cluster when that was
+      // its only reference; ours stays as it is, the cluster is punched.
+      absl::StatusOr<uint64_t> rc = co_await refcounts_->Get(table >> cluster_bits_);
+      if (rc.ok() && *rc == 1) {
+        absl::Status d = co_await file_->Discard(table, cluster_size_);
+        (void)d;
+      }
     }
     co_return st;
   }

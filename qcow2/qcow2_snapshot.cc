@@ -20,6 +20,7 @@
 #include "qcow2/bytes.h"
 #include "qcow2/format/l2_entry.h"
 #include "qcow2/format/refcount.h"
+#include "qcow2/free_clusters.h"
 #include "qcow2/qcow2_node.h"
 
 namespace imgtool::qcow2 {
@@ -430,9 +431,17 @@ io::Task<absl::Status> Qcow2Node::DeleteSnapshot(size_t index) {
   if (!st.ok()) co_return failed("Failed to free the cluster and L1 table", st);
   if (sn.l1_size > 0) {
     const uint64_t bytes = uint64_t{sn.l1_size} * 8;
-    CO_RETURN_IF_ERROR(co_await refcounts_->Free(sn.l1_offset, bytes));
-    std::vector<uint64_t> zeroed;
-    for (uint64_t c = sn.l1_offset; c < sn.l1_offset + bytes; c += cluster_size_) {
+    // QEMU ignores this free's result (qcow2_free_clusters prints it).
+    const absl::Status freed = co_await FreeClustersAsQemu(
+        *refcounts_, cluster_bits_, header_.refcount_order, sn.l1_offset,
+        bytes);
+    if (!freed.ok()) {
+      diagnostics_.push_back(
+          {false, absl::StrCat("qcow2_free_clusters failed: ",
+                               std::strerror(FreeErrno(freed)))});
+    }
+    for (uint64_t c = sn.l1_offset; freed.ok() && c < sn.l1_offset + bytes;
+         c += cluster_size_) {
       CO_ASSIGN_OR_RETURN(const uint64_t rc,
                           co_await refcounts_->Get(c >> cluster_bits_));
       if (rc == 0) (void)co_await file_->Discard(c, cluster_size_);

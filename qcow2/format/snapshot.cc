@@ -44,6 +44,10 @@ SnapshotEntry DecodeSnapshotEntry(absl::Span<const uint8_t> header,
   const size_t id_size = std::min<size_t>(layout.id_size, strings.size());
   e.id.assign(strings.begin(), strings.begin() + id_size);
   e.name.assign(strings.begin() + id_size, strings.end());
+  // QEMU reads both into C strings: each ends at its first NUL, and every
+  // later write of the table stores them so (strlen).
+  e.id.resize(std::min(e.id.size(), e.id.find('\0')));
+  e.name.resize(std::min(e.name.size(), e.name.find('\0')));
   return e;
 }
 
