@@ -335,4 +335,51 @@ for FAULT in extra_big v3_short l1_unaligned l1_huge eof too_many; do
   step "$FAULT" qemu-img check
 done
 
+# An I/O error injected by blkdebug on cluster_free during snapshot -d
+# (iotest 217): the old table's free reports it as qcow2_free_clusters
+# ("qcow2_free_clusters failed: Input/output error"), then the L1's refcount
+# update fails the command; the leaks are QEMU's.
+# (The snapshot is made once, by qemu-img, before the twins are copied:
+# the deleted table stays in the file unreferenced, date and all.)
+cluster_free_setup() {
+  mk img.qcow2 4M
+  qio -c 'write 0 64k' img.qcow2
+  qemu-img snapshot -c foo img.qcow2
+}
+twin cluster_free_setup
+printf '[inject-error]\nevent = "cluster_free"\nerrno = "5"\n' >"$Q/bd.conf"
+cp "$Q/bd.conf" "$I/bd.conf"
+checks=$((checks + 1))
+(cd "$Q" && qemu-img snapshot -d foo blkdebug:bd.conf:img.qcow2 >q.out 2>q.err)
+q_rc=$?
+(cd "$I" && "$IMGTOOL" snapshot -d foo blkdebug:bd.conf:img.qcow2 >i.out 2>i.err)
+i_rc=$?
+diff_text "cluster_free: snapshot -d over blkdebug" stderr \
+  "$(undate "$I/i.err")" "$(undate "$Q/q.err")"
+diff_text "cluster_free: snapshot -d over blkdebug" "exit status" "$i_rc" "$q_rc"
+# One difference on purpose: imgtool's failed snapshot update leaves its
+# dirty bit (incompatible feature bit 0, byte 79) set, so that the next
+# read-write open repairs the leaks; QEMU sets none for snapshots. The
+# files are otherwise the same.
+checks=$((checks + 1))
+"$PY" - "$I/img.qcow2" "$WORK/i-clean.qcow2" <<'EOF2'
+import sys
+d = bytearray(open(sys.argv[1], 'rb').read())
+if d[79] & 1 == 0:
+    sys.exit('imgtool left no dirty bit')
+d[79] &= ~1
+open(sys.argv[2], 'wb').write(bytes(d))
+EOF2
+cmp -s <(masked "$Q/img.qcow2") <(masked "$WORK/i-clean.qcow2") ||
+  fail "cluster_free: snapshot -d over blkdebug: the files differ beyond the dirty bit"
+for tool in qemu-img "$IMGTOOL"; do
+  checks=$((checks + 1))
+  run "$tool" . check "$Q/img.qcow2"
+  q_out=$OUT q_err=$ERR q_rc=$RC
+  run "$tool" . check "$I/img.qcow2"
+  diff_text "cluster_free: $tool check" stdout "${OUT//$I/$Q}" "$q_out" &&
+    diff_text "cluster_free: $tool check" stderr "$ERR" "$q_err" &&
+    diff_text "cluster_free: $tool check" "exit status" "$RC" "$q_rc"
+done
+
 finish
