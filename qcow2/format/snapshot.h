@@ -58,8 +58,10 @@ struct SnapshotEntry {
   // The extra data past the known 24 bytes (extra_data_size - 24 bytes, or
   // empty), kept as it is.
   std::vector<uint8_t> unknown_extra;
-  std::string id;    // id_str_size bytes as stored (may hold NULs)
-  std::string name;  // name_size bytes as stored
+  // Decoded as QEMU's C strings: the stored id_str_size / name_size bytes
+  // up to the first NUL (DecodeSnapshotEntry); encoded as they are.
+  std::string id;
+  std::string name;
 };
 
 // What the fixed part says about the rest of an entry.
