@@ -37,6 +37,9 @@ SUITES = {
                             "max_rss_bytes"} |
                  ({"IOPS"} if l["case"] not in ("create", "delete")
                   else set())),
+    "nbd": (["fs", "part", "case", "tool"],
+            lambda l: {"seconds", "MiB_per_s"} |
+            ({"IOPS"} if l["part"] != "copy" else set())),
 }
 AGGREGATES = {"mean", "median", "stddev", "cv"}
 GB_FIELDS = {"name", "family_index", "per_family_instance_index", "run_name",

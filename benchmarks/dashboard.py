@@ -62,6 +62,12 @@ SUITE_CHARTS = {
     # targets (results.SUITE_TARGETS) are listed under the chart
     "snapshot": {"kind": "bar", "x": "case", "metric": "seconds",
                  "x_title": "case", "ratio": ("tool", "qemu-img")},
+    # issue 19: one chart per part (server: fio against qemu-nbd and imgtool
+    # nbd; local: imgtool bench; copy: nbdcopy, qemu-img and imgtool
+    # convert out of either server); ratios to qemu-nbd, or to nbdcopy
+    "nbd": {"kind": "bar", "x": "case", "facet": "part", "metric": "IOPS",
+            "x_title": "case",
+            "ratio": [("tool", "qemu-nbd"), ("tool", "nbdcopy")]},
 }
 
 # Shown first in the context table, then the others in file order.
@@ -172,7 +178,11 @@ def _series_for(cases_by_run, spec, labels, metric, skip, multi_run):
 def _ratio_text(series, labels, reference):
     """`imgtool / qemu-img: rebase 0.76, commit 0.78` for each series that
     is not the reference (a series whose group has key=value), per run;
-    empty without a reference series."""
+    empty without a reference series. `reference` may be a list of such
+    (key, value) pairs: each one present is a reference."""
+    if isinstance(reference, list):
+        return "; ".join(t for t in (_ratio_text(series, labels, r)
+                                     for r in reference) if t)
     key, value = reference
     parts = []
     for ref in series:

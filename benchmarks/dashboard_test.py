@@ -384,6 +384,66 @@ class FailuresAndUnknownSuitesTest(unittest.TestCase):
         self.assertIn('<td class="error">ERROR</td>', page)
 
 
+class NbdSuiteTest(unittest.TestCase):
+    """Issue 19's suite (testdata/benchmarks/full/nbd-vm.json, the full
+    run of the README): one chart per part, ratios to qemu-nbd (servers)
+    and to nbdcopy (copies), the targets listed under the charts."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        paths = ["testdata/benchmarks/full/nbd-vm.json"]
+        cls.suites = results.load_all(paths, _WS)
+        cls.page = dashboard.render_page(cls.suites, dashboard.find_chartjs(),
+                                         paths)
+        path = os.path.join(cls.dir, "index.html")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(cls.page)
+        cls.dom = read_dom(path)
+
+    def test_charts_per_part(self):
+        self.assertEqual(self.dom.errors, [])
+        # server: qemu-nbd and imgtool over 14 cells (4k random read/write
+        # at depth 1/16/64, 1 MiB sequential reads; unix and tcp); local:
+        # imgtool over 2 cases; copy: nbdcopy, qemu-img, imgtool over the
+        # copies out of the 2 servers
+        expected = {"chart-nbd-server": ("IOPS", "2", "28"),
+                    "chart-nbd-local": ("IOPS", "1", "2"),
+                    "chart-nbd-copy": ("MiB_per_s", "3", "6")}
+        self.assertEqual(sorted(self.dom.figures), sorted(expected))
+        for cid, (metric, series, points) in expected.items():
+            fig = self.dom.figures[cid]
+            self.assertEqual((fig.get("data-metric"),
+                              fig.get("data-rendered-series"),
+                              fig.get("data-rendered-points")),
+                             (metric, series, points), cid)
+
+    def test_ratios_to_qemu_nbd_and_nbdcopy(self):
+        run = dict(self.suites)["nbd"][0]
+        ours = run.case("fs:xfs/part:server/case:randread_d1_unix/"
+                        "tool:imgtool").metrics["IOPS"].mean
+        theirs = run.case("fs:xfs/part:server/case:randread_d1_unix/"
+                          "tool:qemu-nbd").metrics["IOPS"].mean
+        self.assertIn("tool:imgtool / tool:qemu-nbd: randread_d1_unix %.2f" % (
+            ours / theirs), self.dom.captions["chart-nbd-server"])
+        self.assertRegex(self.dom.captions["chart-nbd-copy"],
+                         r"tool:imgtool / tool:nbdcopy: copy_from_qemu-nbd [0-9.]+")
+
+    def test_targets_listed(self):
+        run = dict(self.suites)["nbd"][0]
+        lines = results.target_lines("nbd", run)
+        # 14 server cells, 4 depth-64 cells against local, 2 copies
+        self.assertEqual(len(lines), 20)
+        self.assertRegex(lines[0], r"^server randread_d1_unix, IOPS: imgtool "
+                         r"[0-9,.]+ / qemu-nbd [0-9,.]+, ratio [0-9.]+ "
+                         r"\(target ≥ 1\): (met|MISSED)$")
+        self.assertRegex(lines[-1], r"^copy_from_imgtool time, imgtool "
+                         r"convert against nbdcopy: imgtool .* / nbdcopy .*, "
+                         r"ratio [0-9.]+ \(target ≤ 1\): (met|MISSED)$")
+        block = self.page.split('<ul class="targets" data-suite="nbd">')[1]
+        self.assertEqual(block.split("</ul>")[0].count("<li"), 20)
+
+
 class LogScaleBarsTest(unittest.TestCase):
     """On a logarithmic axis a bar starts at the axis' bottom: the smallest
     bar must still have a height. The full run's hint map times span

@@ -333,7 +333,7 @@ def expand(paths, base_dir):
 
 # Suites in the order of benchmarks/README.md; others follow, as found.
 SUITE_ORDER = ["hint", "create_prealloc", "prealloc_filter", "subcluster",
-               "engine", "chain", "snapshot"]
+               "engine", "chain", "snapshot", "nbd"]
 
 
 def load_all(paths, base_dir=None):
@@ -491,13 +491,20 @@ SUITE_COLUMN_KEY = {
     "engine": "tool",
     "chain": "tool",
     "snapshot": "tool",
+    "nbd": "tool",
 }
 
 # Suites whose variant columns are compared as ratios against the first
 # column (the reference: the name's first-seen value, e.g. chain's
 # tool:qemu-img) rather than as percent changes: `0.80x` is 0.8 times the
 # reference's value (issue 16's targets are such ratios).
-SUITE_RATIO = frozenset(["chain", "snapshot"])
+SUITE_RATIO = frozenset(["chain", "snapshot", "nbd"])
+
+# Column order of a suite's variant key where first-seen order is not the
+# one wanted: `nbd` compares servers (qemu-nbd, imgtool) and copy clients
+# (nbdcopy, qemu-img, imgtool) in one table, each row against its first
+# value (qemu-nbd for the server rows, nbdcopy for the copies).
+SUITE_COLUMN_ORDER = {"nbd": ["qemu-nbd", "nbdcopy", "qemu-img", "imgtool"]}
 
 
 def ratio(value, first):
@@ -626,8 +633,18 @@ def _stats(case, metric):
 
 
 def _row(cells_stats, metric, as_ratio=False):
+    """Cells and the line under them: percent changes against the first
+    column, or with as_ratio ratios against the row's first value (the
+    first column in every suite but nbd, whose rows fill different
+    columns)."""
     cells, diffs = [], []
     first = cells_stats[0][0]
+    first_i = 0
+    if as_ratio:
+        for i, (stat, error) in enumerate(cells_stats):
+            if stat is not None or error is not None:
+                first, first_i = stat, i
+                break
     for i, (stat, error) in enumerate(cells_stats):
         if error is not None:
             cells.append("ERROR")
@@ -635,7 +652,7 @@ def _row(cells_stats, metric, as_ratio=False):
             cells.append(None)
         else:
             cells.append(format_cell(stat, metric))
-        if i == 0 or stat is None or first is None:
+        if i <= first_i or stat is None or first is None:
             diffs.append(None)
         elif as_ratio:
             diffs.append(ratio(stat.mean, first.mean))
@@ -691,9 +708,17 @@ def _tables_by_key(suite, runs, metric, col_key):
                 rows.append(rest)
             cells[(rest, v)] = case
         values = sort_values(values)
+        order = SUITE_COLUMN_ORDER.get(suite)
+        if order and col_key == "tool":
+            values = ([v for v in order if v in values] +
+                      [v for v in values if v not in order])
         as_ratio = suite in SUITE_RATIO
         legend = ["%s (%s)" % (run.path, run.label())]
-        if as_ratio and len(values) > 1:
+        if as_ratio and len(values) > 1 and order and col_key == "tool":
+            legend.append("under each cell: its ratio to the row's first "
+                          "value (%s)" % ", ".join(
+                              "%s:%s" % (col_key, v) for v in order[:2]))
+        elif as_ratio and len(values) > 1:
             legend.append("under each cell: its ratio to %s:%s" % (
                 col_key, human_value(col_key, values[0])))
         t = Table(suite, metric, "%s: %s" % (suite, metric_title(metric)),
@@ -735,8 +760,10 @@ def table_to_text(t):
 
 
 # The targets of a suite, checked on the medians over the repetitions
-# (issue 18's for `snapshot`): (label, kind, case, metric, op, bound).
-#   kind "ratio": imgtool's median / qemu-img's median of `case`;
+# (issue 18's for `snapshot`, issue 19's for `nbd`): (label, kind, case,
+# metric, op, bound[, ours, theirs, their_case]).
+#   kind "ratio": imgtool's median / qemu-img's median of `case` (or the
+#   median of tool `ours` in `case` / tool `theirs` in `their_case`);
 #   kind "cost": 1 - median of `case` / median of `metric`'s base case
 #   (BASE_CASE), per tool: what an enabled bitmap costs in write IOPS.
 SUITE_TARGETS = {
@@ -751,6 +778,31 @@ SUITE_TARGETS = {
          0.03),
     ],
 }
+
+
+def _nbd_targets():
+    out = []
+    for transport in ("unix", "tcp"):
+        cells = ["%s_d%d_%s" % (op, d, transport)
+                 for op in ("randread", "randwrite") for d in (1, 16, 64)]
+        cells.append("seqread_" + transport)
+        for c in cells:
+            out.append(("server %s, IOPS" % c, "ratio", c, "IOPS", ">=", 1.0,
+                        "imgtool", "qemu-nbd", c))
+    for op in ("randread", "randwrite"):
+        for transport in ("unix", "tcp"):
+            c = "%s_d64_%s" % (op, transport)
+            out.append(("server %s against local %s_d64, IOPS" % (c, op),
+                        "ratio", c, "IOPS", ">=", 0.8, "imgtool", "imgtool",
+                        op + "_d64"))
+    for server in ("qemu-nbd", "imgtool"):
+        c = "copy_from_" + server
+        out.append(("%s time, imgtool convert against nbdcopy" % c, "ratio",
+                    c, "seconds", "<=", 1.0, "imgtool", "nbdcopy", c))
+    return out
+
+
+SUITE_TARGETS["nbd"] = _nbd_targets()
 BASE_CASE = {"write_bitmap": "write"}
 _OP_TEXT = {"<=": "\u2264", ">=": "\u2265", "<": "<"}
 
@@ -776,15 +828,21 @@ def target_lines(suite, run, metrics=None):
     missing (an error entry or a case left out). [] for other suites;
     with `metrics`, only the targets on those metrics."""
     lines = []
-    for label, kind, case_name, metric, op, bound in SUITE_TARGETS.get(
-            suite, []):
+    for target in SUITE_TARGETS.get(suite, []):
+        label, kind, case_name, metric, op, bound = target[:6]
+        ours_tool, theirs_tool, their_case = (
+            target[6:] if len(target) > 6 else ("imgtool", "qemu-img",
+                                                case_name))
         if metrics and metric not in metrics:
             continue
         if kind == "ratio":
-            ours = _median(run, case_name, "imgtool", metric)
-            theirs = _median(run, case_name, "qemu-img", metric)
-            head = "%s: imgtool %s / qemu-img %s, " % (
-                label, _fmt(ours, metric), _fmt(theirs, metric))
+            ours = _median(run, case_name, ours_tool, metric)
+            theirs = _median(run, their_case, theirs_tool, metric)
+            if their_case != case_name:
+                theirs_tool += " " + their_case
+            head = "%s: %s %s / %s %s, " % (
+                label, ours_tool, _fmt(ours, metric), theirs_tool,
+                _fmt(theirs, metric))
             value = ours / theirs if ours is not None and theirs else None
             lines.append(head + _verdict("ratio", value, "%.2f", op,
                                          "%g" % bound))

@@ -8,13 +8,13 @@
 #       [-- extra Google Benchmark flags for every suite]
 #
 # Suites (all by default, in this order): hint create_prealloc prealloc_filter
-# subcluster engine chain snapshot. Defaults take about 26 minutes on 2 cores; --quick
+# subcluster engine chain snapshot nbd. Defaults take about 26 minutes on 2 cores; --quick
 # is a smoke run of about 1-2 minutes (small sizes, 2 repetitions). DIR defaults to
 # ./bench-results (relative to where `bazel run` was called). Each file is
 # checked against the contract (check_results.py) after its suite ran.
 set -euo pipefail
 
-ALL_SUITES=(hint create_prealloc prealloc_filter subcluster engine chain snapshot)
+ALL_SUITES=(hint create_prealloc prealloc_filter subcluster engine chain snapshot nbd)
 binary_of() {
   case "$1" in
     hint) echo hint_bench ;;
@@ -24,6 +24,7 @@ binary_of() {
     engine) echo engine_bench ;;
     chain) echo chain_bench ;;
     snapshot) echo snapshot_bench ;;
+    nbd) echo nbd_bench ;;
     *) return 1 ;;
   esac
 }
@@ -141,7 +142,7 @@ for suite in "${suites[@]}"; do
         --benchmark_report_aggregates_only=false
         --benchmark_out="$file" --benchmark_out_format=json)
   [[ $quick == 1 ]] && args+=(--quick)
-  [[ $suite == create_prealloc || $suite == chain || $suite == snapshot ]] && args+=(--imgtool="$IMGTOOL_BIN")
+  [[ $suite == create_prealloc || $suite == chain || $suite == snapshot || $suite == nbd ]] && args+=(--imgtool="$IMGTOOL_BIN")
   echo "=== suite $suite -> $file"
   start=$SECONDS
   if ! "$bin" "${args[@]}" "${extra[@]}"; then
