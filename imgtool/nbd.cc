@@ -3,8 +3,10 @@
 // server of nbd_server/nbd_server.h. Implemented: -k/--socket, -p/--port,
 // -b/--bind, -x/--export-name, -D/--description, -e/--shared, -t/--persistent,
 // -r/--read-only, -f/--format, --image-opts (and json: names), -n/--nocache,
-// --cache, --aio, --discard, --pid-file, --fork, -h/--help, -V/--version.
-// Not implemented (qemu-nbd's "unrecognized option" for them): TLS, -A, -B,
+// --cache, --aio, --discard, --pid-file, --fork, -h/--help, -V/--version,
+// -A/--allocation-depth, -B/--bitmap (repeatable; a persistent bitmap of the
+// image or of a node below it, found as qemu-nbd's nbd_export_create).
+// Not implemented (qemu-nbd's "unrecognized option" for them): TLS,
 // -l, -s, -o, -L, -c, -d, --detect-zeroes, --object, -T, -v.
 //
 // Lifetime as qemu-nbd's: the server listens (a unix socket replaces a stale
@@ -46,6 +48,7 @@
 #include "imgtool/image.h"
 #include "io/engine.h"
 #include "nbd_server/nbd_server.h"
+#include "qcow2/qcow2_node.h"
 
 namespace imgtool::cli {
 namespace {
@@ -69,6 +72,10 @@ std::string HelpText(const std::string& name) {
       "string)\n"
       "  -D, --description=TEXT    export a human-readable description\n"
       "\n"
+      "Exposing part of the image:\n"
+      "  -A, --allocation-depth    expose the allocation depth\n"
+      "  -B, --bitmap=NAME         expose a persistent dirty bitmap\n"
+      "\n"
       "General purpose options:\n"
       "  --fork                    fork off the server process and exit the "
       "parent\n"
@@ -89,7 +96,7 @@ std::string HelpText(const std::string& name) {
       "      --discard=MODE        set discard mode (ignore, unmap)\n"
       "      --image-opts          treat FILE as a full set of image options\n"
       "\n"
-      "Not supported by imgtool: TLS, -A, -B, -o, -l, -s, -L, -c, -d, "
+      "Not supported by imgtool: TLS, -o, -l, -s, -L, -c, -d, "
       "--detect-zeroes.\n");
 }
 
@@ -114,6 +121,8 @@ const struct option kLongOptions[] = {
     {"image-opts", no_argument, nullptr, kImageOpts},
     {"pid-file", required_argument, nullptr, kPidFile},
     {"fork", no_argument, nullptr, kFork},
+    {"allocation-depth", no_argument, nullptr, 'A'},
+    {"bitmap", required_argument, nullptr, 'B'},
     {nullptr, 0, nullptr, 0},
 };
 
@@ -127,6 +136,7 @@ struct Args {
   std::string pid_file;
   bool fork = false;
   std::string file;
+  std::vector<std::string> bitmaps;  // -B, as given
 };
 
 // A failure already printed (qemu-nbd's getopt lines): exit code 1, nothing
@@ -153,7 +163,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
   int c;
   int long_index = -1;
   while ((c = getopt_long(static_cast<int>(argv.size() - 1), argv.data(),
-                          ":hVp:b:k:e:tx:D:f:rn", kLongOptions,
+                          ":hVp:b:k:e:tx:D:f:rnAB:", kLongOptions,
                           &long_index)) != -1) {
     const std::string arg = optarg != nullptr ? optarg : "";
     switch (c) {
@@ -243,6 +253,12 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
         break;
       case kFork:
         a.fork = true;
+        break;
+      case 'A':
+        a.export_options.allocation_depth = true;
+        break;
+      case 'B':
+        a.bitmaps.push_back(arg);
         break;
       case ':': {
         const char* word = argv[optind - 1];
@@ -356,6 +372,59 @@ absl::StatusOr<int> Listen(const Args& a) {
   return fd;
 }
 
+// -B: the bitmaps, found as qemu-nbd 7.2's nbd_export_create finds them (the
+// export's node, then down its backing chain, filters included: the first
+// node with a bitmap of that name), in its order (it prepends each -B to
+// its list, so the last one given gets context id 2). Errors (qemu's
+// words): "Bitmap 'NAME' is not found"; an inconsistent bitmap (in use on
+// disk at open) "Bitmap 'NAME' is inconsistent and cannot be used".
+absl::Status AddBitmaps(Args& a, OpenedImage& image) {
+  for (auto it = a.bitmaps.rbegin(); it != a.bitmaps.rend(); ++it) {
+    const std::string& name = *it;
+    qcow2::Qcow2Node* owner = nullptr;
+    const qcow2::Qcow2Node::BitmapInfo* info = nullptr;
+    std::vector<qcow2::Qcow2Node::BitmapInfo> infos;
+    for (io::BlockNode* node = image.node.get(); node != nullptr && !owner;) {
+      if (auto* q = dynamic_cast<qcow2::Qcow2Node*>(node)) {
+        infos = q->Bitmaps();
+        for (const auto& b : infos) {
+          if (b.name == name) {
+            owner = q;
+            info = &b;
+            break;
+          }
+        }
+      }
+      node = node->backing() != nullptr ? node->backing()
+                                        : node->filtered_child();
+    }
+    if (owner == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("Bitmap '", name, "' is not found"));
+    }
+    if (info->inconsistent) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Bitmap '", name,
+          "' is inconsistent and cannot be used"));
+    }
+    nbd_server::ExportOptions::Bitmap bitmap;
+    bitmap.name = name;
+    bitmap.dirty = [owner, name](uint64_t offset, uint64_t end)
+        -> absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> {
+      absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> all =
+          owner->BitmapExtents(name);
+      if (!all.ok()) return all.status();
+      std::vector<std::pair<uint64_t, uint64_t>> out;
+      for (const auto& r : *all) {
+        if (r.second > offset && r.first < end) out.push_back(r);
+      }
+      return out;
+    };
+    a.export_options.bitmaps.push_back(std::move(bitmap));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Serve(Args& a, Streams streams, int ready_fd) {
   // The stop signals arrive through a signalfd; blocked before the engine
   // starts any thread, so that every thread has them blocked.
@@ -383,6 +452,10 @@ absl::Status Serve(Args& a, Streams streams, int ready_fd) {
   }
   OpenedImage image = *std::move(opened);
   a.export_options.size = VirtualSize(image);
+  if (absl::Status st = AddBitmaps(a, image); !st.ok()) {
+    (void)CloseImage(image);
+    return st;
+  }
   absl::StatusOr<int> listen_fd = Listen(a);
   if (!listen_fd.ok()) {
     (void)CloseImage(image);

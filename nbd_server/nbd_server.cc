@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "base/errno_status.h"
 #include "io/chain_status.h"
 
@@ -105,6 +106,11 @@ constexpr uint32_t kNbdEnotsup = 95;
 
 constexpr char kBaseAllocation[] = "base:allocation";
 constexpr uint32_t kBaseAllocationId = 0;
+constexpr char kAllocationDepth[] = "qemu:allocation-depth";
+constexpr uint32_t kAllocationDepthId = 1;
+constexpr char kDirtyBitmapPrefix[] = "qemu:dirty-bitmap:";
+constexpr uint32_t kFirstBitmapId = 2;
+constexpr uint32_t kStateDirty = 1 << 0;
 // Names as qemu's NBD_MAX_STRING_SIZE; option data of known options as
 // read into memory at most.
 constexpr uint32_t kMaxName = 4096;
@@ -132,6 +138,37 @@ uint32_t Get32(const uint8_t* p) {
 }
 uint64_t Get64(const uint8_t* p) {
   return static_cast<uint64_t>(Get32(p)) << 32 | Get32(p + 4);
+}
+
+// The backing node of `node`, looking through filters (QEMU's
+// bdrv_filter_or_cow_bs walk, filters not counted), or null.
+io::BlockNode* BackingBelow(io::BlockNode* node) {
+  while (node->backing() == nullptr && node->filtered_child() != nullptr) {
+    node = node->filtered_child();
+  }
+  return node->backing();
+}
+
+// Extents of one BLOCK_STATUS chunk: (length, flags), a run of equal flags
+// merged while it fits 32 bits, at most `max` of them (qemu's
+// nbd_extent_array_add). Returns false when full.
+bool AddExtent(std::vector<std::pair<uint32_t, uint32_t>>& extents,
+               size_t max, uint64_t length, uint32_t flags) {
+  while (length > 0) {
+    if (!extents.empty() && extents.back().second == flags &&
+        extents.back().first < UINT32_MAX) {
+      const uint64_t n =
+          std::min<uint64_t>(length, UINT32_MAX - extents.back().first);
+      extents.back().first += static_cast<uint32_t>(n);
+      length -= n;
+      continue;
+    }
+    if (extents.size() >= max) return false;
+    const uint64_t n = std::min<uint64_t>(length, UINT32_MAX);
+    extents.emplace_back(static_cast<uint32_t>(n), flags);
+    length -= n;
+  }
+  return true;
 }
 
 // The NBD error for a failed block request, as qemu's
@@ -185,7 +222,11 @@ struct Server::Connection {
   int fd = -1;
   bool no_zeroes = false;
   bool structured = false;
-  bool base_allocation = false;  // SET_META_CONTEXT selected it
+  // What SET_META_CONTEXT selected (qemu's NBDExportMetaContexts).
+  bool base_allocation = false;
+  bool allocation_depth = false;
+  std::vector<bool> bitmaps;  // by ExportOptions::bitmaps index
+  int contexts = 0;
   io::Mutex send_mu;
   int in_flight = 0;
   // The reader, waiting until in_flight < wait_below.
@@ -583,10 +624,18 @@ io::Task<bool> Server::Handshake(Connection& conn) {
       }
       case kOptListMetaContext:
       case kOptSetMetaContext: {
-        if (option == kOptSetMetaContext && !conn.structured) {
+        const bool list = option == kOptListMetaContext;
+        if (!list && !conn.structured) {
           valid = false;
           break;
         }
+        // A SET drops the previous selection before anything else.
+        Connection local;
+        Connection& meta = list ? local : conn;
+        meta.base_allocation = false;
+        meta.allocation_depth = false;
+        meta.bitmaps.assign(options_.bitmaps.size(), false);
+        meta.contexts = 0;
         // u32 name length, name, u32 query count, queries (u32 length,
         // text), all within the option's data.
         uint32_t pos = 0;
@@ -597,12 +646,22 @@ io::Task<bool> Server::Handshake(Connection& conn) {
         }
         const uint32_t name_length = Get32(p);
         pos = 4;
-        if (name_length > kMaxName || !need(uint64_t{name_length} + 4)) {
+        if (name_length > kMaxName || !need(name_length)) {
           valid = false;
           break;
         }
         const std::string name = data.substr(pos, name_length);
         pos += name_length;
+        if (name != options_.name) {
+          if (!co_await SendOptionReply(conn, option, kRepErrUnknown, "")) {
+            co_return false;
+          }
+          continue;
+        }
+        if (!need(4)) {
+          valid = false;
+          break;
+        }
         const uint32_t count = Get32(p + pos);
         pos += 4;
         std::vector<std::string> queries;
@@ -617,35 +676,66 @@ io::Task<bool> Server::Handshake(Connection& conn) {
             valid = false;
             break;
           }
-          queries.push_back(data.substr(pos, q));
+          // qemu skips a query longer than NBD_MAX_STRING_SIZE.
+          if (q <= kMaxName) queries.push_back(data.substr(pos, q));
           pos += q;
         }
         if (!valid || pos != length) {
           valid = false;
           break;
         }
-        if (name != options_.name) {
-          if (!co_await SendOptionReply(conn, option, kRepErrUnknown, "")) {
-            co_return false;
-          }
-          continue;
+        if (list && count == 0) {
+          meta.base_allocation = true;
+          meta.allocation_depth = options_.allocation_depth;
+          meta.bitmaps.assign(options_.bitmaps.size(), true);
         }
-        bool match = false;
-        if (option == kOptListMetaContext) {
-          match = queries.empty();
-          for (const std::string& q : queries) {
-            if (q == "base:" || q == kBaseAllocation) match = true;
+        for (const std::string& q : queries) {
+          absl::string_view rest = q;
+          if (absl::ConsumePrefix(&rest, "base:")) {
+            if ((rest.empty() && list) || rest == "allocation") {
+              meta.base_allocation = true;
+            }
+          } else if (absl::ConsumePrefix(&rest, "qemu:")) {
+            if (rest.empty()) {
+              if (list) {
+                meta.allocation_depth = options_.allocation_depth;
+                meta.bitmaps.assign(options_.bitmaps.size(), true);
+              }
+            } else if (rest == "allocation-depth") {
+              meta.allocation_depth = options_.allocation_depth;
+            } else if (absl::ConsumePrefix(&rest, "dirty-bitmap:")) {
+              if (rest.empty()) {
+                if (list) meta.bitmaps.assign(options_.bitmaps.size(), true);
+              } else {
+                for (size_t i = 0; i < options_.bitmaps.size(); ++i) {
+                  if (options_.bitmaps[i].name == rest) {
+                    meta.bitmaps[i] = true;
+                    break;
+                  }
+                }
+              }
+            }
           }
-        } else {
-          for (const std::string& q : queries) {
-            if (q == kBaseAllocation) match = true;
-          }
-          conn.base_allocation = match;
         }
-        if (match) {
+        // Replies in qemu's order; LIST's carry id 0.
+        std::vector<std::pair<uint32_t, std::string>> replies;
+        if (meta.base_allocation) {
+          replies.emplace_back(kBaseAllocationId, kBaseAllocation);
+        }
+        if (meta.allocation_depth) {
+          replies.emplace_back(kAllocationDepthId, kAllocationDepth);
+        }
+        for (size_t i = 0; i < options_.bitmaps.size(); ++i) {
+          if (meta.bitmaps[i]) {
+            replies.emplace_back(
+                kFirstBitmapId + static_cast<uint32_t>(i),
+                absl::StrCat(kDirtyBitmapPrefix, options_.bitmaps[i].name));
+          }
+        }
+        for (const auto& [id, context] : replies) {
           std::string d;
-          Put32(d, kBaseAllocationId);
-          d += kBaseAllocation;
+          Put32(d, list ? 0 : id);
+          d += context;
           if (!co_await SendOptionReply(conn, option, kRepMetaContext, d)) {
             co_return false;
           }
@@ -653,6 +743,7 @@ io::Task<bool> Server::Handshake(Connection& conn) {
         if (!co_await SendOptionReply(conn, option, kRepAck, "")) {
           co_return false;
         }
+        meta.contexts = static_cast<int>(replies.size());
         continue;
       }
     }
@@ -858,39 +949,113 @@ io::Task<absl::StatusOr<Server::Extent>> Server::ExtentAt(uint64_t offset,
   co_return e;
 }
 
-io::Task<bool> Server::DoBlockStatus(Connection& conn, Request& r) {
+io::Task<absl::StatusOr<std::pair<uint64_t, uint32_t>>> Server::DepthAt(
+    uint64_t offset, uint64_t max) {
+  if (offset >= node_.size()) {
+    // The export's tail past the node's end: QEMU's protocol layer
+    // answers it as allocated in the top node.
+    co_return std::pair<uint64_t, uint32_t>(max, 1);
+  }
+  uint64_t length = std::min(max, node_.size() - offset);
+  io::BlockNode* node = &node_;
+  uint32_t depth = 1;
+  while (true) {
+    absl::StatusOr<io::BlockStatus> st =
+        co_await node->GetBlockStatus(offset, length);
+    if (!st.ok()) co_return st.status();
+    length = std::min(length, st->length);
+    if (st->data || st->zero) co_return std::pair(length, depth);
+    io::BlockNode* backing = BackingBelow(node);
+    if (backing == nullptr) co_return std::pair<uint64_t, uint32_t>(length, 0);
+    ++depth;
+    // bdrv_co_common_block_status_above: past the end of a shorter
+    // backing node the zeroes count as allocated in that node.
+    if (offset >= backing->size()) co_return std::pair(length, depth);
+    length = std::min(length, backing->size() - offset);
+    node = backing;
+  }
+}
+
+io::Task<bool> Server::SendExtents(Connection& conn, Request& r, uint32_t id,
+                                   bool last) {
   const size_t max_extents =
       (r.flags & kCmdFlagReqOne) != 0 ? 1 : kMaxExtents;
   std::vector<std::pair<uint32_t, uint32_t>> extents;  // length, flags
   const uint64_t end = r.offset + r.length;
   uint64_t offset = r.offset;
-  while (offset < end) {
-    absl::StatusOr<Extent> e = co_await ExtentAt(offset, end - offset);
-    if (!e.ok()) {
-      co_return co_await SendError(conn, r.handle, NbdErrno(e.status()),
+  if (id >= kFirstBitmapId) {
+    const ExportOptions::Bitmap& bitmap = options_.bitmaps[id - kFirstBitmapId];
+    absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> dirty =
+        bitmap.dirty(offset, end);
+    if (!dirty.ok()) {
+      co_return co_await SendError(conn, r.handle, NbdErrno(dirty.status()),
                                    "can't get block status");
     }
-    const uint64_t length = e->length;
-    if (length == 0) break;
-    const uint32_t flags =
-        (e->data ? 0 : kStateHole) | (e->zero ? kStateZero : 0);
-    if (!extents.empty() && extents.back().second == flags) {
-      extents.back().first += static_cast<uint32_t>(length);
-    } else if (extents.size() >= max_extents) {
-      break;
-    } else {
-      extents.emplace_back(static_cast<uint32_t>(length), flags);
+    bool full = false;
+    for (const auto& [begin, stop] : *dirty) {
+      const uint64_t b = std::max(begin, offset);
+      const uint64_t e = std::min(stop, end);
+      if (b >= e) continue;
+      if (!AddExtent(extents, max_extents, b - offset, 0) ||
+          !AddExtent(extents, max_extents, e - b, kStateDirty)) {
+        full = true;
+        break;
+      }
+      offset = e;
     }
-    offset += length;
+    if (!full) AddExtent(extents, max_extents, end - offset, 0);
+  } else {
+    while (offset < end) {
+      uint64_t length = 0;
+      uint32_t flags = 0;
+      if (id == kBaseAllocationId) {
+        absl::StatusOr<Extent> e = co_await ExtentAt(offset, end - offset);
+        if (!e.ok()) {
+          co_return co_await SendError(conn, r.handle, NbdErrno(e.status()),
+                                       "can't get block status");
+        }
+        length = e->length;
+        flags = (e->data ? 0 : kStateHole) | (e->zero ? kStateZero : 0);
+      } else {
+        absl::StatusOr<std::pair<uint64_t, uint32_t>> d =
+            co_await DepthAt(offset, end - offset);
+        if (!d.ok()) {
+          co_return co_await SendError(conn, r.handle, NbdErrno(d.status()),
+                                       "can't get block status");
+        }
+        length = d->first;
+        flags = d->second;
+      }
+      if (length == 0 || !AddExtent(extents, max_extents, length, flags)) {
+        break;
+      }
+      offset += length;
+    }
   }
   std::string payload;
-  Put32(payload, kBaseAllocationId);
+  Put32(payload, id);
   for (const auto& [length, flags] : extents) {
     Put32(payload, length);
     Put32(payload, flags);
   }
-  co_return co_await SendChunk(conn, r.handle, kReplyFlagDone,
+  co_return co_await SendChunk(conn, r.handle, last ? kReplyFlagDone : 0,
                                kReplyBlockStatus, payload, nullptr, 0);
+}
+
+io::Task<bool> Server::DoBlockStatus(Connection& conn, Request& r) {
+  // One chunk per selected context, in qemu's order (ids ascending).
+  std::vector<uint32_t> ids;
+  if (conn.base_allocation) ids.push_back(kBaseAllocationId);
+  if (conn.allocation_depth) ids.push_back(kAllocationDepthId);
+  for (size_t i = 0; i < conn.bitmaps.size(); ++i) {
+    if (conn.bitmaps[i]) ids.push_back(kFirstBitmapId + static_cast<uint32_t>(i));
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!co_await SendExtents(conn, r, ids[i], i + 1 == ids.size())) {
+      co_return false;
+    }
+  }
+  co_return true;
 }
 
 io::Task<void> Server::HandleRequest(Connection* conn, Request* request) {
@@ -961,12 +1126,12 @@ io::Task<void> Server::HandleRequest(Connection* conn, Request* request) {
       case kCmdCache:
         break;
       case kCmdBlockStatus:
-        if (!conn->structured || !conn->base_allocation) {
-          error = kNbdEinval;
-          message = "CMD_BLOCK_STATUS not negotiated";
-        } else if (r.length == 0) {
+        if (r.length == 0) {
           error = kNbdEinval;
           message = "need non-zero length";
+        } else if (!conn->structured || conn->contexts == 0) {
+          error = kNbdEinval;
+          message = "CMD_BLOCK_STATUS not negotiated";
         } else {
           ok = co_await DoBlockStatus(*conn, r);
           sent = true;

@@ -5,8 +5,14 @@
 // Protocol: fixed newstyle handshake, no TLS. Options: EXPORT_NAME, INFO and
 // GO (replies INFO_NAME and INFO_DESCRIPTION when asked, INFO_BLOCK_SIZE
 // (minimum 1, preferred 4096, maximum 32 MiB) and INFO_EXPORT), LIST, ABORT,
-// STRUCTURED_REPLY, LIST_META_CONTEXT / SET_META_CONTEXT with the one context
-// `base:allocation` (id 0); NBD_REP_ERR_POLICY for STARTTLS, NBD_REP_ERR_UNSUP
+// STRUCTURED_REPLY, LIST_META_CONTEXT / SET_META_CONTEXT with the contexts
+// `base:allocation` (id 0), `qemu:allocation-depth` (id 1, with
+// ExportOptions::allocation_depth) and `qemu:dirty-bitmap:NAME` (id 2 + i
+// for ExportOptions::bitmaps[i]); queries as qemu 7.2's
+// nbd_negotiate_meta_queries: exact names, and on LIST the wildcards "base:",
+// "qemu:" and "qemu:dirty-bitmap:" (no query: every context); LIST replies
+// carry id 0, a SET first drops the previous selection; NBD_REP_ERR_POLICY
+// for STARTTLS, NBD_REP_ERR_UNSUP
 // for every other option (its data is read and dropped). Commands: READ
 // (structured: OFFSET_DATA chunks and OFFSET_HOLE for ranges that read as
 // zeroes through the backing chain, one data chunk with DF), WRITE (FUA is a
@@ -15,7 +21,12 @@
 // write-zeroes without fallback, NBD_ENOTSUP when it would need one), CACHE
 // (accepted, nothing to do), BLOCK_STATUS for base:allocation (HOLE when no
 // layer of the chain has data, ZERO when it reads as zeroes; REQ_ONE),
-// DISC. Simple replies unless the client negotiated structured replies.
+// qemu:allocation-depth (the depth as QEMU's bdrv_is_allocated_above: 0
+// allocated nowhere, 1 in the export's node, N in the (N-1)th backing node;
+// past the end of a shorter backing node the range counts as allocated in
+// that node) and qemu:dirty-bitmap:NAME (NBD_STATE_DIRTY = 1 on the set
+// ranges), one chunk per selected context in that order, the last with
+// DONE; DISC. Simple replies unless the client negotiated structured replies.
 // Transmission flags as qemu-nbd 7.2: HAS_FLAGS, SEND_FLUSH, SEND_FUA,
 // SEND_CACHE always; READ_ONLY, or SEND_TRIM | SEND_WRITE_ZEROES |
 // SEND_FAST_ZERO when writable; SEND_DF with structured replies;
@@ -56,10 +67,12 @@
 
 #include <coroutine>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -88,6 +101,20 @@ struct ExportOptions {
   // -t: keep serving after the last client left; otherwise Serve returns
   // once a client has connected and no client is left.
   bool persistent = false;
+  // -A: offer the qemu:allocation-depth context.
+  bool allocation_depth = false;
+  // -B NAME: a qemu:dirty-bitmap:NAME context each, ids 2, 3, ... in this
+  // order. `dirty` returns the set ranges [begin, end) in bytes that meet
+  // [offset, end) (not clipped, ascending, not overlapping), read when a
+  // BLOCK_STATUS asks (so writes through the export show); called on the
+  // engine's thread; errors are answered as the request's error.
+  struct Bitmap {
+    std::string name;
+    std::function<absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>>(
+        uint64_t offset, uint64_t end)>
+        dirty;
+  };
+  std::vector<Bitmap> bitmaps;
 };
 
 class Server {
@@ -132,6 +159,12 @@ class Server {
                            const std::string& message);
   io::Task<bool> DoRead(Connection& conn, Request& request);
   io::Task<bool> DoBlockStatus(Connection& conn, Request& request);
+  // One BLOCK_STATUS chunk for context `id` (kDone on the last).
+  io::Task<bool> SendExtents(Connection& conn, Request& request, uint32_t id,
+                             bool last);
+  // The allocation depth of [offset, offset + at most max) and its length.
+  io::Task<absl::StatusOr<std::pair<uint64_t, uint32_t>>> DepthAt(
+      uint64_t offset, uint64_t max);
   // The state of [offset, offset + at most max) through the backing chain
   // as QEMU's bdrv_block_status_above: data in some layer, reads as zeroes.
   struct Extent {

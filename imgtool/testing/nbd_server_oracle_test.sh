@@ -5,7 +5,9 @@
 # compare / convert, qemu-io read / write / discard / zero patterns (the
 # files compared afterwards), nbdinfo --json / --map / --list, nbdcopy with
 # 4 connections (-e 4), a libnbd client without structured replies (nbdsh's
-# python module), a read-only export, a qcow2 image with a backing file, one
+# python module), a read-only export, a qcow2 image with a backing file,
+# -A / -B (qemu:allocation-depth and qemu:dirty-bitmap contexts on a
+# 3-layer chain: LIST / SET queries, maps, bitmap errors), one
 # TCP export on 127.0.0.1, hostile traffic (nbd_hostile.py: bad magics,
 # oversized and out-of-range requests, refused writes, a client leaving
 # mid-request) and the command line (--help, usage errors, open errors,
@@ -250,6 +252,93 @@ checks=$((checks + 1))
    "$(qemu-img map --output=json q.qcow2)" ]] ||
   fail "qcow2 chain: the maps differ after writes through the exports"
 
+# --- -A / -B: qemu:allocation-depth and qemu:dirty-bitmap:NAME ------------
+# A 3-layer chain whose bottom layer is shorter (2M of 4M); bitmaps b0
+# (enabled), b1 (disabled after some writes) in the top, bl1 in the middle.
+qemu-img create -q -f qcow2 l0.qcow2 2M
+qio -c 'write -P 1 0 1M' -c 'write -z 1536k 64k' l0.qcow2
+qemu-img create -q -f qcow2 -b l0.qcow2 -F qcow2 l1.qcow2 4M
+qemu-img bitmap --add -g 128k l1.qcow2 bl1
+qio -c 'write -P 2 512k 512k' -c 'write -P 2 2M 64k' l1.qcow2
+qemu-img create -q -f qcow2 -b l1.qcow2 -F qcow2 l2.qcow2 4M
+qemu-img bitmap --add l2.qcow2 b0
+qemu-img bitmap --add -g 256k l2.qcow2 b1
+qio -c 'write -P 3 768k 128k' -c 'write -z 3M 64k' l2.qcow2
+qemu-img bitmap --disable l2.qcow2 b1
+qio -c 'write -P 4 3200k 4k' l2.qcow2
+cp l2.qcow2 q.qcow2 && cp l2.qcow2 o.qcow2
+serve q depth -t -A -B b0 -B b1 -B bl1 -f qcow2 q.qcow2
+serve o depth -t -A -B b0 -B b1 -B bl1 -f qcow2 o.qcow2
+QU=$(uri q depth) OU=$(uri o depth)
+same nbdinfo --json @U@
+same nbdinfo --map=qemu:allocation-depth @U@
+same nbdinfo --map @U@
+same nbdinfo --map=qemu:dirty-bitmap:b0 @U@
+same nbdinfo --map=qemu:dirty-bitmap:b1 @U@
+same nbdinfo --map=qemu:dirty-bitmap:bl1 @U@
+cat >meta.py <<'EOF2'
+import sys, nbd
+uri = sys.argv[1]
+def listed(queries):
+    h = nbd.NBD()
+    h.set_opt_mode(True)
+    h.connect_uri(uri)
+    for q in queries:
+        h.add_meta_context(q)
+    names = []
+    n = h.opt_list_meta_context(lambda name: names.append(name) or 0)
+    print("list", queries, n, names)
+    h.opt_abort()
+for qs in ([], ["qemu:"], ["base:"], ["qemu:dirty-bitmap:"],
+           ["qemu:allocation-depth"], ["qemu:dirty-bitmap:b1", "base:allocation"],
+           ["qemu:nothing", "other:x", "base:nothing"], ["qemu:dirty-bitmap:nope"],
+           ["qemu:dirty-bitmap:b0", "qemu:", "qemu:dirty-bitmap:b0"]):
+    listed(qs)
+contexts = ["qemu:dirty-bitmap:bl1", "base:allocation", "qemu:allocation-depth",
+            "qemu:dirty-bitmap:b0", "qemu:dirty-bitmap:b1", "qemu:x"]
+h = nbd.NBD()
+for c in contexts:
+    h.add_meta_context(c)
+h.connect_uri(uri)
+print([(c, h.can_meta_context(c)) for c in contexts])
+def cb(context, offset, entries, err):
+    print(context, offset, entries)
+    return 0
+size = h.get_size()
+h.block_status(size, 0, cb)
+h.block_status(size, 0, cb, nbd.CMD_FLAG_REQ_ONE)
+h.block_status(1 << 20, 700 << 10, cb)
+h.block_status(4096, 3 << 20, cb, nbd.CMD_FLAG_REQ_ONE)
+h.shutdown()
+EOF2
+same $PY meta.py @U@
+same qemu-io -f raw -c 'write -P 9 2560k 4k' -c 'write -z 100k 4k' @U@
+same nbdinfo --map=qemu:dirty-bitmap:b0 @U@
+same nbdinfo --map=qemu:dirty-bitmap:b1 @U@
+same nbdinfo --map=qemu:allocation-depth @U@
+QU="driver=nbd,server.type=unix,server.path=$SOCKDIR/q/depth.sock"
+OU="driver=nbd,server.type=unix,server.path=$SOCKDIR/o/depth.sock"
+same qemu-img map --output=json --image-opts @U@,x-dirty-bitmap=qemu:allocation-depth
+same qemu-img map --output=json --image-opts @U@,x-dirty-bitmap=qemu:dirty-bitmap:b0
+same qemu-img map --output=json --image-opts @U@,x-dirty-bitmap=qemu:dirty-bitmap:bl1
+stop q depth
+stop o depth
+checks=$((checks + 1))
+[[ "$(qemu-img info o.qcow2 | sed 's/o\.qcow2/q.qcow2/')" == "$(qemu-img info q.qcow2)" ]] ||
+  fail "-B: the images' bitmaps differ after writes through the exports"
+# A read-only export of an enabled bitmap; a bitmap that is not there, one
+# left in use by a killed writer (inconsistent).
+serve q depthro -t -r -A -B b0 -f qcow2 l2.qcow2
+serve o depthro -t -r -A -B b0 -f qcow2 l2.qcow2
+QU=$(uri q depthro) OU=$(uri o depthro)
+same nbdinfo --map=qemu:dirty-bitmap:b0 @U@
+same nbdinfo --map=qemu:allocation-depth @U@
+same nbdinfo --list @U@
+stop q depthro
+stop o depthro
+cp l2.qcow2 crashed.qcow2
+qemu-io -c 'write 2M 4k' -c abort crashed.qcow2 >/dev/null 2>&1
+
 # --- A raw file of 1000 bytes: the export is 1024, its tail a hole ----------
 head -c 1000 /dev/zero | tr '\0' '\132' >odd.img
 serve q odd -t -f raw odd.img
@@ -328,8 +417,16 @@ cli -z x.img
 cli -x
 cli -k "$SOCKDIR/o/none.sock" nonexistent.img
 cli -k "$SOCKDIR/o/none.sock" -f qcow2 base.img
+cli -k "$SOCKDIR/o/none.sock" -B nope l2.qcow2
+cli -k "$SOCKDIR/o/none.sock" -B b0 -B nope l2.qcow2
+cli -k "$SOCKDIR/o/none.sock" -B b0 crashed.qcow2
+cli -k "$SOCKDIR/o/none.sock" -B b0 -f raw l2.qcow2
 checks=$((checks + 1))
 "$IMGTOOL" nbd --help | grep -q -- '--persistent' || fail "imgtool nbd --help"
+checks=$((checks + 1))
+diff <(qemu-nbd --help | grep -E -- '^  -(A|B), ') \
+  <("$IMGTOOL" nbd --help | grep -E -- '^  -(A|B), ') ||
+  fail "--help: -A / -B lines differ from qemu-nbd's"
 
 echo "$checks checks, $failures failures"
 ((failures == 0))
