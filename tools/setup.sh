@@ -13,6 +13,7 @@ packages=(
   libnbd-bin  # nbdinfo: bitmap_oracle_test reads bitmaps through qemu-nbd
   libnbd-dev  # nbd_block: the nbd client driver is built on libnbd 1.14
   python3-libnbd  # nbdsh: nbd_server_oracle_test's client without structured replies
+  qemu-system-x86 busybox-static  # nbd_guest_test: a QEMU guest on an imgtool nbd export
   qemu-utils xfsprogs e2fsprogs util-linux strace fio hyperfine python3
   chromium fonts-dejavu-core
   zip file  # bazel test packs undeclared outputs (dashboard_test's screenshot) with them
@@ -29,6 +30,21 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# nbd_guest_test's kernel: the .deb of the current bookworm cloud kernel
+# (what linux-image-cloud-amd64 depends on), downloaded, not installed, into
+# the cache directory the test reads (it stays offline); older ones removed.
+kdir=${IMGTOOL_GUEST_KERNEL_DIR:-/var/cache/imgtool/guest-kernel}
+kpkg() { apt-cache depends linux-image-cloud-amd64 2>/dev/null |
+  sed -n 's/^ *Depends: \(linux-image-[^ ]*-cloud-amd64\)$/\1/p' | head -1; }
+kernel=$(kpkg)
+[[ -n $kernel ]] || { apt-get update -qq; kernel=$(kpkg); }
+[[ -n $kernel ]] || { echo "setup.sh: no linux-image-cloud-amd64 in apt" >&2; exit 1; }
+if ! compgen -G "$kdir/${kernel}_*_amd64.deb" >/dev/null; then
+  mkdir -p "$kdir"
+  (cd "$kdir" && apt-get download -q -o APT::Sandbox::User=root "$kernel")
+  find "$kdir" -name 'linux-image-*.deb' ! -name "${kernel}_*" -delete
 fi
 
 # benchmarks/web/node_modules (git- and bazel-ignored), exactly as locked;
