@@ -49,6 +49,8 @@ namespace imgtool::nbd_block {
   X(nbd_get_error)                                                             \
   X(nbd_get_size)                                                              \
   X(nbd_is_read_only)                                                          \
+  X(nbd_set_debug)                                                             \
+  X(nbd_set_debug_callback)                                                    \
   X(nbd_set_export_name)                                                       \
   X(nbd_shutdown)
 

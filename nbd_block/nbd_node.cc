@@ -396,17 +396,44 @@ absl::StatusOr<nbd_handle*> ConnectHandle(const NbdAddress& address,
     Nbd().nbd_close(h);
     return st;
   }
+  // The server's text of an option's error reply (NBD_REP_ERR_*): libnbd
+  // 1.14 gives it only to its debug output ("handshake: server error
+  // message: TEXT"), so the handshake runs with debug on. Each option
+  // starts afresh ("transition: ... -> NEWSTYLE.OPT_GO.START"): the text
+  // kept is the last option's, the one that failed.
+  std::string server_message;
+  auto on_debug = [](void* user_data, const char* /*context*/,
+                     const char* msg) {
+    auto* text = static_cast<std::string*>(user_data);
+    absl::string_view m(msg);
+    if (absl::ConsumePrefix(&m, "handshake: server error message: ")) {
+      *text = std::string(m);
+    } else if (absl::StartsWith(m, "transition: ") &&
+               absl::EndsWith(m, ".START")) {
+      text->clear();
+    }
+    return 0;
+  };
+  Nbd().nbd_set_debug_callback(
+      h, nbd_debug_callback{
+             .callback = on_debug, .user_data = &server_message, .free = nullptr});
+  Nbd().nbd_set_debug(h, true);
   // libnbd owns fd from here (closed by nbd_close).
-  if (Nbd().nbd_connect_socket(h, fd) != 0) {
+  const int connected = Nbd().nbd_connect_socket(h, fd);
+  Nbd().nbd_set_debug(h, false);
+  if (connected != 0) {
     const int e = Nbd().nbd_get_errno();
     absl::Status st = absl::UnavailableError(Nbd().nbd_get_error());
     if (e == ENOENT) {
-      // NBD_REP_ERR_UNKNOWN: QEMU says "Requested export not available"
-      // and then the server's text; libnbd 1.14 does not pass that text on,
-      // so this is qemu-nbd's (nbd/server.c) for the name asked for.
-      st = absl::NotFoundError(absl::StrCat(
-          "Requested export not available\nserver reported: export '",
-          export_name, "' not present"));
+      // NBD_REP_ERR_UNKNOWN: QEMU's "Requested export not available", and
+      // the server's text as a hint (nbd_handle_reply_err), e.g.
+      // qemu-nbd's "export 'NAME' not present", nbd-server's "Export
+      // unknown".
+      st = absl::NotFoundError(
+          server_message.empty()
+              ? std::string("Requested export not available")
+              : absl::StrCat("Requested export not available\nserver reported: ",
+                             server_message));
     }
     Nbd().nbd_close(h);
     return st;
@@ -732,7 +759,14 @@ io::Task<absl::StatusOr<io::BlockStatus>> NbdNode::DoGetBlockStatus(
             .callback = OnExtent, .user_data = c, .free = nullptr},
         Completion(c), LIBNBD_CMD_FLAG_REQ_ONE);
   });
-  if (!st.ok()) co_return st;
+  if (!st.ok()) {
+    // QEMU's block status fails with the errno alone ("Could not read file
+    // metadata: Input/output error", not the node's name and the step).
+    if (const int e = StatusErrno(st); e != 0) {
+      co_return WithMessage(st, std::strerror(e));
+    }
+    co_return st;
+  }
   if (!command.have_extent || command.extent_length == 0) {
     status.length = asked;
     status.data = true;

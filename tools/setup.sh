@@ -14,6 +14,7 @@ packages=(
   libnbd-dev  # nbd_block: the nbd client driver is built on libnbd 1.14
   python3-libnbd  # nbdsh: nbd_server_oracle_test's client without structured replies
   qemu-system-x86 busybox-static  # nbd_guest_test: a QEMU guest on an imgtool nbd export
+  nbdkit nbd-server  # nbd_interop_oracle_test: the nbd client against other servers
   qemu-utils xfsprogs e2fsprogs util-linux strace fio hyperfine python3
   chromium fonts-dejavu-core
   zip file  # bazel test packs undeclared outputs (dashboard_test's screenshot) with them
