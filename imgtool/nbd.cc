@@ -4,10 +4,11 @@
 // -b/--bind, -x/--export-name, -D/--description, -e/--shared, -t/--persistent,
 // -r/--read-only, -f/--format, --image-opts (and json: names), -n/--nocache,
 // --cache, --aio, --discard, --pid-file, --fork, -h/--help, -V/--version,
+// -v/--verbose (no effect on a server, as in qemu-nbd),
 // -A/--allocation-depth, -B/--bitmap (repeatable; a persistent bitmap of the
 // image or of a node below it, found as qemu-nbd's nbd_export_create).
 // Not implemented (qemu-nbd's "unrecognized option" for them): TLS,
-// -l, -s, -o, -L, -c, -d, --detect-zeroes, --object, -T, -v.
+// -l, -s, -o, -L, -c, -d, --detect-zeroes, --object, -T.
 //
 // Lifetime as qemu-nbd's: the server listens (a unix socket replaces a stale
 // file at its path and is removed at exit), serves up to -e clients at once
@@ -68,6 +69,7 @@ std::string HelpText(const std::string& name) {
       "  -e, --shared=NUM          device can be shared by NUM clients "
       "(default '1')\n"
       "  -t, --persistent          don't exit on the last connection\n"
+      "  -v, --verbose             display extra debugging information\n"
       "  -x, --export-name=NAME    expose export by name (default is empty "
       "string)\n"
       "  -D, --description=TEXT    export a human-readable description\n"
@@ -110,6 +112,7 @@ const struct option kLongOptions[] = {
     {"socket", required_argument, nullptr, 'k'},
     {"shared", required_argument, nullptr, 'e'},
     {"persistent", no_argument, nullptr, 't'},
+    {"verbose", no_argument, nullptr, 'v'},
     {"export-name", required_argument, nullptr, 'x'},
     {"description", required_argument, nullptr, 'D'},
     {"format", required_argument, nullptr, 'f'},
@@ -163,7 +166,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
   int c;
   int long_index = -1;
   while ((c = getopt_long(static_cast<int>(argv.size() - 1), argv.data(),
-                          ":hVp:b:k:e:tx:D:f:rnAB:", kLongOptions,
+                          ":hVp:b:k:e:tvx:D:f:rnAB:", kLongOptions,
                           &long_index)) != -1) {
     const std::string arg = optarg != nullptr ? optarg : "";
     switch (c) {
@@ -171,6 +174,10 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
         return StopWithOutput(HelpText(name));
       case 'V':
         return StopWithOutput(VersionText());
+      case 'v':
+        // qemu-nbd's -v only changes what its kernel client (-c) prints;
+        // a server prints the same with and without it.
+        break;
       case 'p':
         a.port = arg;
         a.tcp = true;
@@ -471,8 +478,27 @@ absl::Status Serve(Args& a, Streams streams, int ready_fd) {
           absl::StrCat("Failed to write pid file '", a.pid_file, "'"));
     }
   }
+  // Serving, the process leaves its working directory as qemu-nbd 7.2 does
+  // (chdir("/") "to free any busy filesystems"); the socket file removed at
+  // exit is named by its absolute path first (qemu-nbd would leave a relative
+  // one behind).
+  if (!a.socket_path.empty() && a.socket_path[0] != '/') {
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof cwd) != nullptr) {
+      a.socket_path = absl::StrCat(cwd, "/", a.socket_path);
+    }
+  }
+  if (chdir("/") < 0) {
+    const int error = errno;
+    close(*listen_fd);
+    (void)CloseImage(image);
+    return absl::InternalError(absl::StrCat(
+        "Could not chdir to root directory: ", std::strerror(error)));
+  }
   if (ready_fd >= 0) {
-    // --fork: tell the parent, then leave the caller's streams.
+    // --fork: tell the parent, then leave the caller's streams (Debian's
+    // qemu-nbd 7.2 does not give its daemon the parent's stderr back: its
+    // "fix regression with qemu-nbd --fork run over ssh").
     const char ok = 0;
     [[maybe_unused]] ssize_t w = write(ready_fd, &ok, 1);
     close(ready_fd);

@@ -397,6 +397,24 @@ fi
 [[ -e "$SOCKDIR/o/once.sock" ]] && fail "without -t: the socket file is left behind"
 stop o once
 
+# --- --fork -v: the daemon's standard streams are /dev/null (Debian's
+# qemu-nbd 7.2 with its --fork-over-ssh fix), -v changes nothing ------------
+checks=$((checks + 1))
+daemon_fds() {
+  local pid n
+  pid=$(cat "$SOCKDIR/$1/verbose.pid")
+  for n in 0 1 2; do echo "$n $(readlink "/proc/$pid/fd/$n")"; done
+  echo "cwd $(readlink "/proc/$pid/cwd")"
+}
+serve q verbose -v -r -f raw base.img
+serve o verbose --verbose -r -f raw base.img
+q_fds=$(daemon_fds q)
+o_fds=$(daemon_fds o)
+[[ "$q_fds" == "$o_fds" && "$o_fds" == *"2 /dev/null"* ]] ||
+  fail "--fork daemon's streams: qemu-nbd [$q_fds], imgtool [$o_fds]"
+stop q verbose
+stop o verbose
+
 # --- Command line, compared under the name qemu-nbd -------------------------
 mkdir -p bin && ln -sf "$IMGTOOL" bin/qemu-nbd
 cli() {
@@ -415,6 +433,7 @@ cli a b
 cli --frobnicate x.img
 cli -z x.img
 cli -x
+cli -v
 cli -k "$SOCKDIR/o/none.sock" nonexistent.img
 cli -k "$SOCKDIR/o/none.sock" -f qcow2 base.img
 cli -k "$SOCKDIR/o/none.sock" -B nope l2.qcow2
