@@ -4,11 +4,13 @@
 // -b/--bind, -x/--export-name, -D/--description, -e/--shared, -t/--persistent,
 // -r/--read-only, -f/--format, --image-opts (and json: names), -n/--nocache,
 // --cache, --aio, --discard, --pid-file, --fork, -h/--help, -V/--version,
-// -v/--verbose (no effect on a server, as in qemu-nbd),
+// -v/--verbose (no effect on a server, as in qemu-nbd), -o/--offset (a raw
+// window of the opened image from OFFSET to its end, as qemu-nbd's raw node
+// over it),
 // -A/--allocation-depth, -B/--bitmap (repeatable; a persistent bitmap of the
 // image or of a node below it, found as qemu-nbd's nbd_export_create).
 // Not implemented (qemu-nbd's "unrecognized option" for them): TLS,
-// -l, -s, -o, -L, -c, -d, --detect-zeroes, --object, -T.
+// -l, -s, -L, -c, -d, --detect-zeroes, --object, -T.
 //
 // Lifetime as qemu-nbd's: the server listens (a unix socket replaces a stale
 // file at its path and is removed at exit), serves up to -e clients at once
@@ -49,6 +51,7 @@
 #include "imgtool/image.h"
 #include "io/engine.h"
 #include "nbd_server/nbd_server.h"
+#include "raw_format/raw_node.h"
 #include "qcow2/qcow2_node.h"
 
 namespace imgtool::cli {
@@ -74,6 +77,8 @@ std::string HelpText(const std::string& name) {
       "string)\n"
       "  -D, --description=TEXT    export a human-readable description\n"
       "\n"
+      "Exposing part of the image:\n"
+      "  -o, --offset=OFFSET       offset into the image\n"
       "Exposing part of the image:\n"
       "  -A, --allocation-depth    expose the allocation depth\n"
       "  -B, --bitmap=NAME         expose a persistent dirty bitmap\n"
@@ -113,6 +118,7 @@ const struct option kLongOptions[] = {
     {"shared", required_argument, nullptr, 'e'},
     {"persistent", no_argument, nullptr, 't'},
     {"verbose", no_argument, nullptr, 'v'},
+    {"offset", required_argument, nullptr, 'o'},
     {"export-name", required_argument, nullptr, 'x'},
     {"description", required_argument, nullptr, 'D'},
     {"format", required_argument, nullptr, 'f'},
@@ -140,6 +146,7 @@ struct Args {
   bool fork = false;
   std::string file;
   std::vector<std::string> bitmaps;  // -B, as given
+  uint64_t offset = 0;               // -o, bytes
 };
 
 // A failure already printed (qemu-nbd's getopt lines): exit code 1, nothing
@@ -166,7 +173,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
   int c;
   int long_index = -1;
   while ((c = getopt_long(static_cast<int>(argv.size() - 1), argv.data(),
-                          ":hVp:b:k:e:tvx:D:f:rnAB:", kLongOptions,
+                          ":hVp:b:k:e:tvx:D:f:rnAB:o:", kLongOptions,
                           &long_index)) != -1) {
     const std::string arg = optarg != nullptr ? optarg : "";
     switch (c) {
@@ -267,6 +274,19 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
       case 'B':
         a.bitmaps.push_back(arg);
         break;
+      case 'o': {
+        // qemu_strtou64 with base 0: decimal, 0x hex or 0 octal, the whole
+        // argument.
+        char* end = nullptr;
+        errno = 0;
+        const unsigned long long v = std::strtoull(arg.c_str(), &end, 0);
+        if (arg.empty() || *end != '\0' || errno != 0) {
+          streams.err << name << ": Invalid offset '" << arg << "'\n";
+          return Printed();
+        }
+        a.offset = v;
+        break;
+      }
       case ':': {
         const char* word = argv[optind - 1];
         if (optopt != 0) {
@@ -458,6 +478,26 @@ absl::Status Serve(Args& a, Streams streams, int ready_fd) {
                                     "': ", message));
   }
   OpenedImage image = *std::move(opened);
+  if (a.offset != 0) {
+    // -o: a raw node over the opened one, as qemu-nbd 7.2 opens
+    // {"driver": "raw", "file": <node>, "offset": N}. RawNode::Open's only
+    // error without a size is this one, checked first so that the image is
+    // closed, not dropped (Open destroys its file on error).
+    if (a.offset > image.node->size()) {
+      const uint64_t size = image.node->size();
+      (void)CloseImage(image);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Offset (", a.offset,
+          ") cannot be greater than size of the containing file (", size,
+          ")"));
+    }
+    raw_format::RawOptions raw_options;
+    raw_options.set_offset(a.offset);
+    absl::StatusOr<std::unique_ptr<raw_format::RawNode>> raw =
+        raw_format::RawNode::Open(std::move(image.node), raw_options);
+    if (!raw.ok()) return raw.status();
+    image.node = *std::move(raw);
+  }
   a.export_options.size = VirtualSize(image);
   if (absl::Status st = AddBitmaps(a, image); !st.ok()) {
     (void)CloseImage(image);

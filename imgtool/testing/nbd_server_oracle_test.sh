@@ -397,6 +397,26 @@ fi
 [[ -e "$SOCKDIR/o/once.sock" ]] && fail "without -t: the socket file is left behind"
 stop o once
 
+# --- -o/--offset: an image inside a container file (iotest 302's OVA) ------
+# A qcow2 image converted into the export at offset 1536 of a raw file.
+for who in q o; do
+  qemu-img create -q -f raw ova.$who 4M
+  qio -f raw -c 'write -P 0x11 0 1536' ova.$who
+done
+qemu-img create -q -f qcow2 src.qcow2 1M
+qio -c 'write -P 0x22 64k 64k' src.qcow2
+serve q offset -f raw -o 1536 -x exp ova.q
+serve o offset -f raw --offset=0x600 -x exp ova.o
+QU=$(uri q offset exp)
+OU=$(uri o offset exp)
+same qemu-img info @U@
+same qemu-img convert -f qcow2 -O qcow2 -c src.qcow2 @U@
+same qemu-img check @U@
+same qemu-img compare -f qcow2 src.qcow2 @U@
+stop q offset
+stop o offset
+same_files "-o: the container after convert" ova.q ova.o
+
 # --- --fork -v: the daemon's standard streams are /dev/null (Debian's
 # qemu-nbd 7.2 with its --fork-over-ssh fix), -v changes nothing ------------
 checks=$((checks + 1))
@@ -434,6 +454,9 @@ cli --frobnicate x.img
 cli -z x.img
 cli -x
 cli -v
+cli -o x base.img
+cli -o 12junk base.img
+cli -k "$SOCKDIR/o/none.sock" -f raw -o 99999999 base.img
 cli -k "$SOCKDIR/o/none.sock" nonexistent.img
 cli -k "$SOCKDIR/o/none.sock" -f qcow2 base.img
 cli -k "$SOCKDIR/o/none.sock" -B nope l2.qcow2
