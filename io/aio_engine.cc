@@ -115,6 +115,11 @@ void AioEngine::Submit(Op* op) {
     queued_.push_back(op);
     return;
   }
+  if (op->kind == OpKind::kPoll) {
+    ++rw_in_flight_;
+    polls_.push_back(op);
+    return;
+  }
   if (side_ == nullptr) {
     side_ = std::make_unique<ThreadPoolEngine>(kSideThreads, [fd = event_fd_] {
       const uint64_t one = 1;
@@ -177,7 +182,7 @@ absl::Status AioEngine::SubmitQueued(std::vector<Op*>& done) {
     }
   }
   if (!queued_.empty() && !free_iocbs_.empty() && in_kernel_ == 0 &&
-      !side_busy() && done.empty()) {
+      !side_busy() && polls_.empty() && done.empty()) {
     return absl::UnavailableError(
         absl::StrCat("io_submit: ", strerror(EAGAIN)));
   }
@@ -225,7 +230,43 @@ void AioEngine::Reap(std::vector<Op*>& done) {
   __atomic_store_n(&ring->head, tail, __ATOMIC_RELEASE);
 }
 
+absl::Status AioEngine::CheckPolls(int timeout_ms, bool with_eventfd,
+                                   std::vector<Op*>& done) {
+  pollfds_.clear();
+  for (const Op* op : polls_) {
+    pollfds_.push_back({.fd = op->fd, .events = static_cast<short>(op->mode),
+                        .revents = 0});
+  }
+  if (with_eventfd) {
+    pollfds_.push_back({.fd = event_fd_, .events = POLLIN, .revents = 0});
+  }
+  int r;
+  do {
+    r = poll(pollfds_.data(), pollfds_.size(), timeout_ms);
+  } while (r < 0 && errno == EINTR);
+  if (r < 0) return SyscallError("poll", errno);
+  if (r == 0) return absl::OkStatus();
+  if (with_eventfd && pollfds_.back().revents != 0) {
+    uint64_t count;
+    if (read(event_fd_, &count, sizeof(count)) < 0 && errno != EAGAIN) {
+      return SyscallError("read eventfd", errno);
+    }
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < polls_.size(); ++i) {
+    if (pollfds_[i].revents != 0) {
+      polls_[i]->result = pollfds_[i].revents;
+      done.push_back(polls_[i]);
+    } else {
+      polls_[kept++] = polls_[i];
+    }
+  }
+  polls_.resize(kept);
+  return absl::OkStatus();
+}
+
 absl::Status AioEngine::Wait(std::vector<Op*>& done) {
+  if (!polls_.empty()) return CheckPolls(-1, /*with_eventfd=*/true, done);
   if (!side_busy()) {
     // Only AIO requests: sleep in io_getevents, which returns their events.
     int n;
@@ -259,9 +300,10 @@ absl::Status AioEngine::Poll(bool wait) {
   absl::Status st = SubmitQueued(done);
   if (st.ok()) {
     Reap(done);
+    if (!polls_.empty()) st = CheckPolls(0, /*with_eventfd=*/false, done);
     bool side_ready = side_busy() && side_->HasFinished();
-    while (wait && done.empty() && !side_ready &&
-           (in_kernel_ > 0 || side_busy())) {
+    while (st.ok() && wait && done.empty() && !side_ready &&
+           (in_kernel_ > 0 || side_busy() || !polls_.empty())) {
       st = Wait(done);
       if (!st.ok()) break;
       Reap(done);
