@@ -35,6 +35,7 @@
 #include "imgtool/io_output.h"
 #include "imgtool/io_session.h"
 #include "imgtool/qcow2_create.h"
+#include "imgtool/temp_overlay.h"
 #include "qcow2/qcow2_node.h"
 
 namespace imgtool::cli::qemu_io {
@@ -99,19 +100,6 @@ absl::StatusOr<NodeOptions> OpenCommandOptions(const std::string& path,
     RETURN_IF_ERROR(block::PlaceFilename(path, &tree));
   }
   return tree;
-}
-
-// A temporary file name for -s's overlay, as QEMU's get_tmp_filename picks
-// one: $TMPDIR or /var/tmp, "vl.XXXXXX". The file is created empty.
-absl::StatusOr<std::string> TemporaryFile() {
-  const char* dir = std::getenv("TMPDIR");
-  std::string name = absl::StrCat(
-      dir != nullptr && *dir != '\0' ? dir : "/var/tmp", "/vl.XXXXXX");
-  const int fd = mkstemp(name.data());
-  if (fd < 0)
-    return ErrnoStatus(name, "Could not get temporary filename", errno);
-  close(fd);
-  return name;
 }
 
 // The driver QEMU would name for the node at `path` (dotted child names,
@@ -226,43 +214,10 @@ absl::Status Session::Open(const OpenRequest& request) {
 }
 
 absl::StatusOr<OpenedImage> Session::OpenSnapshot(const ImageSpec& spec) {
-  ImageSpec base_spec = spec;
-  base_spec.read_only = true;
-  base_spec.copy_on_read = false;  // -C applies to the overlay
-  ASSIGN_OR_RETURN(OpenedImage base, OpenImage(base_spec, err()));
-  const uint64_t size = VirtualSize(base);
-  std::string backing = base.display_name;
-  const std::string format = base.format == "file" ? "raw" : base.format;
-  RETURN_IF_ERROR(CloseImage(base));
-  if (IsRelativeFilename(backing)) {
-    char* cwd = getcwd(nullptr, 0);
-    if (cwd == nullptr) return ErrnoStatus(".", "getcwd", errno);
-    backing = absl::StrCat(cwd, "/", backing);
-    std::free(cwd);
-  }
-  ASSIGN_OR_RETURN(const std::string overlay, TemporaryFile());
-  Qcow2CreateValues values;
-  values.SetNumber("size", size);
-  values.SetString("backing_file", backing);
-  if (!absl::StartsWith(backing, "json:")) {
-    values.SetString("backing_fmt", format);
-  }
-  absl::Status created = CreateQcow2File(overlay, values, err());
-  if (!created.ok()) {
-    unlink(overlay.c_str());
-    return created;
-  }
-  ImageSpec overlay_spec = spec;
-  overlay_spec.filename = overlay;
-  overlay_spec.format = "qcow2";
-  overlay_spec.image_opts = false;
-  overlay_spec.force_share = false;
-  absl::StatusOr<OpenedImage> opened =
-      OpenImage(overlay_spec, err(), base.engine);
-  unlink(overlay.c_str());  // QEMU's BDRV_O_TEMPORARY: gone once closed
-  snapshot_overlay_ = overlay;
+  ASSIGN_OR_RETURN(TemporaryOverlay overlay, OpenTemporaryOverlay(spec, err()));
+  snapshot_overlay_ = overlay.path;
   snapshot_reopened_ = false;
-  return opened;
+  return std::move(overlay.image);
 }
 
 bool Session::CmdOpen(const CommandDef& def, std::vector<std::string>& words) {

@@ -8,9 +8,11 @@
 // window of the opened image from OFFSET to its end, as qemu-nbd's raw node
 // over it),
 // -A/--allocation-depth, -B/--bitmap (repeatable; a persistent bitmap of the
-// image or of a node below it, found as qemu-nbd's nbd_export_create).
+// image or of a node below it, found as qemu-nbd's nbd_export_create),
+// --detect-zeroes, -l/--load-snapshot (read-only), -s/--snapshot (writes go
+// to a temporary overlay, gone at exit; imgtool/temp_overlay.h).
 // Not implemented (qemu-nbd's "unrecognized option" for them): TLS,
-// -l, -s, -L, -c, -d, --detect-zeroes, --object, -T.
+// -L, -c, -d, --object, -T.
 //
 // Lifetime as qemu-nbd's: the server listens (a unix socket replaces a stale
 // file at its path and is removed at exit), serves up to -e clients at once
@@ -49,6 +51,8 @@
 #include "base/status_macros.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
+#include "imgtool/snapshot_load.h"
+#include "imgtool/temp_overlay.h"
 #include "io/engine.h"
 #include "nbd_server/nbd_server.h"
 #include "raw_format/raw_node.h"
@@ -93,6 +97,18 @@ std::string HelpText(const std::string& name) {
       "Block device options:\n"
       "  -f, --format=FORMAT       set image format (raw, qcow2, ...)\n"
       "  -r, --read-only           export read-only\n"
+      "  -s, --snapshot            use FILE as an external snapshot, create a "
+      "temporary\n"
+      "                            file with backing_file=FILE, redirect the "
+      "write to\n"
+      "                            the temporary one\n"
+      "  -l, --load-snapshot=SNAPSHOT_PARAM\n"
+      "                            load an internal snapshot inside FILE and "
+      "export it\n"
+      "                            as an read-only device, SNAPSHOT_PARAM "
+      "format is\n"
+      "                            'snapshot.id=[ID],snapshot.name=[NAME]', or\n"
+      "                            '[ID_OR_NAME]'\n"
       "  -n, --nocache             disable host cache\n"
       "      --cache=MODE          set cache mode used to access the disk "
       "image, the\n"
@@ -101,13 +117,21 @@ std::string HelpText(const std::string& name) {
       "                            'writethrough', 'directsync' and 'unsafe'\n"
       "      --aio=MODE            set AIO mode (native, io_uring or threads)\n"
       "      --discard=MODE        set discard mode (ignore, unmap)\n"
+      "      --detect-zeroes=MODE  set detect-zeroes mode (off, on, unmap)\n"
       "      --image-opts          treat FILE as a full set of image options\n"
       "\n"
-      "Not supported by imgtool: TLS, -o, -l, -s, -L, -c, -d, "
-      "--detect-zeroes.\n");
+      "Not supported by imgtool: TLS, -o, -L, -c, -d.\n");
 }
 
-enum LongOption { kCache = 256, kAio, kDiscard, kImageOpts, kPidFile, kFork };
+enum LongOption {
+  kCache = 256,
+  kAio,
+  kDiscard,
+  kImageOpts,
+  kPidFile,
+  kFork,
+  kDetectZeroes
+};
 
 const struct option kLongOptions[] = {
     {"help", no_argument, nullptr, 'h'},
@@ -132,6 +156,9 @@ const struct option kLongOptions[] = {
     {"fork", no_argument, nullptr, kFork},
     {"allocation-depth", no_argument, nullptr, 'A'},
     {"bitmap", required_argument, nullptr, 'B'},
+    {"snapshot", no_argument, nullptr, 's'},
+    {"load-snapshot", required_argument, nullptr, 'l'},
+    {"detect-zeroes", required_argument, nullptr, kDetectZeroes},
     {nullptr, 0, nullptr, 0},
 };
 
@@ -147,6 +174,8 @@ struct Args {
   std::string file;
   std::vector<std::string> bitmaps;  // -B, as given
   uint64_t offset = 0;               // -o, bytes
+  bool snapshot = false;             // -s
+  std::string load_snapshot;         // -l
 };
 
 // A failure already printed (qemu-nbd's getopt lines): exit code 1, nothing
@@ -173,7 +202,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
   int c;
   int long_index = -1;
   while ((c = getopt_long(static_cast<int>(argv.size() - 1), argv.data(),
-                          ":hVp:b:k:e:tvx:D:f:rnAB:o:", kLongOptions,
+                          ":hVp:b:k:e:tvx:D:f:rnAB:o:sl:", kLongOptions,
                           &long_index)) != -1) {
     const std::string arg = optarg != nullptr ? optarg : "";
     switch (c) {
@@ -270,6 +299,37 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
         break;
       case 'A':
         a.export_options.allocation_depth = true;
+        break;
+      case 's':
+        a.snapshot = true;
+        break;
+      case 'l':
+        // qemu-nbd: the option form is parsed here; -l implies -r.
+        if (!CheckSnapshotOption(arg, streams.err).ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("Failed in parsing snapshot param `", arg, "'"));
+        }
+        a.load_snapshot = arg;
+        a.export_options.read_only = true;
+        break;
+      case kDetectZeroes:
+        if (arg == "off") {
+          a.export_options.detect_zeroes = false;
+          a.export_options.detect_zeroes_unmap = false;
+        } else if (arg == "on" || arg == "unmap") {
+          // qemu-nbd checks --discard as given so far.
+          if (arg == "unmap" && !a.export_options.discard_unmap) {
+            return absl::InvalidArgumentError(
+                "setting detect-zeroes to unmap is not allowed without "
+                "setting discard operation to unmap");
+          }
+          a.export_options.detect_zeroes = true;
+          a.export_options.detect_zeroes_unmap = arg == "unmap";
+        } else {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "Failed to parse detect_zeroes mode: invalid parameter value: ",
+              arg));
+        }
         break;
       case 'B':
         a.bitmaps.push_back(arg);
@@ -466,7 +526,18 @@ absl::Status Serve(Args& a, Streams streams, int ready_fd) {
 
   a.spec.filename = a.file;
   a.spec.read_only = a.export_options.read_only;
-  absl::StatusOr<OpenedImage> opened = OpenImage(a.spec, streams.err);
+  absl::StatusOr<OpenedImage> opened;
+  if (a.snapshot) {
+    absl::StatusOr<TemporaryOverlay> overlay =
+        OpenTemporaryOverlay(a.spec, streams.err);
+    if (overlay.ok()) {
+      opened = std::move(overlay->image);
+    } else {
+      opened = overlay.status();
+    }
+  } else {
+    opened = OpenImage(a.spec, streams.err);
+  }
   if (!opened.ok()) {
     // qemu-img's "Could not open '<file>': " is qemu-img's own prefix;
     // qemu-nbd puts its own in front of the block layer's message.
@@ -499,6 +570,13 @@ absl::Status Serve(Args& a, Streams streams, int ready_fd) {
     image.node = *std::move(raw);
   }
   a.export_options.size = VirtualSize(image);
+  if (!a.load_snapshot.empty()) {
+    if (absl::Status st = LoadSnapshot(image, a.load_snapshot, streams.err);
+        !st.ok()) {
+      (void)CloseImage(image);
+      return st;
+    }
+  }
   if (absl::Status st = AddBitmaps(a, image); !st.ok()) {
     (void)CloseImage(image);
     return st;

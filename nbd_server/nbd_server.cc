@@ -1100,7 +1100,17 @@ io::Task<void> Server::HandleRequest(Connection* conn, Request* request) {
         }
         break;
       case kCmdWrite:
-        st = co_await node_.Write(r.offset, absl::MakeConstSpan(r.data));
+        if (options_.detect_zeroes && !r.data.empty() && r.data[0] == 0 &&
+            std::memcmp(r.data.data(), r.data.data() + 1,
+                        r.data.size() - 1) == 0) {
+          // QEMU's bdrv_aligned_pwritev: the whole request is zeroes.
+          io::WriteZeroesFlags wz;
+          wz.may_unmap =
+              options_.detect_zeroes_unmap && options_.discard_unmap;
+          st = co_await node_.WriteZeroes(r.offset, r.length, wz);
+        } else {
+          st = co_await node_.Write(r.offset, absl::MakeConstSpan(r.data));
+        }
         if (st.ok() && (r.flags & kCmdFlagFua) != 0) st = co_await node_.Flush();
         break;
       case kCmdFlush:

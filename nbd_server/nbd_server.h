@@ -101,6 +101,11 @@ struct ExportOptions {
   // -t: keep serving after the last client left; otherwise Serve returns
   // once a client has connected and no client is left.
   bool persistent = false;
+  // --detect-zeroes=on|unmap: a WRITE whose payload is all zeroes is done
+  // as a write-zeroes (may unmap with detect_zeroes_unmap and
+  // discard_unmap), as QEMU's bdrv_aligned_pwritev on the export's node.
+  bool detect_zeroes = false;
+  bool detect_zeroes_unmap = false;
   // -A: offer the qemu:allocation-depth context.
   bool allocation_depth = false;
   // -B NAME: a qemu:dirty-bitmap:NAME context each, ids 2, 3, ... in this

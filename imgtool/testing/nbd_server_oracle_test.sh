@@ -7,7 +7,9 @@
 # 4 connections (-e 4), a libnbd client without structured replies (nbdsh's
 # python module), a read-only export, a qcow2 image with a backing file,
 # -A / -B (qemu:allocation-depth and qemu:dirty-bitmap contexts on a
-# 3-layer chain: LIST / SET queries, maps, bitmap errors), one
+# 3-layer chain: LIST / SET queries, maps, bitmap errors), --detect-zeroes
+# (the files after zero-filled writes), -l (internal snapshots) and -s
+# (a temporary overlay: the file unchanged, nothing left in TMPDIR), one
 # TCP export on 127.0.0.1, hostile traffic (nbd_hostile.py: bad magics,
 # oversized and out-of-range requests, refused writes, a client leaving
 # mid-request) and the command line (--help, usage errors, open errors,
@@ -339,6 +341,85 @@ stop o depthro
 cp l2.qcow2 crashed.qcow2
 qemu-io -c 'write 2M 4k' -c abort crashed.qcow2 >/dev/null 2>&1
 
+# --- --detect-zeroes: what zero-filled WRITEs leave in the file ------------
+qemu-img convert -O qcow2 base.img dz.qcow2
+dz_case() {  # dz_case NAME FMT IMAGE ARGS...
+  local name=$1 fmt=$2 src=$3
+  shift 3
+  cp "$src" q.dz && cp "$src" o.dz
+  serve q "$name" -t -f "$fmt" "$@" q.dz
+  serve o "$name" -t -f "$fmt" "$@" o.dz
+  QU=$(uri q "$name") OU=$(uri o "$name")
+  same qemu-io -f raw -c 'write -P 0 0 64k' -c 'write -P 0 1M 4k' \
+    -c 'write -P 0 3M 64k' -c 'write -P 0 66048 512' -c 'write -P 7 2M 4k' \
+    -c 'aio_write -P 0 1536k 128k' -c aio_flush @U@
+  same nbdinfo --map @U@
+  stop q "$name"
+  stop o "$name"
+  checks=$((checks + 1))
+  [[ "$(qemu-img map --output=json -f "$fmt" o.dz)" == \
+     "$(qemu-img map --output=json -f "$fmt" q.dz)" ]] ||
+    fail "--detect-zeroes $name: the maps of the files differ"
+  if [[ $fmt == raw ]]; then
+    same_files "--detect-zeroes $name" q.dz o.dz
+  else
+    checks=$((checks + 1))
+    qemu-img compare -q q.dz o.dz && qemu-img check -q o.dz ||
+      fail "--detect-zeroes $name: images differ or imgtool's is not clean"
+  fi
+}
+
+dz_case dzon raw base.img --detect-zeroes=on
+dz_case dzunmap raw base.img --discard=unmap --detect-zeroes=unmap
+dz_case dzqon qcow2 dz.qcow2 --detect-zeroes=on
+dz_case dzqunmap qcow2 dz.qcow2 --discard=unmap --detect-zeroes=unmap
+
+# --- -l: an internal snapshot, read-only; -s: a temporary overlay ----------
+qemu-img create -q -f qcow2 sn.qcow2 4M
+qio -c 'write -P 0x51 0 1M' sn.qcow2
+qemu-img snapshot -c s1 sn.qcow2
+qio -c 'write -P 0x52 512k 1M' sn.qcow2
+qemu-img snapshot -c s2 sn.qcow2
+qio -c 'write -P 0x53 0 64k' sn.qcow2
+cp sn.qcow2 sn.orig
+for l in s1 snapshot.id=2,snapshot.name=s2; do
+  serve q lsn -t -l "$l" -f qcow2 sn.qcow2
+  serve o lsn -t -l "$l" -f qcow2 sn.qcow2
+  QU=$(uri q lsn) OU=$(uri o lsn)
+  same qemu-io -r -f raw -c 'read -P 0x51 0 64k' -c 'read -P 0x52 1M 64k' \
+    -c 'read -P 0 2M 64k' @U@
+  same nbdinfo --map @U@
+  same qemu-io -f raw -c 'write 0 512' @U@
+  stop q lsn
+  stop o lsn
+done
+mkdir -p tmpq tmpo
+cp base.img s.img
+TMPDIR=$WORK/tmpq serve q snap -t -s -f raw s.img
+TMPDIR=$WORK/tmpo serve o snap -t -s -f raw s.img
+QU=$(uri q snap) OU=$(uri o snap)
+same qemu-io -f raw -c 'write -P 0x66 0 1M' -c 'write -z 3M 64k' \
+  -c 'discard 2M 64k' -c 'read -P 0x66 0 1M' -c 'read -P 0xbb 1M 4k' @U@
+same nbdinfo --map @U@
+stop q snap
+stop o snap
+checks=$((checks + 1))
+cmp -s s.img base.img || fail "-s: the image file changed"
+checks=$((checks + 1))
+[[ -z "$(ls -A tmpo)" ]] || fail "-s: left in TMPDIR: $(ls -A tmpo)"
+TMPDIR=$WORK/tmpq serve q snapq -t -s -A -f qcow2 sn.qcow2
+TMPDIR=$WORK/tmpo serve o snapq -t -s -A -f qcow2 sn.qcow2
+QU=$(uri q snapq) OU=$(uri o snapq)
+same qemu-io -f raw -c 'write -P 0x67 1M 64k' -c 'read -P 0x53 0 64k' @U@
+same nbdinfo --map=qemu:allocation-depth @U@
+same nbdinfo --map @U@
+stop q snapq
+stop o snapq
+checks=$((checks + 1))
+cmp -s sn.qcow2 sn.orig || fail "-s: the qcow2 image file changed"
+checks=$((checks + 1))
+[[ -z "$(ls -A tmpo)" ]] || fail "-s: left in TMPDIR: $(ls -A tmpo)"
+
 # --- A raw file of 1000 bytes: the export is 1024, its tail a hole ----------
 head -c 1000 /dev/zero | tr '\0' '\132' >odd.img
 serve q odd -t -f raw odd.img
@@ -463,12 +544,23 @@ cli -k "$SOCKDIR/o/none.sock" -B nope l2.qcow2
 cli -k "$SOCKDIR/o/none.sock" -B b0 -B nope l2.qcow2
 cli -k "$SOCKDIR/o/none.sock" -B b0 crashed.qcow2
 cli -k "$SOCKDIR/o/none.sock" -B b0 -f raw l2.qcow2
+cli -k "$SOCKDIR/o/none.sock" --detect-zeroes=foo base.img
+cli -k "$SOCKDIR/o/none.sock" --detect-zeroes=unmap base.img
+cli -k "$SOCKDIR/o/none.sock" --detect-zeroes=unmap --discard=unmap base.img
+cli -k "$SOCKDIR/o/none.sock" --discard=unmap --detect-zeroes=on --detect-zeroes=x base.img
+cli -k "$SOCKDIR/o/none.sock" -l nope sn.qcow2
+cli -k "$SOCKDIR/o/none.sock" -l snapshot.id=x,snapshot.foo=1 sn.qcow2
+cli -k "$SOCKDIR/o/none.sock" -l snapshot.name= sn.qcow2
+cli -k "$SOCKDIR/o/none.sock" -l s1 -f raw sn.qcow2
 checks=$((checks + 1))
 "$IMGTOOL" nbd --help | grep -q -- '--persistent' || fail "imgtool nbd --help"
 checks=$((checks + 1))
-diff <(qemu-nbd --help | grep -E -- '^  -(A|B), ') \
-  <("$IMGTOOL" nbd --help | grep -E -- '^  -(A|B), ') ||
-  fail "--help: -A / -B lines differ from qemu-nbd's"
+helplines() {
+  "$@" --help | sed -n -e '/^  -[AB], /p' -e '/-s, --snapshot/,/ID_OR_NAME/p' \
+    -e '/--detect-zeroes=MODE/p'
+}
+diff <(helplines qemu-nbd) <(helplines "$IMGTOOL" nbd) ||
+  fail "--help: the -A, -B, -s, -l, --detect-zeroes lines differ from qemu-nbd's"
 
 echo "$checks checks, $failures failures"
 ((failures == 0))
