@@ -11,8 +11,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "base/status_macros.h"
 
 namespace imgtool::block {
 namespace {
@@ -317,6 +321,115 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
   return data;
 }
 
+// QEMU's qapi_bool_parse, as the keyval visitor reads a bool member.
+absl::StatusOr<bool> BoolMember(const KvNode& root, absl::string_view key,
+                                bool fallback) {
+  absl::StatusOr<const std::string*> v = StringMember(root, key);
+  if (!v.ok()) return v.status();
+  if (*v == nullptr) return fallback;
+  const std::string& s = **v;
+  if (s == "on" || s == "yes" || s == "true" || s == "y") return true;
+  if (s == "off" || s == "no" || s == "false" || s == "n") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat("Parameter '", key, "' expects 'on' or 'off'"));
+}
+
+// qcrypto_tls_creds_get_path: "" for an optional file that does not exist.
+absl::StatusOr<std::string> CredsPath(const ObjectRegistry::TlsCreds& c,
+                                      const char* name, bool required) {
+  if (c.dir.empty()) {
+    if (required) {
+      return absl::InvalidArgumentError("Missing 'dir' property value");
+    }
+    return std::string();
+  }
+  std::string path = absl::StrCat(c.dir, "/", name);
+  struct stat st;
+  if (stat(path.c_str(), &st) < 0) {
+    if (errno == ENOENT && !required) return std::string();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Unable to access credentials ", path, ": ", std::strerror(errno)));
+  }
+  return path;
+}
+
+// The members of TlsCredsX509Properties / TlsCredsPskProperties in their
+// QAPI visit order, and the file checks of their load functions.
+absl::StatusOr<ObjectRegistry::TlsCreds> ParseTlsCreds(const KvNode& root,
+                                                       bool psk) {
+  ObjectRegistry::TlsCreds c;
+  c.psk = psk;
+  ASSIGN_OR_RETURN(c.verify_peer, BoolMember(root, "verify-peer", true));
+  ASSIGN_OR_RETURN(const std::string* dir, StringMember(root, "dir"));
+  if (dir != nullptr) c.dir = *dir;
+  ASSIGN_OR_RETURN(const std::string* endpoint, StringMember(root, "endpoint"));
+  if (endpoint != nullptr) {
+    if (*endpoint != "server" && *endpoint != "client") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Parameter 'endpoint' does not accept value '", *endpoint, "'"));
+    }
+    c.server = *endpoint == "server";
+  }
+  ASSIGN_OR_RETURN(const std::string* priority, StringMember(root, "priority"));
+  if (priority != nullptr) c.priority = *priority;
+  const std::string* username = nullptr;
+  if (psk) {
+    ASSIGN_OR_RETURN(username, StringMember(root, "username"));
+    if (username != nullptr) c.username = *username;
+  } else {
+    ASSIGN_OR_RETURN(c.sanity_check, BoolMember(root, "sanity-check", true));
+    RETURN_IF_ERROR(StringMember(root, "passwordid").status());
+  }
+  return c;
+}
+
+absl::Status CheckTlsCredsFiles(const ObjectRegistry::TlsCreds& c,
+                                bool username_given) {
+  if (!c.psk) {
+    const std::vector<std::pair<const char*, bool>> files =
+        c.server ? std::vector<std::pair<const char*, bool>>{
+                       {"ca-cert.pem", true},
+                       {"ca-crl.pem", false},
+                       {"server-cert.pem", true},
+                       {"server-key.pem", true},
+                       {"dh-params.pem", false}}
+                 : std::vector<std::pair<const char*, bool>>{
+                       {"ca-cert.pem", true},
+                       {"client-cert.pem", false},
+                       {"client-key.pem", false}};
+    for (const auto& [name, required] : files) {
+      RETURN_IF_ERROR(CredsPath(c, name, required).status());
+    }
+    return absl::OkStatus();
+  }
+  if (c.server) {
+    if (username_given) {
+      return absl::InvalidArgumentError(
+          "username should not be set when endpoint=server");
+    }
+    RETURN_IF_ERROR(CredsPath(c, "dh-params.pem", false).status());
+    return CredsPath(c, "keys.psk", true).status();
+  }
+  ASSIGN_OR_RETURN(const std::string path, CredsPath(c, "keys.psk", true));
+  // lookup_key: a line "USERNAME:HEXKEY".
+  const std::string user = c.username.empty() ? "qemu" : c.username;
+  absl::StatusOr<std::string> contents = ReadSecretFile(path);
+  if (!contents.ok()) {
+    absl::string_view m = contents.status().message();
+    absl::ConsumePrefix(&m, absl::StrCat("Unable to read ", path, ": "));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Cannot read PSK file ", path, ": ", m));
+  }
+  for (absl::string_view line : absl::StrSplit(*contents, '\n')) {
+    if (absl::StartsWith(line, user) && line.size() > user.size() &&
+        line[user.size()] == ':') {
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "Username ", user, " not found in PSK file ", path));
+}
+
 }  // namespace
 
 ObjectRegistry& ObjectRegistry::Default() {
@@ -401,6 +514,12 @@ absl::StatusOr<std::optional<std::string>> ObjectRegistry::AddFromCommandLine(
       }
     }
   }
+  const bool tls = type_name == "tls-creds-x509" || type_name == "tls-creds-psk";
+  ObjectRegistry::TlsCreds tls_creds;
+  if (tls) {
+    ASSIGN_OR_RETURN(tls_creds,
+                     ParseTlsCreds(root, type_name == "tls-creds-psk"));
+  }
   for (const auto& [key, node] : root.entries) {
     if (key == "qom-type" || key == "id") continue;
     bool known = false;
@@ -410,7 +529,7 @@ absl::StatusOr<std::optional<std::string>> ObjectRegistry::AddFromCommandLine(
           absl::StrCat("Parameter '", key, "' is unexpected"));
     }
   }
-  if (type_name != "secret") {
+  if (type_name != "secret" && !tls) {
     return absl::UnimplementedError(absl::StrCat(
         "Object type '", type_name, "' is not supported by imgtool"));
   }
@@ -428,6 +547,14 @@ absl::StatusOr<std::optional<std::string>> ObjectRegistry::AddFromCommandLine(
     return absl::AlreadyExistsError(absl::StrCat(
         "attempt to add duplicate property '", **id,
         "' to object (type 'container')"));
+  }
+
+  if (tls) {
+    RETURN_IF_ERROR(
+        CheckTlsCredsFiles(tls_creds, root.Find("username") != nullptr));
+    absl::MutexLock lock(&mu_);
+    objects_[**id] = Object{.type = type_name, .tls = std::move(tls_creds)};
+    return std::optional<std::string>();
   }
 
   // qcrypto_secret_complete: load, then decrypt or decode.
@@ -507,6 +634,22 @@ absl::StatusOr<std::string> ObjectRegistry::LookupSecret(
         absl::StrCat("Object with id '", id, "' is not a secret"));
   }
   return it->second.secret;
+}
+
+absl::StatusOr<ObjectRegistry::TlsCreds> ObjectRegistry::LookupTlsCreds(
+    absl::string_view id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = objects_.find(id);
+  if (it == objects_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("No TLS credentials with id '", id, "'"));
+  }
+  if (it->second.type != "tls-creds-x509" &&
+      it->second.type != "tls-creds-psk") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Object with id '", id, "' is not TLS credentials"));
+  }
+  return it->second.tls;
 }
 
 bool ObjectRegistry::Contains(absl::string_view id) const {

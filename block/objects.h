@@ -7,13 +7,32 @@
 // LUKS driver's `key-secret`, qcow2's `encrypt.key-secret`).
 //
 // Types: every type qemu-img 7.2 lists for `--object help` is known (its
-// help text is qemu-img's); only `secret` can be created. A secret's
+// help text is qemu-img's); `secret`, `tls-creds-x509` and `tls-creds-psk`
+// can be created. A secret's
 // properties are data, file (read when the object is added), format=raw|
 // base64 (base64 data is decoded as glib decodes it), and keyid/iv for a
 // secret encrypted with another secret (AES-256-CBC): the key lookup, key
 // length and IV are checked as QEMU checks them, then decrypting is
 // refused (kUnimplemented), as imgtool has no AES yet. Creating any other
 // type is kUnimplemented "Object type 'X' is not supported by imgtool".
+//
+// TLS credentials (QEMU's crypto/tlscreds.c, tlscredsx509.c,
+// tlscredspsk.c): properties dir, endpoint=server|client (default client),
+// verify-peer (default on), priority, and sanity-check / passwordid (x509)
+// or username (psk). When the object is added, the files QEMU's load needs
+// are checked as its qcrypto_tls_creds_get_path does (exist: stat): x509
+// server DIR/ca-cert.pem, server-cert.pem, server-key.pem (optional
+// ca-crl.pem, dh-params.pem); x509 client DIR/ca-cert.pem (optional
+// client-cert.pem, client-key.pem); psk DIR/keys.psk, whose line for the
+// client's username (default "qemu") must exist. The files are parsed by
+// their user (nbd_server/tls.h for a server, libnbd for a client):
+//   Missing 'dir' property value
+//   Unable to access credentials /d/ca-cert.pem: No such file or directory
+//   username should not be set when endpoint=server
+//   Username bob not found in PSK file /d/keys.psk
+//   Cannot read PSK file /d/keys.psk: Failed to open file “...”: ...
+//   Parameter 'endpoint' does not accept value 'x'
+//   Parameter 'verify-peer' expects 'on' or 'off'
 //
 // Error texts are qemu-img 7.2's, all kInvalidArgument unless said
 // otherwise, in QEMU's order (syntax, type, id, properties, id syntax,
@@ -80,6 +99,20 @@ class ObjectRegistry {
   // is not a secret" for an object of another type.
   absl::StatusOr<std::string> LookupSecret(absl::string_view id) const;
 
+  // TLS credentials (tls-creds-x509 / tls-creds-psk) as added.
+  struct TlsCreds {
+    bool psk = false;             // tls-creds-psk, else tls-creds-x509
+    std::string dir;              // "" when not given
+    bool server = false;          // endpoint=server
+    bool verify_peer = true;      // verify-peer
+    std::string priority;         // "" for QEMU's default ("NORMAL")
+    std::string username;         // psk client: "" means "qemu"
+    bool sanity_check = true;     // x509: sanity-check
+  };
+  // kNotFound "No TLS credentials with id 'x'"; kInvalidArgument "Object
+  // with id 'x' is not TLS credentials" (qemu-nbd's nbd_get_tls_creds).
+  absl::StatusOr<TlsCreds> LookupTlsCreds(absl::string_view id) const;
+
   // Whether an object with this id exists.
   bool Contains(absl::string_view id) const;
 
@@ -90,6 +123,7 @@ class ObjectRegistry {
   struct Object {
     std::string type;
     std::string secret;  // the bytes, for type "secret"
+    TlsCreds tls;        // for tls-creds-*
   };
   mutable absl::Mutex mu_;
   std::map<std::string, Object, std::less<>> objects_ ABSL_GUARDED_BY(mu_);

@@ -166,5 +166,53 @@ TEST(ObjectRegistryTest, LookupErrors) {
   EXPECT_FALSE(r.Contains("s0"));
 }
 
+TEST(ObjectRegistryTest, TlsCreds) {
+  ObjectRegistry r;
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string d = std::string(dir != nullptr ? dir : "/tmp") + "/tls";
+  std::system(("mkdir -p " + d).c_str());
+  for (const char* f : {"ca-cert.pem", "server-cert.pem", "server-key.pem"}) {
+    std::ofstream(d + "/" + f) << "x";
+  }
+  std::ofstream(d + "/keys.psk") << "alice:00ff\nqemu:0102\n";
+  EXPECT_EQ(AddError(r, "tls-creds-x509,id=t0,endpoint=server"),
+            "Missing 'dir' property value");
+  EXPECT_EQ(AddError(r, "tls-creds-x509,id=t0,dir=/nonexistent"),
+            "Unable to access credentials /nonexistent/ca-cert.pem: No such "
+            "file or directory");
+  EXPECT_EQ(AddError(r, "tls-creds-x509,id=t0,dir=" + d + ",endpoint=up"),
+            "Parameter 'endpoint' does not accept value 'up'");
+  EXPECT_EQ(AddError(r, "tls-creds-x509,id=t0,dir=" + d + ",verify-peer=2"),
+            "Parameter 'verify-peer' expects 'on' or 'off'");
+  EXPECT_EQ(AddError(r, "tls-creds-x509,id=t0,dir=" + d + ",username=a"),
+            "Parameter 'username' is unexpected");
+  EXPECT_EQ(AddError(r, "tls-creds-psk,id=t0,dir=" + d +
+                            ",endpoint=server,username=a"),
+            "username should not be set when endpoint=server");
+  EXPECT_EQ(AddError(r, "tls-creds-psk,id=t0,dir=" + d + ",username=bob"),
+            "Username bob not found in PSK file " + d + "/keys.psk");
+  ASSERT_TRUE(r.AddFromCommandLine("tls-creds-x509,id=x0,dir=" + d +
+                                   ",endpoint=server,verify-peer=off")
+                  .ok());
+  ASSERT_TRUE(r.AddFromCommandLine("tls-creds-psk,id=p0,dir=" + d).ok());
+  ASSERT_TRUE(
+      r.AddFromCommandLine("tls-creds-psk,id=p1,dir=" + d + ",username=alice")
+          .ok());
+  absl::StatusOr<ObjectRegistry::TlsCreds> x0 = r.LookupTlsCreds("x0");
+  ASSERT_TRUE(x0.ok());
+  EXPECT_FALSE(x0->psk);
+  EXPECT_TRUE(x0->server);
+  EXPECT_FALSE(x0->verify_peer);
+  EXPECT_EQ(x0->dir, d);
+  EXPECT_TRUE(r.LookupTlsCreds("p0")->psk);
+  EXPECT_FALSE(r.LookupTlsCreds("p0")->server);  // endpoint=client default
+  EXPECT_EQ(r.LookupTlsCreds("p1")->username, "alice");
+  EXPECT_EQ(r.LookupTlsCreds("nope").status().message(),
+            "No TLS credentials with id 'nope'");
+  ASSERT_TRUE(r.AddFromCommandLine("secret,id=s0,data=x").ok());
+  EXPECT_EQ(r.LookupTlsCreds("s0").status().message(),
+            "Object with id 's0' is not TLS credentials");
+}
+
 }  // namespace
 }  // namespace imgtool::block

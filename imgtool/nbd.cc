@@ -10,9 +10,12 @@
 // -A/--allocation-depth, -B/--bitmap (repeatable; a persistent bitmap of the
 // image or of a node below it, found as qemu-nbd's nbd_export_create),
 // --detect-zeroes, -l/--load-snapshot (read-only), -s/--snapshot (writes go
-// to a temporary overlay, gone at exit; imgtool/temp_overlay.h).
-// Not implemented (qemu-nbd's "unrecognized option" for them): TLS,
-// -L, -c, -d, --object, -T.
+// to a temporary overlay, gone at exit; imgtool/temp_overlay.h),
+// --object (block/objects.h) and --tls-creds=ID (a tls-creds-x509 or
+// tls-creds-psk object with endpoint=server: TLS required of every client,
+// nbd_server/tls.h; a client's failed negotiation is printed as qemu-nbd's
+// "option negotiation failed: ..."). Not implemented (qemu-nbd's
+// "unrecognized option" for them): -L, -c, -d, -T; --tls-authz is refused.
 //
 // Lifetime as qemu-nbd's: the server listens (a unix socket replaces a stale
 // file at its path and is removed at exit), serves up to -e clients at once
@@ -49,6 +52,7 @@
 #include "absl/strings/strip.h"
 #include "base/errno_status.h"
 #include "base/status_macros.h"
+#include "block/objects.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
 #include "imgtool/snapshot_load.h"
@@ -57,6 +61,7 @@
 #include "nbd_server/nbd_server.h"
 #include "raw_format/raw_node.h"
 #include "qcow2/qcow2_node.h"
+#include "nbd_server/tls.h"
 
 namespace imgtool::cli {
 namespace {
@@ -120,7 +125,13 @@ std::string HelpText(const std::string& name) {
       "      --detect-zeroes=MODE  set detect-zeroes mode (off, on, unmap)\n"
       "      --image-opts          treat FILE as a full set of image options\n"
       "\n"
-      "Not supported by imgtool: TLS, -o, -L, -c, -d.\n");
+      "  --object type,id=ID,...   define an object such as 'secret' for "
+      "providing\n"
+      "                            passwords and/or encryption keys\n"
+      "  --tls-creds=ID            use id of an earlier --object to provide "
+      "TLS\n"
+      "\n"
+      "Not supported by imgtool: --tls-authz, -L, -c, -d.\n");
 }
 
 enum LongOption {
@@ -130,7 +141,11 @@ enum LongOption {
   kImageOpts,
   kPidFile,
   kFork,
-  kDetectZeroes
+  kDetectZeroes,
+  kObject,
+  kTlsCreds,
+  kTlsHostname,
+  kTlsAuthz,
 };
 
 const struct option kLongOptions[] = {
@@ -159,6 +174,10 @@ const struct option kLongOptions[] = {
     {"snapshot", no_argument, nullptr, 's'},
     {"load-snapshot", required_argument, nullptr, 'l'},
     {"detect-zeroes", required_argument, nullptr, kDetectZeroes},
+    {"object", required_argument, nullptr, kObject},
+    {"tls-creds", required_argument, nullptr, kTlsCreds},
+    {"tls-hostname", required_argument, nullptr, kTlsHostname},
+    {"tls-authz", required_argument, nullptr, kTlsAuthz},
     {nullptr, 0, nullptr, 0},
 };
 
@@ -176,6 +195,8 @@ struct Args {
   uint64_t offset = 0;               // -o, bytes
   bool snapshot = false;             // -s
   std::string load_snapshot;         // -l
+  std::string tls_creds;  // --tls-creds
+  std::unique_ptr<nbd_server::TlsServerCreds> tls;
 };
 
 // A failure already printed (qemu-nbd's getopt lines): exit code 1, nothing
@@ -199,6 +220,8 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
                 << " --help' for more information.\n";
     return Printed();
   };
+  bool tls_hostname = false;  // --tls-hostname given
+  bool tls_authz = false;
   int c;
   int long_index = -1;
   while ((c = getopt_long(static_cast<int>(argv.size() - 1), argv.data(),
@@ -347,6 +370,24 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
         a.offset = v;
         break;
       }
+      case kObject: {
+        // qemu-nbd creates each object as its option is parsed.
+        absl::StatusOr<std::optional<std::string>> added =
+            block::ObjectRegistry::Default().AddFromCommandLine(arg);
+        if (!added.ok()) return added.status();
+        if (added->has_value()) return StopWithOutput(**std::move(added));
+        break;
+      }
+      case kTlsCreds:
+        a.tls_creds = arg;
+        break;
+      case kTlsHostname:
+        // Only for -L (a client), which imgtool does not have.
+        tls_hostname = true;
+        break;
+      case kTlsAuthz:
+        tls_authz = true;
+        break;
       case ':': {
         const char* word = argv[optind - 1];
         if (optopt != 0) {
@@ -377,6 +418,43 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
     return Printed();
   }
   a.file = argv[optind];
+  // qemu-nbd's TLS checks, in its order.
+  if (!a.tls_creds.empty()) {
+    if (tls_hostname) {
+      return absl::InvalidArgumentError(
+          "TLS hostname is only supported with export list");
+    }
+    if (tls_authz) {
+      return absl::UnimplementedError("--tls-authz is not supported by imgtool");
+    }
+    absl::StatusOr<block::ObjectRegistry::TlsCreds> creds =
+        block::ObjectRegistry::Default().LookupTlsCreds(a.tls_creds);
+    if (creds.ok() && !creds->server) {
+      creds = absl::InvalidArgumentError(
+          "Expected TLS credentials for a server endpoint");
+    }
+    if (creds.ok()) {
+      absl::StatusOr<std::unique_ptr<nbd_server::TlsServerCreds>> loaded =
+          nbd_server::TlsServerCreds::Load(*creds);
+      if (!loaded.ok()) return loaded.status();
+      a.tls = *std::move(loaded);
+    } else {
+      return WithMessage(creds.status(),
+                         absl::StrCat("Failed to get TLS creds: ",
+                                      creds.status().message()));
+    }
+    a.export_options.tls = a.tls.get();
+    a.export_options.report = [name](const std::string& message) {
+      std::cerr << name << ": option negotiation failed: " << message
+                << std::endl;
+    };
+  } else if (tls_authz) {
+    return absl::InvalidArgumentError(
+        "--tls-authz is not permitted without --tls-creds");
+  } else if (tls_hostname) {
+    return absl::InvalidArgumentError(
+        "--tls-hostname is not permitted without --tls-creds");
+  }
   if (a.socket_path.empty()) a.tcp = true;
   if (!a.socket_path.empty() && a.tcp) {
     return absl::InvalidArgumentError(

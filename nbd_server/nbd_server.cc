@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/strings/str_format.h"
 #include "base/errno_status.h"
 #include "io/chain_status.h"
 
@@ -54,6 +55,7 @@ constexpr uint32_t kRepErrUnsup = 0x80000001;
 constexpr uint32_t kRepErrPolicy = 0x80000002;
 constexpr uint32_t kRepErrInvalid = 0x80000003;
 constexpr uint32_t kRepErrUnknown = 0x80000006;
+constexpr uint32_t kRepErrTlsReqd = 0x80000005;
 
 constexpr uint16_t kInfoExport = 0;
 constexpr uint16_t kInfoName = 1;
@@ -227,6 +229,7 @@ struct Server::Connection {
   bool allocation_depth = false;
   std::vector<bool> bitmaps;  // by ExportOptions::bitmaps index
   int contexts = 0;
+  std::unique_ptr<TlsSession> tls;  // after STARTTLS
   io::Mutex send_mu;
   int in_flight = 0;
   // The reader, waiting until in_flight < wait_below.
@@ -270,6 +273,21 @@ io::Task<void> Server::WaitFd(int fd, int events) {
 
 io::Task<bool> Server::ReadFull(int fd, void* data, size_t length) {
   auto* p = static_cast<uint8_t*>(data);
+  if (auto it = tls_.find(fd); it != tls_.end()) {
+    TlsSession* tls = it->second;
+    while (length > 0) {
+      const ssize_t r = tls->Recv(p, length);
+      if (r > 0) {
+        p += r;
+        length -= static_cast<size_t>(r);
+      } else if (r == -1) {
+        co_await WaitFd(fd, POLLIN);
+      } else {
+        co_return false;
+      }
+    }
+    co_return true;
+  }
   while (length > 0) {
     const ssize_t r = recv(fd, p, length, MSG_DONTWAIT);
     if (r > 0) {
@@ -287,6 +305,15 @@ io::Task<bool> Server::ReadFull(int fd, void* data, size_t length) {
 }
 
 io::Task<bool> Server::WriteFull(int fd, const struct iovec* iov, int iovcnt) {
+  if (auto it = tls_.find(fd); it != tls_.end()) {
+    TlsSession* tls = it->second;
+    int r = tls->Send(iov, iovcnt);
+    while (r == 0) {
+      co_await WaitFd(fd, POLLOUT);
+      r = tls->Flush();
+    }
+    co_return r == 1;
+  }
   std::vector<struct iovec> v(iov, iov + iovcnt);
   size_t first = 0;
   while (first < v.size()) {
@@ -452,6 +479,7 @@ void Server::Arm(int fd, SocketWaiters& w) {
 }
 
 void Server::ConnectionEnded(Connection* conn) {
+  tls_.erase(conn->fd);
   if (auto it = waiters_.find(conn->fd); it != waiters_.end()) {
     if (it->second.added) {
       epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn->fd, nullptr);
@@ -512,6 +540,28 @@ io::Task<bool> Server::SendExportInfo(Connection& conn, uint32_t option,
   co_return co_await SendOptionReply(conn, option, kRepAck, "");
 }
 
+// The TLS handshake after STARTTLS's ACK; false to close.
+io::Task<bool> Server::StartTls(Connection& conn) {
+  absl::StatusOr<std::unique_ptr<TlsSession>> session =
+      options_.tls->NewSession(conn.fd);
+  absl::Status error = session.status();
+  while (error.ok()) {
+    absl::StatusOr<TlsSession::Wait> wait = (*session)->Handshake();
+    if (!wait.ok()) {
+      error = wait.status();
+    } else if (*wait == TlsSession::Wait::kNone) {
+      conn.tls = *std::move(session);
+      tls_[conn.fd] = conn.tls.get();
+      co_return true;
+    } else {
+      co_await WaitFd(conn.fd,
+                      *wait == TlsSession::Wait::kWrite ? POLLOUT : POLLIN);
+    }
+  }
+  if (options_.report) options_.report(std::string(error.message()));
+  co_return false;
+}
+
 // Returns true when the client entered transmission, false to close.
 io::Task<bool> Server::Handshake(Connection& conn) {
   std::string hello;
@@ -529,10 +579,46 @@ io::Task<bool> Server::Handshake(Connection& conn) {
   conn.no_zeroes = (client_flags & kFlagNoZeroes) != 0;
   std::string data;
   while (true) {
-    if (!co_await ReadFull(conn.fd, b, 16)) co_return false;
+    if (!co_await ReadFull(conn.fd, b, 16)) {
+      if (conn.tls != nullptr && options_.report) {
+        options_.report("Failed to read opts magic: " + conn.tls->ReadError());
+      }
+      co_return false;
+    }
     if (Get64(b) != kOptMagic) co_return false;
     const uint32_t option = Get32(b + 8);
     const uint32_t length = Get32(b + 12);
+    if (options_.tls != nullptr && conn.tls == nullptr) {
+      // qemu 7.2's nbd_negotiate_options before TLS.
+      if (option == kOptExportName) {
+        if (options_.report) {
+          options_.report(absl::StrFormat(
+              "Option 0x%x not permitted before TLS", option));
+        }
+        co_return false;
+      }
+      if (!co_await Drop(conn.fd, length)) co_return false;
+      if (option == kOptStartTls) {
+        if (length != 0) {
+          co_await SendOptionReply(conn, option, kRepErrInvalid,
+                                   "option 'starttls' has unexpected length");
+          co_return false;
+        }
+        if (!co_await SendOptionReply(conn, option, kRepAck, "") ||
+            !co_await StartTls(conn)) {
+          co_return false;
+        }
+        continue;
+      }
+      if (!co_await SendOptionReply(
+              conn, option, kRepErrTlsReqd,
+              absl::StrFormat("Option 0x%x not permitted before TLS",
+                              option)) ||
+          option == kOptAbort) {
+        co_return false;
+      }
+      continue;
+    }
     const bool known =
         option == kOptExportName || option == kOptAbort ||
         option == kOptList || option == kOptInfo || option == kOptGo ||
@@ -540,9 +626,18 @@ io::Task<bool> Server::Handshake(Connection& conn) {
         option == kOptSetMetaContext;
     if (!known) {
       if (!co_await Drop(conn.fd, length)) co_return false;
-      const uint32_t type =
-          option == kOptStartTls ? kRepErrPolicy : kRepErrUnsup;
-      if (!co_await SendOptionReply(conn, option, type, "")) co_return false;
+      uint32_t type = option == kOptStartTls ? kRepErrPolicy : kRepErrUnsup;
+      std::string message;  // qemu's texts for STARTTLS
+      if (option == kOptStartTls) {
+        message = "TLS not configured";
+        if (conn.tls != nullptr) {
+          type = kRepErrInvalid;
+          message = "TLS already enabled";
+        }
+      }
+      if (!co_await SendOptionReply(conn, option, type, message)) {
+        co_return false;
+      }
       continue;
     }
     if (option == kOptExportName && length > kMaxName) co_return false;

@@ -2,7 +2,8 @@
 // (NetworkBlockDevice/nbd doc/proto.md), behaving as qemu-nbd 7.2's server
 // (nbd/server.c) where the protocol leaves a choice.
 //
-// Protocol: fixed newstyle handshake, no TLS. Options: EXPORT_NAME, INFO and
+// Protocol: fixed newstyle handshake, TLS when ExportOptions::tls is set
+// (below). Options: EXPORT_NAME, INFO and
 // GO (replies INFO_NAME and INFO_DESCRIPTION when asked, INFO_BLOCK_SIZE
 // (minimum 1, preferred 4096, maximum 32 MiB) and INFO_EXPORT), LIST, ABORT,
 // STRUCTURED_REPLY, LIST_META_CONTEXT / SET_META_CONTEXT with the contexts
@@ -11,8 +12,9 @@
 // for ExportOptions::bitmaps[i]); queries as qemu 7.2's
 // nbd_negotiate_meta_queries: exact names, and on LIST the wildcards "base:",
 // "qemu:" and "qemu:dirty-bitmap:" (no query: every context); LIST replies
-// carry id 0, a SET first drops the previous selection; NBD_REP_ERR_POLICY
-// for STARTTLS, NBD_REP_ERR_UNSUP
+// carry id 0, a SET first drops the previous selection; STARTTLS
+// (NBD_REP_ERR_POLICY without TLS credentials, NBD_REP_ERR_INVALID once TLS
+// is on), NBD_REP_ERR_UNSUP
 // for every other option (its data is read and dropped). Commands: READ
 // (structured: OFFSET_DATA chunks and OFFSET_HOLE for ranges that read as
 // zeroes through the backing chain, one data chunk with DF), WRITE (FUA is a
@@ -45,6 +47,20 @@
 // block graph map to NBD errors as qemu's system_errno_to_nbd_errno. Memory per connection is bounded: at most kMaxRequests requests
 // in flight, each with a buffer of at most 32 MiB; option data over 64 KiB
 // is dropped in 4 KiB pieces, never buffered.
+//
+// TLS (doc/proto.md "TLS support", as qemu-nbd 7.2's nbd_negotiate_options
+// with --tls-creds): before NBD_OPT_STARTTLS every option but STARTTLS gets
+// NBD_REP_ERR_TLS_REQD with qemu's message "Option 0xN not permitted before
+// TLS" (ABORT then closes), EXPORT_NAME closes the connection, STARTTLS
+// with data gets NBD_REP_ERR_INVALID and closes. STARTTLS is acknowledged,
+// then the TLS handshake runs in the connection's reader coroutine
+// (nbd_server/tls.h): each GNUTLS_E_AGAIN waits for the socket through the
+// epoll set below in the direction GnuTLS reports, like any other socket
+// wait; a failed handshake or refused client certificate closes the
+// connection. Afterwards every byte of the connection goes through the
+// session's records (ReadFull / WriteFull pick the session by fd); a reply
+// is corked into one write. Negotiation failures that qemu-nbd prints
+// ("option negotiation failed: ...") go to ExportOptions::report.
 //
 // Design: one process, one thread (the io engine's). Every socket is
 // non-blocking; a coroutine that would block registers itself as the
@@ -81,6 +97,7 @@
 #include "io/engine.h"
 #include "io/sync.h"
 #include "io/task.h"
+#include "nbd_server/tls.h"
 
 namespace imgtool::nbd_server {
 
@@ -120,6 +137,12 @@ struct ExportOptions {
         dirty;
   };
   std::vector<Bitmap> bitmaps;
+  // --tls-creds: TLS required of every client (not owned; outlives the
+  // server). nullptr: no TLS.
+  const TlsServerCreds* tls = nullptr;
+  // Receives the text of a negotiation failure qemu-nbd reports on stderr
+  // (TLS only, e.g. "TLS handshake failed: ..."); may be empty.
+  std::function<void(const std::string&)> report;
 };
 
 class Server {
@@ -146,6 +169,7 @@ class Server {
   io::Task<bool> ReadFull(int fd, void* data, size_t length);
   io::Task<bool> WriteFull(int fd, const struct iovec* iov, int iovcnt);
   io::Task<bool> Drop(int fd, uint64_t length);
+  io::Task<bool> StartTls(Connection& conn);
 
   io::Task<void> RunConnection(Connection* conn);
   io::Task<bool> Handshake(Connection& conn);
@@ -200,6 +224,9 @@ class Server {
   int clients_ = 0;
   std::list<std::unique_ptr<Connection>> connections_;
   std::unordered_map<int, SocketWaiters> waiters_;  // by fd
+  // The TLS session of each connection that started TLS, by fd (owned by
+  // the connection).
+  std::unordered_map<int, TlsSession*> tls_;
 };
 
 }  // namespace imgtool::nbd_server

@@ -15,6 +15,8 @@ packages=(
   python3-libnbd  # nbdsh: nbd_server_oracle_test's client without structured replies
   qemu-system-x86 busybox-static  # nbd_guest_test: a QEMU guest on an imgtool nbd export
   nbdkit nbd-server  # nbd_interop_oracle_test: the nbd client against other servers
+  libgnutls28-dev  # nbd_server/tls: GnuTLS's headers (libgnutls30 is loaded with dlopen)
+  gnutls-bin  # certtool, psktool: nbd_tls_oracle_test makes its certificates and keys
   qemu-utils xfsprogs e2fsprogs util-linux strace fio hyperfine python3
   chromium fonts-dejavu-core
   zip file  # bazel test packs undeclared outputs (dashboard_test's screenshot) with them

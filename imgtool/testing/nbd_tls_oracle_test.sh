@@ -1,0 +1,311 @@
+#!/usr/bin/env bash
+# Oracle test for TLS over NBD (issue 19): a CA, server and client
+# certificates (certtool) and PSK files (psktool) made at test time; copies of
+# one qcow2 image exported by qemu-nbd 7.2 and by imgtool nbd with the same
+# --object tls-creds-x509 / tls-creds-psk and --tls-creds, then asked the same
+# questions by real clients over TLS: nbdinfo (nbds+unix://...?
+# tls-certificates= / tls-psk-file=), qemu-img info / map / convert and
+# qemu-io writes and reads (--object tls-creds-*,endpoint=client and
+# --image-opts ...,tls-creds=,tls-hostname=), nbdcopy; the files compared
+# afterwards. Refusals compared too: a client without TLS, a client without
+# a certificate, with a certificate of another CA, trusting another CA, with
+# a wrong PSK key, and what the servers print about them
+# ("option negotiation failed: ..."); qemu-nbd's command-line errors for
+# --object tls-creds-* / --tls-creds.
+# Every server runs in the background with a pid file and is stopped at the
+# end of its case and on every exit path (trap).
+# Usage: nbd_tls_oracle_test.sh PATH_TO_IMGTOOL
+set -u
+IMGTOOL=$(realpath "$1")
+WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/nbd_tls_oracle.XXXXXX")
+# Unix socket paths must stay under 108 bytes (Bazel's TEST_TMPDIR is long).
+SOCKDIR=$(mktemp -d /tmp/nbdtls.XXXXXX)
+mkdir -p "$SOCKDIR/q" "$SOCKDIR/o"
+stop_pid_file() {
+  local f=$1 pid
+  [[ -f "$f" ]] || return 0
+  pid=$(cat "$f")
+  if [[ -n "$pid" ]]; then
+    kill "$pid" 2>/dev/null
+    for _ in $(seq 250); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
+    kill -9 "$pid" 2>/dev/null
+  fi
+  rm -f "$f"
+}
+stop_servers() {
+  local f
+  for f in "$SOCKDIR"/q/*.pid "$SOCKDIR"/o/*.pid; do stop_pid_file "$f"; done
+}
+cleanup() {
+  stop_servers
+  wait 2>/dev/null
+  [[ -n "${KEEP_LOGS:-}" ]] && cat "$SOCKDIR"/q/*.log
+  rm -rf "$WORK" "$SOCKDIR"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+if [[ -n "${TEST_SRCDIR:-}" ]]; then
+  LIBDIR="$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing"
+else
+  LIBDIR=$(realpath "$(dirname "$0")")
+fi
+source "$LIBDIR/oracle_lib.sh" || exit 1
+for t in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy certtool psktool; do
+  command -v $t >/dev/null || { echo "$t not installed (tools/setup.sh)"; exit 1; }
+done
+cd "$WORK" || exit 1
+
+# --- Credentials ------------------------------------------------------------
+# ca/: the CA; srv/: the server's directory; cli/: a client's (CA and client
+# certificate); noc/: the CA only; other/: a client certificate of another
+# CA (with the right CA); wrongca/: another CA's ca-cert.pem only.
+mkdir -p ca srv cli noc other wrongca psk badpsk
+cat >ca.info <<'EOF'
+cn = imgtool test CA
+ca
+cert_signing_key
+expiration_days = 3650
+EOF
+cat >server.info <<'EOF'
+organization = imgtool test
+cn = localhost
+dns_name = localhost
+ip_address = 127.0.0.1
+tls_www_server
+encryption_key
+signing_key
+expiration_days = 3650
+EOF
+cat >client.info <<'EOF'
+organization = imgtool test
+cn = client
+tls_www_client
+encryption_key
+signing_key
+expiration_days = 3650
+EOF
+gen() { certtool "$@" >/dev/null 2>&1 || echo "SETUP FAILED: certtool $*"; }
+key() { certtool --generate-privkey --key-type=ecdsa --outfile "$1" >/dev/null 2>&1 ||
+  echo "SETUP FAILED: key $1"; }
+key ca/key.pem
+gen --generate-self-signed --load-privkey ca/key.pem --template ca.info \
+  --outfile ca/ca-cert.pem
+key ca/other-key.pem
+gen --generate-self-signed --load-privkey ca/other-key.pem --template ca.info \
+  --outfile wrongca/ca-cert.pem
+cp ca/ca-cert.pem srv/ && cp ca/ca-cert.pem cli/ && cp ca/ca-cert.pem noc/ &&
+  cp ca/ca-cert.pem other/
+key srv/server-key.pem
+gen --generate-certificate --load-ca-certificate ca/ca-cert.pem \
+  --load-ca-privkey ca/key.pem --load-privkey srv/server-key.pem \
+  --template server.info --outfile srv/server-cert.pem
+key cli/client-key.pem
+gen --generate-certificate --load-ca-certificate ca/ca-cert.pem \
+  --load-ca-privkey ca/key.pem --load-privkey cli/client-key.pem \
+  --template client.info --outfile cli/client-cert.pem
+key other/client-key.pem
+gen --generate-certificate --load-ca-certificate wrongca/ca-cert.pem \
+  --load-ca-privkey ca/other-key.pem --load-privkey other/client-key.pem \
+  --template client.info --outfile other/client-cert.pem
+psktool -u qemu -p psk/keys.psk >/dev/null 2>&1 || echo "SETUP FAILED: psktool"
+psktool -u qemu -p badpsk/keys.psk >/dev/null 2>&1 || echo "SETUP FAILED: psktool"
+W=$WORK
+
+# serve WHO NAME ARGS...: starts qemu-nbd (WHO=q) or imgtool nbd (WHO=o) in
+# the background on $SOCKDIR/WHO/NAME.sock, stderr in NAME.log, pid in
+# NAME.pid; returns once the socket exists.
+serve() {
+  local who=$1 name=$2
+  shift 2
+  local prog=(qemu-nbd)
+  [[ $who == o ]] && prog=("$IMGTOOL" nbd)
+  local sock=$SOCKDIR/$who/$name.sock
+  rm -f "$sock"
+  "${prog[@]}" --pid-file="$SOCKDIR/$who/$name.pid" -k "$sock" "$@" \
+    2>"$SOCKDIR/$who/$name.log" &
+  for _ in $(seq 1500); do
+    [[ -S "$sock" ]] && return 0
+    kill -0 $! 2>/dev/null || break
+    sleep 0.02
+  done
+  echo "SETUP FAILED: ${prog[*]} $*: $(cat "$SOCKDIR/$who/$name.log")"
+}
+stop() { stop_pid_file "$SOCKDIR/$1/$2.pid"; }
+
+# same CMD...: runs CMD with @S@ replaced by qemu-nbd's and imgtool's socket
+# path (set in QS and OS); stdout, stderr and exit status equal once
+# imgtool's socket path reads as qemu-nbd's.
+same() {
+  checks=$((checks + 1))
+  local qargs=() oargs=() a
+  for a in "$@"; do
+    qargs+=("${a//@S@/$QS}")
+    oargs+=("${a//@S@/$OS}")
+  done
+  local q_out o_out
+  q_out=$(timeout 60 "${qargs[@]}" 2>&1; echo "rc=$?")
+  o_out=$(timeout 60 "${oargs[@]}" 2>&1; echo "rc=$?")
+  o_out=${o_out//$OS/$QS}
+  # A server that refuses the client's certificate closes the socket right
+  # after the handshake: whether the client's next write fails (push), its
+  # read sees a reset (pull) or the end of the stream (non-properly
+  # terminated) is a race between the two processes.
+  local race='s/gnutls_record_(send|recv): (Error in the (push|pull) function|The TLS connection was non-properly terminated)\./gnutls_record_send or recv: (the server closed the connection)/'
+  q_out=$(sed -E "$race" <<<"$q_out")
+  o_out=$(sed -E "$race" <<<"$o_out")
+  q_out=$(sed -E '/^[0-9.]+ (bytes|KiB|MiB), [0-9]+ ops; /d' <<<"$q_out")
+  o_out=$(sed -E '/^[0-9.]+ (bytes|KiB|MiB), [0-9]+ ops; /d' <<<"$o_out")
+  if [[ "$q_out" != "$o_out" ]]; then
+    fail "$*: output differs (< qemu-nbd, > imgtool nbd)"
+    diff <(echo "$q_out") <(echo "$o_out") | head -20
+  fi
+  LAST_OUT=$q_out
+}
+
+# works CMD...: as same, and the command succeeded.
+works() {
+  same "$@"
+  [[ $LAST_OUT == *rc=0 ]] || fail "$*: failed against both servers"
+}
+
+# refused CMD...: as same, and the command failed.
+refused() {
+  same "$@"
+  [[ $LAST_OUT == *rc=0 ]] && fail "$*: succeeded against both servers"
+}
+
+# same_log NAME: what the two servers printed on stderr, imgtool's program
+# name read as qemu-nbd's.
+same_log() {
+  checks=$((checks + 1))
+  local q o
+  q=$(cat "$SOCKDIR/q/$1.log")
+  o=$(sed 's/^imgtool: /qemu-nbd: /' "$SOCKDIR/o/$1.log")
+  if [[ "$q" != "$o" ]]; then
+    fail "$1: server stderr differs (< qemu-nbd, > imgtool nbd)"
+    diff <(echo "$q") <(echo "$o") | head -20
+  fi
+}
+
+same_files() {
+  checks=$((checks + 1))
+  cmp -s "$2" "$3" || fail "$1: files $2 and $3 differ"
+}
+
+X509_SRV="tls-creds-x509,id=t0,dir=$W/srv,endpoint=server"
+X509_CLI="tls-creds-x509,id=c0,dir=$W/cli,endpoint=client"
+opts() { echo "driver=nbd,server.type=unix,server.path=@S@,tls-creds=c0,tls-hostname=localhost"; }
+
+# --- X.509: data through TLS ----------------------------------------------
+qemu-img create -q -f qcow2 -o extended_l2=on base.qcow2 8M
+qio -c 'write -P 0xaa 0 64k' -c 'write -P 0xbb 3M 1M' -c 'write -z 5M 64k' \
+  base.qcow2
+cp base.qcow2 q.qcow2 && cp base.qcow2 o.qcow2
+serve q x509 -t --object "$X509_SRV" --tls-creds=t0 q.qcow2
+serve o x509 -t --object "$X509_SRV" --tls-creds=t0 o.qcow2
+QS=$SOCKDIR/q/x509.sock OS=$SOCKDIR/o/x509.sock
+U="nbds+unix:///?socket=@S@&tls-certificates=$W/cli"
+works nbdinfo --json "$U"
+works nbdinfo --map "$U"
+works nbdinfo --list "$U"
+works qemu-img info --object "$X509_CLI" --image-opts "$(opts)"
+works qemu-img map --output=json --object "$X509_CLI" --image-opts "$(opts)"
+works qemu-io --object "$X509_CLI" --image-opts "$(opts)" \
+  -c 'write -P 0x11 64k 128k' -c 'write -z 3M 4k' -c 'discard 4M 64k' \
+  -c 'read -P 0x11 64k 128k' -c 'read -P 0xbb 3149824 64k'
+works qemu-img map --output=json --object "$X509_CLI" --image-opts "$(opts)"
+works qemu-img convert -O raw --object "$X509_CLI" --image-opts "$(opts)" \
+  "$W/conv.raw"
+rm -f "$W/conv.raw"
+# tls-creds as QEMU takes them in json: filenames.
+works qemu-img info --object "$X509_CLI" \
+  "json:{\"driver\":\"nbd\",\"server\":{\"type\":\"unix\",\"path\":\"@S@\"},\"tls-creds\":\"c0\",\"tls-hostname\":\"localhost\"}"
+checks=$((checks + 1))
+nbdcopy "nbds+unix:///?socket=$QS&tls-certificates=$W/cli" q-copy.raw &&
+  nbdcopy "nbds+unix:///?socket=$OS&tls-certificates=$W/cli" o-copy.raw ||
+  fail "nbdcopy over TLS failed"
+same_files "nbdcopy over TLS" q-copy.raw o-copy.raw
+
+# --- X.509: refused clients ------------------------------------------------
+# Without TLS: every option gets NBD_REP_ERR_TLS_REQD (qemu-img prints the
+# server's message), NBD_OPT_EXPORT_NAME closes.
+refused qemu-img info "nbd+unix:///?socket=@S@"
+refused nbdinfo "nbd+unix:///?socket=@S@"
+# Without a client certificate, with one of another CA: the server refuses
+# it after the handshake (verify-peer=on by default).
+refused nbdinfo "nbds+unix:///?socket=@S@&tls-certificates=$W/noc"
+refused nbdinfo "nbds+unix:///?socket=@S@&tls-certificates=$W/other"
+# Trusting another CA: the client refuses the server.
+refused nbdinfo "nbds+unix:///?socket=@S@&tls-certificates=$W/wrongca"
+refused qemu-img info --object "tls-creds-x509,id=c0,dir=$W/wrongca,endpoint=client" \
+  --image-opts "$(opts)"
+# The wrong host name.
+refused qemu-img info --object "$X509_CLI" --image-opts \
+  "driver=nbd,server.type=unix,server.path=@S@,tls-creds=c0,tls-hostname=otherhost"
+stop q x509
+stop o x509
+same_log x509
+same_files "x509 export after the writes" q.qcow2 o.qcow2
+qemu-img check -q o.qcow2 || fail "qemu-img check of imgtool's export"
+
+# --- X.509 with verify-peer=off: no client certificate needed ---------------
+serve q nover -r --object "$X509_SRV,verify-peer=off" --tls-creds=t0 q.qcow2
+serve o nover -r --object "$X509_SRV,verify-peer=off" --tls-creds=t0 o.qcow2
+QS=$SOCKDIR/q/nover.sock OS=$SOCKDIR/o/nover.sock
+works nbdinfo --map "nbds+unix:///?socket=@S@&tls-certificates=$W/noc"
+stop q nover
+stop o nover
+
+# --- PSK ------------------------------------------------------------------
+PSK_SRV="tls-creds-psk,id=t0,dir=$W/psk,endpoint=server"
+serve q psk -t --object "$PSK_SRV" --tls-creds=t0 q.qcow2
+serve o psk -t --object "$PSK_SRV" --tls-creds=t0 o.qcow2
+QS=$SOCKDIR/q/psk.sock OS=$SOCKDIR/o/psk.sock
+works nbdinfo --map "nbds+unix://qemu@/?socket=@S@&tls-psk-file=$W/psk/keys.psk"
+PSK_CLI="tls-creds-psk,id=c0,dir=$W/psk,endpoint=client"
+works qemu-io --object "$PSK_CLI" --image-opts \
+  "driver=nbd,server.type=unix,server.path=@S@,tls-creds=c0" \
+  -c 'write -P 0x22 1M 64k' -c 'read -P 0x22 1M 64k' -c 'read -P 0xaa 0 64k'
+refused nbdinfo "nbds+unix://qemu@/?socket=@S@&tls-psk-file=$W/badpsk/keys.psk"
+refused qemu-img info --object "tls-creds-psk,id=c0,dir=$W/badpsk,endpoint=client" \
+  --image-opts "driver=nbd,server.type=unix,server.path=@S@,tls-creds=c0"
+refused qemu-img info "nbd+unix:///?socket=@S@"
+stop q psk
+stop o psk
+same_log psk
+same_files "psk export after the writes" q.qcow2 o.qcow2
+
+# --- The command line ---------------------------------------------------------
+# cmdline ARGS...: qemu-nbd and imgtool nbd refuse ARGS alike (stderr with
+# the program's name, exit status).
+cmdline() {
+  checks=$((checks + 1))
+  local q o
+  q=$(timeout 20 qemu-nbd -k "$SOCKDIR/q/cl.sock" "$@" 2>&1; echo "rc=$?")
+  o=$(timeout 20 "$IMGTOOL" nbd -k "$SOCKDIR/q/cl.sock" "$@" 2>&1; echo "rc=$?")
+  o=$(sed 's/^imgtool: /qemu-nbd: /' <<<"$o")
+  if [[ "$q" != "$o" ]]; then
+    fail "nbd $*: differs (< qemu-nbd, > imgtool nbd)"
+    diff <(echo "$q") <(echo "$o") | head -10
+  fi
+}
+cmdline --tls-creds=t0 base.qcow2
+cmdline --object secret,id=t0,data=x --tls-creds=t0 base.qcow2
+cmdline --object "tls-creds-x509,id=t0,dir=$W/srv" --tls-creds=t0 base.qcow2
+cmdline --object "tls-creds-x509,id=t0,dir=$W/cli,endpoint=server" --tls-creds=t0 base.qcow2
+cmdline --object "tls-creds-x509,id=t0,dir=$W/nodir,endpoint=server" --tls-creds=t0 base.qcow2
+cmdline --object "tls-creds-x509,id=t0,endpoint=server" --tls-creds=t0 base.qcow2
+cmdline --object "tls-creds-x509,id=t0,dir=$W/srv,endpoint=sideways" --tls-creds=t0 base.qcow2
+cmdline --object "tls-creds-x509,id=t0,dir=$W/srv,endpoint=server,verify-peer=maybe" --tls-creds=t0 base.qcow2
+cmdline --object "tls-creds-psk,id=t0,dir=$W/srv,endpoint=server" --tls-creds=t0 base.qcow2
+cmdline --object "tls-creds-psk,id=t0,dir=$W/psk,endpoint=server,username=x" --tls-creds=t0 base.qcow2
+cmdline --tls-authz=a0 base.qcow2
+cmdline --tls-hostname=h base.qcow2
+cmdline --object "$X509_SRV" --tls-creds=t0 --tls-hostname=h base.qcow2
+mkdir -p badca && cp srv/server-*.pem badca/ && echo garbage >badca/ca-cert.pem
+cmdline --object "tls-creds-x509,id=t0,dir=$W/badca,endpoint=server" --tls-creds=t0 base.qcow2
+mkdir -p mism && cp wrongca/ca-cert.pem mism/ && cp srv/server-*.pem mism/
+cmdline --object "tls-creds-x509,id=t0,dir=$W/mism,endpoint=server" --tls-creds=t0 base.qcow2
+
+echo "$checks checks, $failures failed"
+[[ $failures -eq 0 ]]
