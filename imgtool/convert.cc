@@ -192,8 +192,12 @@ absl::Status CreateTarget(const std::string& filename,
 }
 
 // Whether a freshly created target reads as zeroes everywhere (QEMU's
-// has_zero_init): true for regular files, not for block devices.
-bool CreatedTargetIsZero(const std::string& filename) {
+// has_zero_init): true for regular files, not for block devices. In an NBD
+// export (never zero itself) a new qcow2 image is (qcow2_has_zero_init:
+// not preallocated).
+bool CreatedTargetIsZero(const std::string& filename,
+                         const std::string& format) {
+  if (IsNbdName(filename)) return format == "qcow2";
   struct stat st;
   return stat(filename.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
@@ -513,7 +517,7 @@ absl::Status Copy(const ConvertArgs& a, absl::Span<OpenedImage> sources,
   settings.target_is_zero =
       a.target_is_zero ||
       (!a.skip_create && a.min_sparse != 0 && !a.backing_file.has_value() &&
-       CreatedTargetIsZero(target_name));
+       CreatedTargetIsZero(target_name, a.target_format));
   // -S 0 writes zero ranges as data.
   settings.zero_ranges_as_data = a.min_sparse == 0;
   settings.in_order = a.in_order;

@@ -329,7 +329,7 @@ absl::Status RunCreate(const std::vector<std::string>& args, Streams streams) {
   // The protocol (prefix) is checked before anything is printed, as
   // bdrv_img_create does.
   if (absl::StatusOr<std::string> path = block::CreatePath(filename);
-      !path.ok()) {
+      !path.ok() && !IsNbdName(filename)) {
     return Named(filename, path.status());
   }
   if (format == "qcow2") {

@@ -224,11 +224,77 @@ absl::Status CreateImageFileAt(const std::string& filename,
                                    "': ", std::strerror(error_number)));
 }
 
+// Creates on the NBD export `filename` (IsNbdName): the export is opened
+// read-write as raw, `size` checked against it, its first sector zeroed,
+// then, with `qcow2`, that image written into it.
+absl::Status CreateOnNbd(const std::string& filename, uint64_t size,
+                         const std::string& prealloc,
+                         const qcow2::Qcow2CreateOptions* qcow2_options,
+                         std::ostream& err) {
+  if (!prealloc.empty() && prealloc != "off") {
+    if (prealloc != "falloc" && prealloc != "full" && prealloc != "metadata") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid parameter value: ", prealloc));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("Unsupported preallocation mode '", prealloc, "'"));
+  }
+  ImageSpec spec;
+  spec.filename = filename;
+  spec.format = "raw";
+  spec.read_only = false;
+  absl::StatusOr<OpenedImage> image = OpenImage(spec, err);
+  if (!image.ok()) {
+    absl::string_view cause = image.status().message();
+    absl::ConsumePrefix(&cause,
+                        absl::StrCat("Could not open '", filename, "': "));
+    return absl::Status(image.status().code(),
+                        absl::StrCat("Protocol driver 'nbd' does not support "
+                                     "image creation, and opening the image "
+                                     "failed: ",
+                                     cause));
+  }
+  io::BlockNode& node = *image->node;
+  absl::Status st;
+  if (size > node.size()) {
+    // nbd_co_truncate (not exact): an export cannot grow.
+    st = absl::InvalidArgumentError("Cannot grow NBD nodes");
+  }
+  if (st.ok() && node.size() > 0) {
+    st = io::RunSync(*image->engine,
+                     node.WriteZeroes(0, std::min<uint64_t>(node.size(), 512),
+                                      io::WriteZeroesFlags{.may_unmap = true}));
+    if (!st.ok()) {
+      const int e = StatusErrno(st);
+      st = WithMessage(
+          st, absl::StrCat("Failed to clear the new image's first sector: ",
+                           e != 0 ? std::strerror(e) : st.message()));
+    }
+  }
+  if (st.ok() && qcow2_options != nullptr) {
+    st = io::RunSync(*image->engine, qcow2::CreateQcow2(node, *qcow2_options));
+  }
+  absl::Status closed = CloseImage(*image);
+  RETURN_IF_ERROR(st);
+  return closed;
+}
+
 }  // namespace
+
+bool IsNbdName(const std::string& filename) {
+  if (!block::HasProtocolPrefix(filename)) return false;
+  absl::StatusOr<NodeOptions> node =
+      block::ProtocolNodeOptions(filename);
+  return node.ok() && node->values["driver"] == "nbd";
+}
 
 absl::Status CreateImageFile(const std::string& filename,
                              const posix_file::FileCreateOptions& options,
                              std::ostream& err) {
+  if (IsNbdName(filename)) {
+    return CreateOnNbd(filename, options.size(), options.preallocation(),
+                       nullptr, err);
+  }
   ASSIGN_OR_RETURN(std::string path, block::CreatePath(filename));
   return CreateImageFileAt(path, options, err);
 }
@@ -281,7 +347,11 @@ absl::Status CreateQcow2File(const std::string& name,
                              const Qcow2CreateValues& values,
                              std::ostream& err) {
   // "file:x.qcow2" is the file x.qcow2 (QEMU's bdrv_create_file).
-  ASSIGN_OR_RETURN(const std::string filename, block::CreatePath(name));
+  const bool nbd = IsNbdName(name);
+  std::string filename = name;
+  if (!nbd) {
+    ASSIGN_OR_RETURN(filename, block::CreatePath(name));
+  }
   // The file protocol's options, checked before the file is touched.
   posix_file::FileCreateOptions file_options;
   file_options.set_size(0);
@@ -362,6 +432,19 @@ absl::Status CreateQcow2File(const std::string& name,
         "Parameter 'backing-fmt' does not accept value '", fmt, "'"));
   }
 
+  if (nbd) {
+    // The export is the file: opened, its first sector zeroed (the qcow2
+    // driver passes its file size 0 and no preallocation), then written.
+    if (!late_error.has_value()) {
+      absl::StatusOr<qcow2::CheckedCreateOptions> checked =
+          qcow2::CheckCreateOptions(options);
+      if (!checked.ok()) late_error = checked.status();
+    }
+    RETURN_IF_ERROR(CreateOnNbd(
+        name, 0, "", late_error.has_value() ? nullptr : &options, err));
+    if (late_error.has_value()) return *late_error;
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(CreateImageFileAt(filename, file_options, err));
   if (!late_error.has_value()) {
     absl::StatusOr<qcow2::CheckedCreateOptions> checked =

@@ -61,6 +61,18 @@ absl::Status CreateImageFile(const std::string& filename,
                              const posix_file::FileCreateOptions& options,
                              std::ostream& err);
 
+// Whether `filename` names an NBD export (nbd://, nbd+unix://, nbd:...).
+// Creating on one is QEMU's bdrv_co_create_opts_simple for the nbd driver:
+// the export must exist and be writable (else "Protocol driver 'nbd' does
+// not support image creation, and opening the image failed: <cause>"),
+// preallocation other than off is "Unsupported preallocation mode 'M'", a
+// raw image larger than the export is "Cannot grow NBD nodes" (the export
+// keeps its size), and the export's first sector (up to 512 bytes) is
+// zeroed; a qcow2 image is then written into the export (its file size 0:
+// any export is large enough to start). CreateImageFile and
+// CreateQcow2File take such names (create, convert and dd targets).
+bool IsNbdName(const std::string& filename);
+
 // CreateImageFile for the target of create, convert or dd in `format`
 // (raw, file, host_device, host_cdrom; not qcow2). host_device and
 // host_cdrom are QEMU's bdrv_co_create_opts_simple: nothing is created; the

@@ -684,6 +684,11 @@ io::Task<absl::Status> NbdNode::DoRead(uint64_t offset, io::IoVec buf) {
 }
 
 io::Task<absl::Status> NbdNode::DoWrite(uint64_t offset, io::ConstIoVec data) {
+  // Past the export's end (a qcow2 image growing in an export): QEMU's nbd
+  // node fails with EINVAL, the request never sent.
+  if (offset > size_ || data.size() > size_ - offset) {
+    co_return ErrnoStatus(filename(), "write", EINVAL);
+  }
   co_return co_await InPieces(
       data.size(), max_request_, "write",
       [&](uint64_t done, uint64_t n, Command* command) {

@@ -96,6 +96,7 @@ serve raw -f raw raw.img
 same_output . info "nbd+unix:///nope?socket=$SOCKDIR/raw.sock"
 same_output . info "nbd+unix:///?socket=$SOCKDIR/none.sock"
 same_output . info "nbd://127.0.0.1:1/"
+same_output . create -f qcow2 "nbd+unix:///?socket=$SOCKDIR/none.sock" 1M
 for bad in 'nbd+unix:///' 'nbd:///x' 'nbd://' 'nbd+foo://x' \
   "nbd+unix:///?socket=$SOCKDIR/raw.sock&foo=1" 'nbd://h:99999/' \
   'nbd+unix://host/?socket=/x' 'nbd+tcp://127.0.0.1/e?a=b' \
@@ -143,6 +144,8 @@ writes() {  # writes LABEL EXPORT_FORMAT COMMAND...
       esac >"$WORK/$label.i.out" 2>"$WORK/$label.i.err"
     fi
     echo $? >"$WORK/$label.$side.rc"
+    # create names the export in its output.
+    sed -i "s|$uri|@T@|g" "$WORK/$label.$side.out" "$WORK/$label.$side.err"
     stop_servers
   done
   checks=$((checks + 1))
@@ -176,6 +179,20 @@ writes io-qcow2 qcow2 qemu-io -f raw -c 'write -P 0x42 0 64k' \
   -c 'write -z 64k 64k' -c 'discard 0 4k' -c 'read -P 0 0 4k' @T@
 writes io-past-end raw qemu-io -f raw -c 'write 4M 512' -c 'read 4190000 10000' @T@
 writes bench-w raw qemu-img bench -w -c 64 -d 16 -s 4k -S 8k -f raw @T@
+# create on an export (bdrv_co_create_opts_simple): qcow2 written into it
+# (any size: its file starts empty), raw no larger than the export, the
+# first sector zeroed; preallocation refused.
+writes create-qcow2 raw qemu-img create -f qcow2 @T@ 1M
+writes create-qcow2-xl2 raw qemu-img create -f qcow2 -o extended_l2=on,cluster_size=128k @T@ 8M
+writes create-raw raw qemu-img create -f raw @T@ 2M
+writes create-raw-grow raw qemu-img create -f raw @T@ 8M
+writes create-raw-prealloc raw qemu-img create -f raw -o preallocation=full @T@ 1M
+writes create-qcow2-bad raw qemu-img create -f qcow2 -o compression_type=foo @T@ 1M
+# convert and dd create their targets so too (a new qcow2 image in an
+# export reads as zeroes: its holes are not written).
+writes convert-qcow2 raw qemu-img convert -f qcow2 -O qcow2 src.qcow2 @T@
+writes convert-raw raw qemu-img convert -f qcow2 -O raw src.qcow2 @T@
+writes dd-raw raw qemu-img dd -f qcow2 -O raw if=src.qcow2 of=@T@ bs=64k
 
 # qcow2 over an nbd file node (the qcow2 file exported raw).
 cp src.qcow2 served.qcow2
@@ -206,6 +223,7 @@ same_output . info "$RO"
 same_output . map --output=json "$RO"
 same_output . convert -n -f raw -O raw raw.img "$RO"
 same_output . resize -f raw "$RO" 8M
+same_output . create -f qcow2 "$RO" 1M
 run "$IMGTOOL" . io -f raw -c 'write 0 512' "$RO"
 a_err=$ERR a_rc=$RC
 run qemu-io . -f raw -c 'write 0 512' "$RO"
