@@ -176,8 +176,7 @@ const std::vector<Driver>& Drivers() {
         .kind = DriverKind::kProtocol,
         .keys = {"server.type", "server.path", "server.host", "server.port",
                  "export", "x-dirty-bitmap", "reconnect-delay",
-                 "open-timeout"},
-        .unsupported_keys = {"tls-creds", "tls-hostname"},
+                 "open-timeout", "tls-creds", "tls-hostname"},
         .protocol = "nbd",
         .parse_filename = ParseNbd,
     });
@@ -944,6 +943,12 @@ io::Task<absl::StatusOr<Opened>> OpenNbd(const Driver& driver,
       {"driver", quote(driver.name)}, {"server", QdictJson(server)}};
   if (address.export_name.has_value()) {
     members.emplace_back("export", quote(*address.export_name));
+  }
+  // Strong options of QEMU's nbd driver.
+  for (const char* key : {"tls-creds", "tls-hostname"}) {
+    if (const std::string* v = FindKeyValue(node, key); v != nullptr) {
+      members.emplace_back(key, quote(*v));
+    }
   }
   CO_ASSIGN_OR_RETURN(
       std::unique_ptr<nbd_block::NbdNode> nbd,

@@ -52,6 +52,11 @@ namespace imgtool::nbd_block {
   X(nbd_set_debug)                                                             \
   X(nbd_set_debug_callback)                                                    \
   X(nbd_set_export_name)                                                       \
+  X(nbd_set_tls)                                                               \
+  X(nbd_set_tls_certificates)                                                  \
+  X(nbd_set_tls_psk_file)                                                      \
+  X(nbd_set_tls_username)                                                      \
+  X(nbd_set_tls_verify_peer)                                                   \
   X(nbd_shutdown)
 
 // One pointer per function, typed as libnbd.h declares it.

@@ -323,6 +323,23 @@ absl::StatusOr<NbdAddress> AddressFromOptions(
   if (const std::string* e = get("export"); e != nullptr) {
     address.export_name = *e;
   }
+  // nbd_process_options: nbd_get_tls_creds, then the host name.
+  if (const std::string* id = get("tls-creds"); id != nullptr) {
+    absl::StatusOr<block::ObjectRegistry::TlsCreds> creds =
+        block::ObjectRegistry::Default().LookupTlsCreds(*id);
+    if (creds.ok() && creds->server) {
+      creds = absl::InvalidArgumentError(
+          "Expected TLS credentials for a client endpoint");
+    }
+    if (!creds.ok()) return creds.status();
+    address.tls_creds = *id;
+    address.tls = *creds;
+    if (const std::string* h = get("tls-hostname"); h != nullptr) {
+      address.tls_hostname = *h;
+    } else if (!address.is_unix) {
+      address.tls_hostname = address.host;
+    }
+  }
   if (const std::string* b = get("x-dirty-bitmap"); b != nullptr) {
     // NBD_MAX_STRING_SIZE (the NBD protocol document, "Metadata querying").
     if (b->size() > 4096) {
@@ -389,7 +406,29 @@ absl::StatusOr<nbd_handle*> ConnectHandle(const NbdAddress& address,
     return absl::ResourceExhaustedError(Nbd().nbd_get_error());
   }
   const std::string export_name = address.export_name.value_or("");
-  if (Nbd().nbd_set_export_name(h, export_name.c_str()) != 0 ||
+  bool tls_ok = true;
+  if (address.tls_creds.has_value()) {
+    const block::ObjectRegistry::TlsCreds& t = address.tls;
+    if (!t.psk && t.verify_peer && !address.tls_hostname.has_value()) {
+      // QEMU finds this after the handshake (qcrypto_tls_session_check_
+      // certificate on the client's side).
+      close(fd);
+      Nbd().nbd_close(h);
+      return absl::UnavailableError("No hostname for certificate validation");
+    }
+    tls_ok = Nbd().nbd_set_tls(h, LIBNBD_TLS_REQUIRE) == 0;
+    if (t.psk) {
+      const std::string file = absl::StrCat(t.dir, "/keys.psk");
+      const std::string user = t.username.empty() ? "qemu" : t.username;
+      tls_ok = tls_ok && Nbd().nbd_set_tls_psk_file(h, file.c_str()) == 0 &&
+               Nbd().nbd_set_tls_username(h, user.c_str()) == 0;
+    } else {
+      tls_ok = tls_ok &&
+               Nbd().nbd_set_tls_certificates(h, t.dir.c_str()) == 0 &&
+               Nbd().nbd_set_tls_verify_peer(h, t.verify_peer) == 0;
+    }
+  }
+  if (!tls_ok || Nbd().nbd_set_export_name(h, export_name.c_str()) != 0 ||
       Nbd().nbd_add_meta_context(h, context.c_str()) != 0) {
     absl::Status st = absl::InternalError(Nbd().nbd_get_error());
     close(fd);
@@ -424,7 +463,19 @@ absl::StatusOr<nbd_handle*> ConnectHandle(const NbdAddress& address,
   if (connected != 0) {
     const int e = Nbd().nbd_get_errno();
     absl::Status st = absl::UnavailableError(Nbd().nbd_get_error());
-    if (e == ENOENT) {
+    const std::string text = Nbd().nbd_get_error();
+    if (absl::StrContains(text, "server refused TLS")) {
+      // NBD_REP_ERR_POLICY to STARTTLS: QEMU's words, qemu-nbd's text.
+      st = absl::UnavailableError(
+          "Denied by server for option 5 (starttls)\n"
+          "server reported: TLS not configured");
+    } else if (absl::StrContains(text, "server requires TLS")) {
+      // NBD_REP_ERR_TLS_REQD to GO: QEMU's words, qemu-nbd's text.
+      st = absl::UnavailableError(
+          "TLS negotiation required before option 7 (go)\n"
+          "Did you forget a valid tls-creds?\n"
+          "server reported: Option 0x7 not permitted before TLS");
+    } else if (e == ENOENT) {
       // NBD_REP_ERR_UNKNOWN: QEMU's "Requested export not available", and
       // the server's text as a hint (nbd_handle_reply_err), e.g.
       // qemu-nbd's "export 'NAME' not present", nbd-server's "Export

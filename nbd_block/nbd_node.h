@@ -72,8 +72,29 @@
 // through the engine). A new connection to an export of another size is
 // refused (EIO).
 //
-// Not in this slice: multi-conn, TLS (nbds://, tls-creds), FUA (BlockNode
-// has no FUA flag yet).
+// tls-creds=ID (QEMU's option; nbds:// URIs are not QEMU 7.2's): the id of
+// a --object tls-creds-x509 or tls-creds-psk with endpoint=client
+// (block/objects.h; "No TLS credentials with id 'x'", "Object with id 'x' is
+// not TLS credentials", "Expected TLS credentials for a client endpoint"
+// while the options are read). The connection then requires TLS (libnbd's
+// nbd_set_tls(LIBNBD_TLS_REQUIRE)): x509 with DIR's ca-cert.pem and the
+// optional client-cert.pem / client-key.pem (nbd_set_tls_certificates:
+// QEMU's file names) and verify-peer (nbd_set_tls_verify_peer); psk with
+// DIR/keys.psk and username (default "qemu"). tls-hostname, or the inet
+// host: QEMU checks the server certificate's name against it; libnbd 1.14
+// cannot be given a host name for a connected socket, so imgtool verifies
+// the certificate chain only, and requires a host name where QEMU does
+// (x509 with verify-peer over a unix socket: "No hostname for certificate
+// validation"). libnbd's TLS priority is its own (no `priority`). Errors
+// qemu-img prints from the server's replies are given in its words where
+// libnbd says what happened: a server without TLS ("Denied by server for
+// option 5 (starttls)\nserver reported: TLS not configured", the second line
+// qemu-nbd's text as libnbd does not pass the server's on), a client without
+// tls-creds at a TLS server ("TLS negotiation required before option 7
+// (go)\nDid you forget a valid tls-creds?\nserver reported: Option 0x7 not
+// permitted before TLS"); handshake failures are libnbd's text.
+//
+// Not in this slice: multi-conn, FUA (BlockNode has no FUA flag yet).
 //
 // Units: bytes. Errors: kInvalidArgument for names and options; kUnavailable
 // for connect and handshake failures (messages as above), kNotFound for an
@@ -96,6 +117,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "block/objects.h"
 #include "io/block_node.h"
 #include "io/engine.h"
 #include "io/sync.h"
@@ -118,6 +140,11 @@ struct NbdAddress {
   std::optional<std::string> x_dirty_bitmap;
   uint32_t open_timeout = 0;
   uint32_t reconnect_delay = 0;
+  // tls-creds: the object's id and what it holds; tls-hostname (or the inet
+  // host).
+  std::optional<std::string> tls_creds;
+  block::ObjectRegistry::TlsCreds tls;
+  std::optional<std::string> tls_hostname;
 };
 
 // QEMU's nbd_parse_filename: fills the node's options from an NBD filename
