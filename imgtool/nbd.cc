@@ -11,11 +11,13 @@
 // image or of a node below it, found as qemu-nbd's nbd_export_create),
 // --detect-zeroes, -l/--load-snapshot (read-only), -s/--snapshot (writes go
 // to a temporary overlay, gone at exit; imgtool/temp_overlay.h),
+// -L/--list (a client: the exports of a server, printed as qemu-nbd's
+// qemu_nbd_client_list, through libnbd's option mode; without TLS),
 // --object (block/objects.h) and --tls-creds=ID (a tls-creds-x509 or
 // tls-creds-psk object with endpoint=server: TLS required of every client,
 // nbd_server/tls.h; a client's failed negotiation is printed as qemu-nbd's
 // "option negotiation failed: ..."). Not implemented (qemu-nbd's
-// "unrecognized option" for them): -L, -c, -d, -T; --tls-authz is refused.
+// "unrecognized option" for them): -c, -d, -T; --tls-authz is refused.
 //
 // Lifetime as qemu-nbd's: the server listens (a unix socket replaces a stale
 // file at its path and is removed at exit), serves up to -e clients at once
@@ -58,6 +60,7 @@
 #include "imgtool/snapshot_load.h"
 #include "imgtool/temp_overlay.h"
 #include "io/engine.h"
+#include "nbd_block/libnbd.h"
 #include "nbd_server/nbd_server.h"
 #include "raw_format/raw_node.h"
 #include "qcow2/qcow2_node.h"
@@ -69,6 +72,7 @@ namespace {
 std::string HelpText(const std::string& name) {
   return absl::StrCat(
       "Usage: ", name, " [OPTIONS] FILE\n",
+      "  or:  ", name, " -L [OPTIONS]\n",
       "QEMU Disk Network Block Device Utility\n"
       "\n"
       "  -h, --help                display this help and exit\n"
@@ -93,6 +97,8 @@ std::string HelpText(const std::string& name) {
       "  -B, --bitmap=NAME         expose a persistent dirty bitmap\n"
       "\n"
       "General purpose options:\n"
+      "  -L, --list                list exports available from another NBD "
+      "server\n"
       "  --fork                    fork off the server process and exit the "
       "parent\n"
       "                            once the server is running\n"
@@ -131,7 +137,7 @@ std::string HelpText(const std::string& name) {
       "  --tls-creds=ID            use id of an earlier --object to provide "
       "TLS\n"
       "\n"
-      "Not supported by imgtool: --tls-authz, -L, -c, -d.\n");
+      "Not supported by imgtool: --tls-authz, -c, -d.\n");
 }
 
 enum LongOption {
@@ -172,6 +178,7 @@ const struct option kLongOptions[] = {
     {"allocation-depth", no_argument, nullptr, 'A'},
     {"bitmap", required_argument, nullptr, 'B'},
     {"snapshot", no_argument, nullptr, 's'},
+    {"list", no_argument, nullptr, 'L'},
     {"load-snapshot", required_argument, nullptr, 'l'},
     {"detect-zeroes", required_argument, nullptr, kDetectZeroes},
     {"object", required_argument, nullptr, kObject},
@@ -197,6 +204,10 @@ struct Args {
   std::string load_snapshot;         // -l
   std::string tls_creds;  // --tls-creds
   std::unique_ptr<nbd_server::TlsServerCreds> tls;
+  bool list = false;                 // -L
+  // An option of the export given (-x, -D, -f, -l, -A, -B, --aio,
+  // --discard, --cache, -n; also -o but 0): refused with -L.
+  bool per_device = false;
 };
 
 // A failure already printed (qemu-nbd's getopt lines): exit code 1, nothing
@@ -225,7 +236,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
   int c;
   int long_index = -1;
   while ((c = getopt_long(static_cast<int>(argv.size() - 1), argv.data(),
-                          ":hVp:b:k:e:tvx:D:f:rnAB:o:sl:", kLongOptions,
+                          ":hVp:b:k:e:tvx:D:f:rnAB:o:sl:L", kLongOptions,
                           &long_index)) != -1) {
     const std::string arg = optarg != nullptr ? optarg : "";
     switch (c) {
@@ -261,6 +272,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
         a.export_options.persistent = true;
         break;
       case 'x':
+        a.per_device = true;
         if (arg.size() > 4096) {
           return absl::InvalidArgumentError(
               absl::StrCat("Export name '", arg, "' too long"));
@@ -268,6 +280,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
         a.export_options.name = arg;
         break;
       case 'D':
+        a.per_device = true;
         if (arg.size() > 4096) {
           return absl::InvalidArgumentError(
               absl::StrCat("Export description '", arg, "' too long"));
@@ -275,15 +288,18 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
         a.export_options.description = arg;
         break;
       case 'f':
+        a.per_device = true;
         a.spec.format = arg;
         break;
       case 'r':
         a.export_options.read_only = true;
         break;
       case 'n':
+        a.per_device = true;
         a.spec.cache = "none";
         break;
       case kCache: {
+        a.per_device = true;
         std::optional<std::string> mode = CacheMode(arg);
         if (!mode.has_value()) {
           return absl::InvalidArgumentError(
@@ -293,6 +309,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
         break;
       }
       case kAio: {
+        a.per_device = true;
         absl::StatusOr<io::EngineKind> kind = io::ParseEngineKind(arg);
         if (!kind.ok()) {
           return absl::InvalidArgumentError(
@@ -302,6 +319,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
         break;
       }
       case kDiscard:
+        a.per_device = true;
         if (arg == "ignore" || arg == "off") {
           a.export_options.discard_unmap = false;
         } else if (arg == "unmap" || arg == "on") {
@@ -321,12 +339,17 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
         a.fork = true;
         break;
       case 'A':
+        a.per_device = true;
         a.export_options.allocation_depth = true;
         break;
       case 's':
         a.snapshot = true;
         break;
+      case 'L':
+        a.list = true;
+        break;
       case 'l':
+        a.per_device = true;
         // qemu-nbd: the option form is parsed here; -l implies -r.
         if (!CheckSnapshotOption(arg, streams.err).ok()) {
           return absl::InvalidArgumentError(
@@ -355,6 +378,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
         }
         break;
       case 'B':
+        a.per_device = true;
         a.bitmaps.push_back(arg);
         break;
       case 'o': {
@@ -412,12 +436,29 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
     }
   }
   const int operands = static_cast<int>(argv.size() - 1) - optind;
-  if (operands != 1) {
+  if (a.list) {
+    if (operands != 0) {
+      return absl::InvalidArgumentError(
+          "List mode is incompatible with a file name");
+    }
+    if (a.per_device || a.offset != 0) {
+      return absl::InvalidArgumentError(
+          "List mode is incompatible with per-device settings");
+    }
+    if (a.fork) {
+      return absl::InvalidArgumentError(
+          "List mode is incompatible with forking");
+    }
+  } else if (operands != 1) {
     streams.err << name << ": Invalid number of arguments\n"
                 << "Try `" << name << " --help' for more information.\n";
     return Printed();
   }
-  a.file = argv[optind];
+  if (!a.list) a.file = argv[optind];
+  if (a.list && !a.tls_creds.empty()) {
+    return absl::UnimplementedError(
+        "--tls-creds with -L is not supported by imgtool");
+  }
   // qemu-nbd's TLS checks, in its order.
   if (!a.tls_creds.empty()) {
     if (tls_hostname) {
@@ -719,11 +760,124 @@ absl::Status Serve(Args& a, Streams streams, int ready_fd) {
   return closed;
 }
 
+// -L: the server's exports as qemu-nbd 7.2's qemu_nbd_client_list prints
+// them (nbd_receive_export_list: LIST, then INFO with block sizes and
+// LIST_META_CONTEXT for each export; after a failed INFO the remaining
+// exports show their names only). The transmission flags are rebuilt from
+// libnbd's can_* / is_* (all but SEND_RESIZE, which neither qemu-nbd 7.2
+// nor imgtool offers).
+absl::Status ListExports(const Args& a, Streams streams) {
+  absl::StatusOr<const nbd_block::LibNbd*> loaded = nbd_block::LoadLibNbd();
+  if (!loaded.ok()) return loaded.status();
+  const nbd_block::LibNbd& nbd = **loaded;
+  struct nbd_handle* h = nbd.nbd_create();
+  if (h == nullptr) return absl::InternalError(nbd.nbd_get_error());
+  struct Closer {
+    const nbd_block::LibNbd& nbd;
+    struct nbd_handle* h;
+    ~Closer() { nbd.nbd_close(h); }
+  } closer{nbd, h};
+  nbd.nbd_set_opt_mode(h, true);
+  const int rc = a.tcp ? nbd.nbd_connect_tcp(h, a.bind.c_str(), a.port.c_str())
+                       : nbd.nbd_connect_unix(h, a.socket_path.c_str());
+  if (rc < 0) {
+    const int e = nbd.nbd_get_errno();
+    const std::string where =
+        a.tcp ? absl::StrCat(a.bind, ":", a.port) : a.socket_path;
+    return absl::UnavailableError(
+        absl::StrCat("Failed to connect to '", where, "': ",
+                     e != 0 ? std::strerror(e) : nbd.nbd_get_error()));
+  }
+  struct Export {
+    std::string name;
+    std::string description;
+    uint32_t flags = 0;
+    int64_t block[3] = {0, 0, 0};
+    int64_t size = 0;
+    std::vector<std::string> contexts;
+  };
+  std::vector<Export> exports;
+  nbd_list_callback list_cb = {
+      .callback = [](void* data, const char* name, const char* description) {
+        auto* v = static_cast<std::vector<Export>*>(data);
+        v->push_back(Export{.name = name, .description = description});
+        return 0;
+      },
+      .user_data = &exports,
+      .free = nullptr};
+  if (nbd.nbd_opt_list(h, list_cb) < 0) {
+    return absl::UnavailableError(nbd.nbd_get_error());
+  }
+  for (Export& e : exports) {
+    if (nbd.nbd_set_export_name(h, e.name.c_str()) < 0 ||
+        nbd.nbd_opt_info(h) < 0) {
+      break;
+    }
+    e.size = nbd.nbd_get_size(h);
+    e.flags = 1;  // NBD_FLAG_HAS_FLAGS
+    const std::pair<int (*)(struct nbd_handle*), uint32_t> bits[] = {
+        {nbd.nbd_is_read_only, 1u << 1},  {nbd.nbd_can_flush, 1u << 2},
+        {nbd.nbd_can_fua, 1u << 3},       {nbd.nbd_is_rotational, 1u << 4},
+        {nbd.nbd_can_trim, 1u << 5},      {nbd.nbd_can_zero, 1u << 6},
+        {nbd.nbd_can_df, 1u << 7},        {nbd.nbd_can_multi_conn, 1u << 8},
+        {nbd.nbd_can_cache, 1u << 10},    {nbd.nbd_can_fast_zero, 1u << 11}};
+    for (const auto& [query, bit] : bits) {
+      if (query(h) == 1) e.flags |= bit;
+    }
+    for (int i = 0; i < 3; ++i) {
+      e.block[i] = std::max<int64_t>(0, nbd.nbd_get_block_size(h, i));
+    }
+    nbd_context_callback context_cb = {
+        .callback = [](void* data, const char* name) {
+          static_cast<std::vector<std::string>*>(data)->push_back(name);
+          return 0;
+        },
+        .user_data = &e.contexts,
+        .free = nullptr};
+    nbd.nbd_opt_list_meta_context(h, context_cb);
+  }
+  nbd.nbd_opt_abort(h);
+  static const char* const kFlagNames[] = {
+      nullptr, "readonly", "flush",  "fua",   "rotational", "trim",
+      "zeroes", "df",      "multi",  "resize", "cache",     "fast-zero"};
+  std::string out = absl::StrCat("exports available: ", exports.size(), "\n");
+  for (const Export& e : exports) {
+    absl::StrAppend(&out, " export: '", e.name, "'\n");
+    if (!e.description.empty()) {
+      absl::StrAppend(&out, "  description: ", e.description, "\n");
+    }
+    if ((e.flags & 1) != 0) {
+      absl::StrAppend(&out, "  size:  ", e.size, "\n  flags: 0x",
+                      absl::Hex(e.flags), " (");
+      for (int bit = 0; bit < 12; ++bit) {
+        if (kFlagNames[bit] != nullptr && (e.flags & (1u << bit)) != 0) {
+          absl::StrAppend(&out, " ", kFlagNames[bit]);
+        }
+      }
+      absl::StrAppend(&out, " )\n");
+    }
+    if (e.block[0] != 0) {
+      absl::StrAppend(&out, "  min block: ", e.block[0], "\n  opt block: ",
+                      e.block[1], "\n  max block: ", e.block[2], "\n");
+    }
+    if (!e.contexts.empty()) {
+      absl::StrAppend(&out, "  available meta contexts: ", e.contexts.size(),
+                      "\n");
+      for (const std::string& c : e.contexts) {
+        absl::StrAppend(&out, "   ", c, "\n");
+      }
+    }
+  }
+  streams.out << out;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunNbd(const std::vector<std::string>& args, Streams streams) {
   Args a;
   RETURN_IF_ERROR(ParseArgs(args, streams, a));
+  if (a.list) return ListExports(a, streams);
   if (!a.fork) return Serve(a, streams, -1);
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) < 0) {

@@ -18,7 +18,7 @@
 
 namespace imgtool::nbd_block {
 
-// The libnbd functions nbd_node.cc uses.
+// The libnbd functions nbd_node.cc and imgtool nbd -L use.
 #define IMGTOOL_LIBNBD_FUNCTIONS(X)                                            \
   X(nbd_add_meta_context)                                                      \
   X(nbd_aio_block_status)                                                      \
@@ -36,22 +36,34 @@ namespace imgtool::nbd_block {
   X(nbd_aio_pwrite)                                                            \
   X(nbd_aio_trim)                                                              \
   X(nbd_aio_zero)                                                              \
+  X(nbd_can_cache)                                                             \
+  X(nbd_can_df)                                                                \
   X(nbd_can_fast_zero)                                                         \
   X(nbd_can_flush)                                                             \
+  X(nbd_can_fua)                                                               \
   X(nbd_can_meta_context)                                                      \
+  X(nbd_can_multi_conn)                                                        \
   X(nbd_can_trim)                                                              \
   X(nbd_can_zero)                                                              \
   X(nbd_close)                                                                 \
   X(nbd_connect_socket)                                                        \
+  X(nbd_connect_tcp)                                                           \
+  X(nbd_connect_unix)                                                          \
   X(nbd_create)                                                                \
   X(nbd_get_block_size)                                                        \
   X(nbd_get_errno)                                                             \
   X(nbd_get_error)                                                             \
   X(nbd_get_size)                                                              \
   X(nbd_is_read_only)                                                          \
+  X(nbd_is_rotational)                                                         \
+  X(nbd_opt_abort)                                                             \
+  X(nbd_opt_info)                                                              \
+  X(nbd_opt_list)                                                              \
+  X(nbd_opt_list_meta_context)                                                 \
   X(nbd_set_debug)                                                             \
   X(nbd_set_debug_callback)                                                    \
   X(nbd_set_export_name)                                                       \
+  X(nbd_set_opt_mode)                                                          \
   X(nbd_set_tls)                                                               \
   X(nbd_set_tls_certificates)                                                  \
   X(nbd_set_tls_psk_file)                                                      \

@@ -9,7 +9,8 @@
 # -A / -B (qemu:allocation-depth and qemu:dirty-bitmap contexts on a
 # 3-layer chain: LIST / SET queries, maps, bitmap errors), --detect-zeroes
 # (the files after zero-filled writes), -l (internal snapshots) and -s
-# (a temporary overlay: the file unchanged, nothing left in TMPDIR), one
+# (a temporary overlay: the file unchanged, nothing left in TMPDIR), -L
+# (imgtool and qemu-nbd listing either server's exports), one
 # TCP export on 127.0.0.1, hostile traffic (nbd_hostile.py: bad magics,
 # oversized and out-of-range requests, refused writes, a client leaving
 # mid-request) and the command line (--help, usage errors, open errors,
@@ -420,6 +421,28 @@ cmp -s sn.qcow2 sn.orig || fail "-s: the qcow2 image file changed"
 checks=$((checks + 1))
 [[ -z "$(ls -A tmpo)" ]] || fail "-s: left in TMPDIR: $(ls -A tmpo)"
 
+# --- -L: qemu-nbd and imgtool as clients listing a server's exports ---------
+serve q list -t -r -A -B b0 -x exp -D "a description" -f qcow2 l2.qcow2
+serve o list -t -r -A -B b0 -x exp -D "a description" -f qcow2 l2.qcow2
+serve q list2 -t -r -e 3 -f raw base.img
+serve o list2 -t -r -e 3 -f raw base.img
+for sock in list list2; do
+  QU=$SOCKDIR/q/$sock.sock OU=$SOCKDIR/o/$sock.sock
+  same qemu-nbd -L -k @U@
+  same "$IMGTOOL" nbd -L -k @U@
+  checks=$((checks + 1))
+  out_q=$(timeout 30 qemu-nbd -L -k "$QU" 2>&1; echo "rc=$?")
+  out_o=$(timeout 30 "$IMGTOOL" nbd -L -k "$QU" 2>&1; echo "rc=$?")
+  [[ "$out_q" == "$out_o" ]] || {
+    fail "-L of qemu-nbd's $sock: imgtool's listing differs from qemu-nbd's"
+    diff <(echo "$out_q") <(echo "$out_o") | head -10
+  }
+done
+stop q list
+stop o list
+stop q list2
+stop o list2
+
 # --- A raw file of 1000 bytes: the export is 1024, its tail a hole ----------
 head -c 1000 /dev/zero | tr '\0' '\132' >odd.img
 serve q odd -t -f raw odd.img
@@ -552,15 +575,20 @@ cli -k "$SOCKDIR/o/none.sock" -l nope sn.qcow2
 cli -k "$SOCKDIR/o/none.sock" -l snapshot.id=x,snapshot.foo=1 sn.qcow2
 cli -k "$SOCKDIR/o/none.sock" -l snapshot.name= sn.qcow2
 cli -k "$SOCKDIR/o/none.sock" -l s1 -f raw sn.qcow2
+cli -L -k "$SOCKDIR/o/none.sock"
+cli -L x.img
+cli -L -f raw
+cli -L -B b0
+cli -L --fork
 checks=$((checks + 1))
 "$IMGTOOL" nbd --help | grep -q -- '--persistent' || fail "imgtool nbd --help"
 checks=$((checks + 1))
 helplines() {
-  "$@" --help | sed -n -e '/^  -[AB], /p' -e '/-s, --snapshot/,/ID_OR_NAME/p' \
+  "$@" --help | sed -n -e '/^  -[ABL], /p' -e '/-s, --snapshot/,/ID_OR_NAME/p' \
     -e '/--detect-zeroes=MODE/p'
 }
 diff <(helplines qemu-nbd) <(helplines "$IMGTOOL" nbd) ||
-  fail "--help: the -A, -B, -s, -l, --detect-zeroes lines differ from qemu-nbd's"
+  fail "--help: the -A, -B, -L, -s, -l, --detect-zeroes lines differ from qemu-nbd's"
 
 echo "$checks checks, $failures failures"
 ((failures == 0))
