@@ -595,34 +595,6 @@ bool Qcow2Node::OldContentsAreZero(const format::L2Entry& old, uint64_t offset,
   }
 }
 
-bool Qcow2Node::SubclustersReadZero(const format::L2Entry& old,
-                                    uint64_t offset, uint64_t length) const {
-  if (length == 0) return true;
-  const uint64_t in_cluster = offset & (cluster_size_ - 1);
-  const uint32_t a = static_cast<uint32_t>(in_cluster >> subcluster_bits());
-  const uint32_t b = static_cast<uint32_t>(
-      (in_cluster + length + (uint64_t{1} << subcluster_bits()) - 1) >>
-      subcluster_bits());
-  for (uint32_t sc = a; sc < b; ++sc) {
-    switch (format::GetSubclusterType(old, sc, l2_format_)) {
-      case format::SubclusterType::kZeroPlain:
-      case format::SubclusterType::kZeroAlloc:
-        break;
-      case format::SubclusterType::kUnallocatedPlain:
-      case format::SubclusterType::kUnallocatedAlloc:
-        if (backing_ != nullptr &&
-            offset - in_cluster + (uint64_t{sc} << subcluster_bits()) <
-                backing_->size()) {
-          return false;
-        }
-        break;
-      default:
-        return false;
-    }
-  }
-  return true;
-}
-
 io::Task<bool> Qcow2Node::BackingReadsZero(uint64_t offset, uint64_t length) {
   if (backing_ == nullptr) co_return true;
   const uint64_t end = std::min(offset + length, backing_->size());
@@ -634,6 +606,57 @@ io::Task<bool> Qcow2Node::BackingReadsZero(uint64_t offset, uint64_t length) {
     offset += st->status.length;
   }
   co_return true;
+}
+
+io::Task<bool> Qcow2Node::CowRegionReadsZero(const format::L2Entry& old,
+                                             uint64_t offset,
+                                             uint64_t length) {
+  if (length == 0) co_return true;
+  if (offset > size() || length > size() - offset) co_return false;
+  bool unallocated;
+  if (!l2_format_.extended_l2 || old.compressed()) {
+    const ClusterType t = RawType(old, l2_format_.extended_l2);
+    if (t == ClusterType::kZeroPlain || t == ClusterType::kZeroAlloc) {
+      co_return true;
+    }
+    if (t != ClusterType::kUnallocated) co_return false;
+    unallocated = true;
+  } else {
+    // One run of one kind: block status answers for the first run only.
+    const uint64_t in_cluster = offset & (cluster_size_ - 1);
+    const uint32_t a = static_cast<uint32_t>(in_cluster >> subcluster_bits());
+    const uint32_t b = static_cast<uint32_t>(
+        (in_cluster + length + (uint64_t{1} << subcluster_bits()) - 1) >>
+        subcluster_bits());
+    bool zero = true;
+    unallocated = true;
+    for (uint32_t sc = a; sc < b; ++sc) {
+      switch (format::GetSubclusterType(old, sc, l2_format_)) {
+        case format::SubclusterType::kZeroPlain:
+        case format::SubclusterType::kZeroAlloc:
+          unallocated = false;
+          break;
+        case format::SubclusterType::kUnallocatedPlain:
+        case format::SubclusterType::kUnallocatedAlloc:
+          zero = false;
+          break;
+        default:
+          co_return false;
+      }
+    }
+    if (zero) co_return true;
+    if (!unallocated) co_return false;
+  }
+  if (backing_ == nullptr) co_return true;
+  const uint64_t backing_size = backing_->size();
+  if (offset >= backing_size) co_return true;
+  if (length > backing_size - offset) co_return false;
+  // Unallocated in every backing layer. (A zero cluster of a qcow2 backing
+  // file also counts in QEMU; a hole of a raw one does not. Such ranges
+  // are copied here.)
+  absl::StatusOr<io::ChainStatus> st =
+      co_await io::GetChainStatus(*backing_, offset, length);
+  co_return st.ok() && !st->present && st->status.length >= length;
 }
 
 Qcow2Node::CowBuffer::CowBuffer(Qcow2Node* node, uint64_t size)
@@ -746,8 +769,13 @@ io::Task<absl::Status> Qcow2Node::WriteAllocated(
   if (head == 0 && tail == 0) {
     co_return co_await WriteData(host, data);
   }
-  if (OldContentsAreZero(olds.front(), start, head) &&
-      OldContentsAreZero(olds.back(), data_end, tail)) {
+  // Not `co_await a && co_await b`: GCC 12 mishandles the temporaries of a
+  // co_await in a conditionally evaluated operand.
+  bool zero_cow = co_await CowRegionReadsZero(olds.front(), start, head);
+  if (zero_cow) {
+    zero_cow = co_await CowRegionReadsZero(olds.back(), data_end, tail);
+  }
+  if (zero_cow) {
     // Nothing to copy: zero the new clusters, then write the data.
     CO_ASSIGN_OR_RETURN(const bool written,
                         co_await ZeroThenWrite(host, bytes, host + head, data,
@@ -1059,8 +1087,21 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteInPlaceThenNew(
   // (explicitly when the file cannot do it efficiently), then the data.
   const uint64_t tail = (new_cluster + count) * cluster_size_ -
                         (offset + bytes);
+  // The clusters taken here read as zeroes by their entries alone, so the
+  // tail is zeroed with the rest (QEMU's is_zero_cow, CowRegionReadsZero)
+  // unless it reaches past the end of the image. Then its zeroes are
+  // written as data, and as QEMU's merge_cow cannot take a request that
+  // starts before the new clusters, the data goes first and the tail after
+  // it (perform_cow).
+  const bool zero_cow = offset + bytes + tail <= size();
   // Without efficient write zeroes only the tail needs explicit zeroes.
   auto write = [&]() -> io::Task<absl::Status> {
+    if (!zero_cow) {
+      CO_RETURN_IF_ERROR(co_await WriteData(host, data.first(bytes)));
+      co_await file_->DebugEvent(io::BlkdebugEvent::kCowWrite);
+      co_return co_await file_->Write(new_host + new_bytes - tail,
+                                      Zeroes(tail));
+    }
     CO_ASSIGN_OR_RETURN(const bool written,
                         co_await ZeroThenWrite(new_host, new_bytes, host,
                                                data.first(bytes),
@@ -1289,12 +1330,17 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   const uint64_t head = in_cluster - cow_start;
   const uint64_t tail = cow_end - (in_cluster + bytes);
   bool done = false;
+  bool zero_cow = type != ClusterType::kCompressed && !last.compressed();
+  if (zero_cow) {
+    zero_cow = co_await CowRegionReadsZero(old, start + cow_start, head);
+  }
+  if (zero_cow) {
+    zero_cow = co_await CowRegionReadsZero(last, offset + bytes, tail);
+  }
   if (head == 0 && tail == 0) {
     st = co_await WriteData(host + in_cluster, part);
     done = true;
-  } else if (type != ClusterType::kCompressed && !last.compressed() &&
-             SubclustersReadZero(old, start + cow_start, head) &&
-             SubclustersReadZero(last, offset + bytes, tail)) {
+  } else if (zero_cow) {
     // Nothing to copy: zero the padded range, then write the data
     // (subcluster granular).
     absl::StatusOr<bool> written = co_await ZeroThenWrite(

@@ -730,12 +730,20 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
                                          uint64_t offset, io::IoVec buf);
   bool OldContentsAreZero(const format::L2Entry& old, uint64_t offset,
                           uint64_t length) const;
-  // Extended L2: whether the subclusters of `old` that [offset, offset +
-  // length) touches (one cluster) read as zeroes without reading anything:
-  // zero subclusters, or unallocated ones with no backing data there.
-  bool SubclustersReadZero(const format::L2Entry& old, uint64_t offset,
-                           uint64_t length) const;
   io::Task<bool> BackingReadsZero(uint64_t offset, uint64_t length);
+  // QEMU 7.2's is_zero_cow: whether a copy-on-write region of an allocating
+  // write, guest range [offset, offset + length) inside one cluster whose
+  // entry is `old`, reads as zeroes by block status alone
+  // (bdrv_co_is_zero_fast, want_zero false): inside the image, and one run
+  // of zero clusters (subclusters), or of unallocated ones with no backing
+  // file, or unallocated in the whole backing chain, or past the backing
+  // file's end. Only when both regions do does an allocating write zero its
+  // new clusters with the file's efficient write zeroes (an unwritten
+  // extent) and write the data alone (handle_alloc_space); otherwise the
+  // zeroes it copies are written as data, as in qemu-img's files (the tail
+  // of a partial last cluster of the image). true for length 0.
+  io::Task<bool> CowRegionReadsZero(const format::L2Entry& old,
+                                    uint64_t offset, uint64_t length);
 
   // Copy-on-write buffers, kept for reuse (up to kMaxPooledCowBytes in
   // all) so that allocating writes neither fault in nor zero fresh pages

@@ -143,4 +143,38 @@ seam write -q -P 3 32256 64K
 xhole write -q -P 3 64M 32M
 EOF
 
+# Copy-on-write of a new cluster's untouched parts: zeroed with the rest of
+# the cluster (an unwritten extent, then the data alone) when block status
+# says they read as zeroes (QEMU 7.2's is_zero_cow), else copied and written
+# as data: past the end of the image, over a raw backing file. The maps
+# state() compares show which.
+cow_small() { mk c.qcow2 100k; }
+cow_small_data() { mk c.qcow2 100k; qio -c 'write -q -P 1 0 64k' c.qcow2; }
+cow_zero() { mk c.qcow2 1M; qio -c 'write -q -z 0 64k' c.qcow2; }
+cow_zero_after() {
+  mk c.qcow2 1M
+  qio -c 'write -q -P 1 0 64k' -c 'write -q -z 64k 64k' c.qcow2
+}
+cow_qcow2_backing() { mk b.qcow2 1M; mk -b b.qcow2 -F qcow2 c.qcow2; }
+cow_short_backing() { mk b.qcow2 100k; mk -b b.qcow2 -F qcow2 c.qcow2 1M; }
+cow_raw_backing() { truncate -s 1M b.raw; mk -b b.raw -F raw c.qcow2; }
+cow_ext_zero() {
+  mk -o extended_l2=on c.qcow2 1M
+  qio -c 'write -q -z 0 64k' c.qcow2
+}
+while read -r setup cmd; do
+  same_io_effect "$setup" -c "$cmd" c.qcow2
+done <<'EOF'
+cow_small write -q -P 3 68k 4k
+cow_small_data write -q -P 3 32k 40k
+cow_zero write -q -P 3 4k 4k
+cow_zero_after write -q -P 3 32k 64k
+cow_qcow2_backing write -q -P 3 4k 4k
+cow_short_backing write -q -P 3 200k 4k
+cow_short_backing write -q -P 3 68k 4k
+cow_raw_backing write -q -P 3 4k 4k
+cow_ext_zero write -q -P 3 1k 2k
+EOF
+same_effect cow_small_data dd -O qcow2 bs=1000 count=3 if=c.qcow2 of=out.qcow2
+
 finish

@@ -102,6 +102,12 @@ state() {
       # to be (seen: 4 KiB apart on ext4 under load). Allocation itself is
       # compared by the map below.
       qemu-img info -U -f raw --output=json "./$f" 2>&1 | grep -v '"actual-size"'
+      # The file's cached pages dropped right before the map (clean since the
+      # sync above; md5sum has just read them all in): on ext4 SEEK_DATA
+      # reports an unwritten (fallocated) extent as data where its pages are
+      # cached, so without the drop the map showed what the page cache
+      # happened to hold (other tests' I/O evicts pages), not the file.
+      dd if="$f" iflag=nocache count=0 status=none 2>/dev/null
       qemu-img map -U -f raw --output=json "./$f" 2>&1
     done
   )
