@@ -1098,6 +1098,9 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteInPlaceThenNew(
   auto write = [&]() -> io::Task<absl::Status> {
     if (!zero_cow) {
       CO_RETURN_IF_ERROR(co_await WriteData(host, data.first(bytes)));
+      // perform_cow reads the tail region (unallocated: zeroes) before
+      // writing it, raising cow_read then cow_write on the file.
+      co_await file_->DebugEvent(io::BlkdebugEvent::kCowRead);
       co_await file_->DebugEvent(io::BlkdebugEvent::kCowWrite);
       co_return co_await file_->Write(new_host + new_bytes - tail,
                                       Zeroes(tail));

@@ -181,6 +181,20 @@ for event in read_aio l2_load; do
   done
 done
 
+# A write from an allocated cluster into the image's partial last cluster:
+# the tail past the image end is copied (perform_cow: cow_read, then
+# cow_write after the data).
+setup_qcow2_partial() {
+  qemu-img create -q -f qcow2 t.qcow2 100k
+  qemu-io -c 'write -P 0x11 0 4k' t.qcow2 >/dev/null
+}
+for event in cow_read cow_write; do
+  eval "setup_q() { setup_qcow2_partial; conf $event 5 on; }"
+  io_case "partial last cluster $event 5 once=on" setup_q \
+    -c 'write -P 0x22 60k 8k' -c 'read -P 0x22 60k 8k' \
+    blkdebug:blkdebug.conf:t.qcow2
+done
+
 # The raw format raises read_aio and write_aio on its file (QEMU's
 # raw_co_preadv/raw_co_pwritev), with or without offset and size.
 for event in read_aio write_aio; do
