@@ -647,16 +647,32 @@ io::Task<bool> Qcow2Node::CowRegionReadsZero(const format::L2Entry& old,
     if (zero) co_return true;
     if (!unallocated) co_return false;
   }
-  if (backing_ == nullptr) co_return true;
-  const uint64_t backing_size = backing_->size();
-  if (offset >= backing_size) co_return true;
-  if (length > backing_size - offset) co_return false;
-  // Unallocated in every backing layer. (A zero cluster of a qcow2 backing
-  // file also counts in QEMU; a hole of a raw one does not. Such ranges
-  // are copied here.)
-  absl::StatusOr<io::ChainStatus> st =
-      co_await io::GetChainStatus(*backing_, offset, length);
-  co_return st.ok() && !st->present && st->status.length >= length;
+  // Unallocated here: the backing chain answers, layer by layer, as QEMU's
+  // bdrv_co_common_block_status_above with want_zero false, and only its
+  // first run counts (pnum == bytes): past a layer's end zeroes; a layer
+  // reaching only partly over the range ends the run; a qcow2 layer's zero
+  // clusters read as zeroes, its data (compressed too) does not, its
+  // unallocated range is the next layer's to answer, or zeroes at the
+  // bottom of the chain. Another format answers as data where it has the
+  // range at all (raw: a hole too, as file-posix without want_zero).
+  io::BlockNode* node = backing_.get();
+  while (node != nullptr) {
+    const uint64_t node_size = node->size();
+    if (offset >= node_size) co_return true;
+    if (length > node_size - offset) co_return false;
+    auto* q = dynamic_cast<Qcow2Node*>(node);
+    if (q == nullptr) {
+      absl::StatusOr<io::ChainStatus> st =
+          co_await io::GetChainStatus(*node, offset, length);
+      co_return st.ok() && !st->present && st->status.length >= length;
+    }
+    absl::StatusOr<io::BlockStatus> st =
+        co_await q->GetAllocationStatus(offset, length);
+    if (!st.ok() || st->length < length || st->data) co_return false;
+    if (st->zero) co_return true;
+    node = q->backing();
+  }
+  co_return true;
 }
 
 Qcow2Node::CowBuffer::CowBuffer(Qcow2Node* node, uint64_t size)

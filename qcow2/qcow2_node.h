@@ -736,7 +736,8 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // entry is `old`, reads as zeroes by block status alone
   // (bdrv_co_is_zero_fast, want_zero false): inside the image, and one run
   // of zero clusters (subclusters), or of unallocated ones with no backing
-  // file, or unallocated in the whole backing chain, or past the backing
+  // file, or unallocated in the whole backing chain or zero clusters of a
+  // qcow2 backing layer (walked layer by layer), or past the backing
   // file's end. Only when both regions do does an allocating write zero its
   // new clusters with the file's efficient write zeroes (an unwritten
   // extent) and write the data alone (handle_alloc_space); otherwise the

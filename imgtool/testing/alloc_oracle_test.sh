@@ -158,6 +158,18 @@ cow_zero_after() {
 cow_qcow2_backing() { mk b.qcow2 1M; mk -b b.qcow2 -F qcow2 c.qcow2; }
 cow_short_backing() { mk b.qcow2 100k; mk -b b.qcow2 -F qcow2 c.qcow2 1M; }
 cow_raw_backing() { truncate -s 1M b.raw; mk -b b.raw -F raw c.qcow2; }
+# Zero clusters of a qcow2 backing file read as zeroes (one run of them: a
+# zero 4 KiB cluster followed by unallocated ones is copied).
+cow_zero_backing() {
+  mk b.qcow2 1M
+  qio -c 'write -q -P 1 0 1M' -c 'write -q -z 0 64k' b.qcow2
+  mk -b b.qcow2 -F qcow2 c.qcow2
+}
+cow_zero_run_backing() {
+  mk -o cluster_size=4k b.qcow2 1M
+  qio -c 'write -q -z 8k 4k' b.qcow2
+  mk -b b.qcow2 -F qcow2 c.qcow2
+}
 cow_ext_zero() {
   mk -o extended_l2=on c.qcow2 1M
   qio -c 'write -q -z 0 64k' c.qcow2
@@ -173,6 +185,8 @@ cow_qcow2_backing write -q -P 3 4k 4k
 cow_short_backing write -q -P 3 200k 4k
 cow_short_backing write -q -P 3 68k 4k
 cow_raw_backing write -q -P 3 4k 4k
+cow_zero_backing write -q -P 3 4k 4k
+cow_zero_run_backing write -q -P 3 4k 4k
 cow_ext_zero write -q -P 3 1k 2k
 EOF
 same_effect cow_small_data dd -O qcow2 bs=1000 count=3 if=c.qcow2 of=out.qcow2
