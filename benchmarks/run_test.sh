@@ -25,7 +25,7 @@ expect_error() {  # expect_error MESSAGE ARGS...
     echo "want: $want"; exit 1
   fi
 }
-expect_error "run: unknown suite 'nosuch' (suites: hint create_prealloc prealloc_filter subcluster engine chain snapshot)" nosuch
+expect_error "run: unknown suite 'nosuch' (suites: hint create_prealloc prealloc_filter subcluster engine chain snapshot nbd)" nosuch
 touch "$TEST_TMPDIR/a-file"
 expect_error "run: --out $TEST_TMPDIR/a-file: cannot create the directory: File exists" \
   --quick hint --out "$TEST_TMPDIR/a-file"
