@@ -506,10 +506,13 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
 
 // A listening socket (close-on-exec) for the address the options give.
 absl::StatusOr<int> Listen(const Args& a) {
-  const int backlog = a.export_options.max_connections > 0
-                          ? std::min(a.export_options.max_connections,
-                                     SOMAXCONN)
-                          : SOMAXCONN;
+  // qemu-nbd 7.2's main: SOMAXCONN with -t or -e 0, else min(-e, SOMAXCONN)
+  // (so with -t -e 2 a third client waits in the backlog, not refused).
+  const int backlog = a.export_options.persistent ||
+                              a.export_options.max_connections <= 0
+                          ? SOMAXCONN
+                          : std::min(a.export_options.max_connections,
+                                     SOMAXCONN);
   if (!a.tcp) {
     struct sockaddr_un addr = {};
     addr.sun_family = AF_UNIX;

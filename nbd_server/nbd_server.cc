@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -119,6 +120,8 @@ constexpr uint32_t kMaxName = 4096;
 constexpr uint32_t kMaxOptionData = 64 * 1024;
 // Extents in one BLOCK_STATUS reply (qemu's NBD_MAX_BLOCK_STATUS_EXTENTS).
 constexpr size_t kMaxExtents = 1024 * 1024 / 8;
+// A WRITE's payload is received in pieces of at most this many bytes.
+constexpr uint32_t kPayloadPiece = 256 * 1024;
 
 void Put16(std::string& s, uint16_t v) {
   s.push_back(static_cast<char>(v >> 8));
@@ -222,6 +225,8 @@ uint32_t NbdErrno(const absl::Status& status) {
 
 struct Server::Connection {
   int fd = -1;
+  int timer_fd = -1;        // the handshake time limit, until negotiated
+  bool negotiated = false;  // entered transmission
   bool no_zeroes = false;
   bool structured = false;
   // What SET_META_CONTEXT selected (qemu's NBDExportMetaContexts).
@@ -372,41 +377,104 @@ uint16_t Server::TransmissionFlags(const Connection& conn) const {
   return flags;
 }
 
+absl::Status Server::SetUp(int signal_fd) {
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return ErrnoStatus("", "eventfd", errno);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) return ErrnoStatus("", "epoll_create1", errno);
+  for (const int fd : {wake_fd_, signal_fd}) {
+    if (fd < 0) continue;
+    struct epoll_event ev = {};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) < 0) {
+      return ErrnoStatus("", "epoll_ctl", errno);
+    }
+  }
+  return absl::OkStatus();
+}
+
 io::Task<absl::Status> Server::Serve(int listen_fd, int signal_fd) {
   const int fl = fcntl(listen_fd, F_GETFL);
   if (fl < 0 || fcntl(listen_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
     co_return ErrnoStatus("", "fcntl", errno);
   }
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake_fd_ < 0) co_return ErrnoStatus("", "eventfd", errno);
-  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (epoll_fd_ < 0) co_return ErrnoStatus("", "epoll_create1", errno);
+  if (absl::Status st = SetUp(signal_fd); !st.ok()) co_return st;
+  co_return co_await Loop(listen_fd, signal_fd);
+}
+
+io::Task<absl::Status> Server::ServeConnected(int fd) {
+  const int fl = fcntl(fd, F_GETFL);
+  absl::Status st = fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0
+                        ? ErrnoStatus("", "fcntl", errno)
+                        : SetUp(-1);
+  if (!st.ok()) {
+    close(fd);
+    co_return st;
+  }
+  AddConnection(fd);
+  co_return co_await Loop(-1, -1);
+}
+
+void Server::AddConnection(int fd) {
+  ++clients_;
+  auto conn = std::make_unique<Connection>();
+  conn->fd = fd;
+  if (options_.handshake_limit_seconds > 0) {
+    // No timerfd (out of fds): the client is served without a limit.
+    conn->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (conn->timer_fd >= 0) {
+      struct itimerspec when = {};
+      when.it_value.tv_sec = options_.handshake_limit_seconds;
+      struct epoll_event ev = {};
+      ev.events = EPOLLIN;
+      ev.data.fd = conn->timer_fd;
+      if (timerfd_settime(conn->timer_fd, 0, &when, nullptr) == 0 &&
+          epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, conn->timer_fd, &ev) == 0) {
+        handshake_timers_[conn->timer_fd] = conn.get();
+      } else {
+        close(conn->timer_fd);
+        conn->timer_fd = -1;
+      }
+    }
+  }
+  Connection* raw = conn.get();
+  connections_.push_back(std::move(conn));
+  io::Spawn(RunConnection(raw));
+}
+
+void Server::CancelHandshakeTimer(Connection& conn) {
+  if (conn.timer_fd < 0) return;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn.timer_fd, nullptr);
+  handshake_timers_.erase(conn.timer_fd);
+  close(conn.timer_fd);
+  conn.timer_fd = -1;
+}
+
+io::Task<absl::Status> Server::Loop(int listen_fd, int signal_fd) {
   auto add = [&](int fd) {
     struct epoll_event ev = {};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
     return epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
   };
-  if (add(wake_fd_) < 0 || (signal_fd >= 0 && add(signal_fd) < 0)) {
-    co_return ErrnoStatus("", "epoll_ctl", errno);
-  }
   bool listening = false;
-  bool served = false;
   bool shut_down = false;
   std::vector<std::coroutine_handle<>> ready;
   // The one poll request in flight: on the epoll fd, which holds the
   // listening socket, the wake and signal fds and every socket a coroutine
   // waits on (WaitFd); this loop resumes the waiters.
   while (true) {
-    if (!options_.persistent && served && clients_ == 0) stopping_ = true;
+    if (listen_fd < 0 && clients_ == 0) stopping_ = true;
     if (stopping_ && !shut_down) {
       // Readers see the end of their stream; replies in flight fail.
       for (const auto& conn : connections_) shutdown(conn->fd, SHUT_RDWR);
       shut_down = true;
     }
     if (stopping_ && connections_.empty()) break;
-    const bool want = !stopping_ && (options_.max_connections <= 0 ||
-                                     clients_ < options_.max_connections);
+    const bool want = listen_fd >= 0 && !stopping_ &&
+                      (options_.max_connections <= 0 ||
+                       clients_ < options_.max_connections);
     if (want != listening) {
       if (want) {
         if (add(listen_fd) < 0) co_return ErrnoStatus("", "epoll_ctl", errno);
@@ -437,14 +505,15 @@ io::Task<absl::Status> Server::Serve(int listen_fd, int signal_fd) {
           const int c = accept4(listen_fd, nullptr, nullptr,
                                 SOCK_NONBLOCK | SOCK_CLOEXEC);
           if (c < 0) break;
-          ++clients_;
-          served = true;
-          auto conn = std::make_unique<Connection>();
-          conn->fd = c;
-          Connection* raw = conn.get();
-          connections_.push_back(std::move(conn));
-          io::Spawn(RunConnection(raw));
+          AddConnection(c);
         }
+      } else if (auto t = handshake_timers_.find(fd);
+                 t != handshake_timers_.end()) {
+        // qemu's nbd_handshake_timer_cb: the socket is shut down; the
+        // handshake's next read or write fails and the connection ends.
+        Connection* conn = t->second;
+        CancelHandshakeTimer(*conn);
+        shutdown(conn->fd, SHUT_RDWR);
       } else if (auto it = waiters_.find(fd); it != waiters_.end()) {
         SocketWaiters& w = it->second;
         const bool hangup = (ev & (EPOLLHUP | EPOLLERR)) != 0;
@@ -479,6 +548,7 @@ void Server::Arm(int fd, SocketWaiters& w) {
 }
 
 void Server::ConnectionEnded(Connection* conn) {
+  CancelHandshakeTimer(*conn);
   tls_.erase(conn->fd);
   if (auto it = waiters_.find(conn->fd); it != waiters_.end()) {
     if (it->second.added) {
@@ -488,6 +558,11 @@ void Server::ConnectionEnded(Connection* conn) {
   }
   close(conn->fd);
   --clients_;
+  // qemu-nbd 7.2's nbd_client_closed: only a client that negotiated stops
+  // a server without -t, when it was the last one.
+  if (!options_.persistent && conn->negotiated && clients_ == 0) {
+    stopping_ = true;
+  }
   connections_.remove_if(
       [conn](const std::unique_ptr<Connection>& c) { return c.get() == conn; });
   // Serve's loop re-checks the client count (it may be waiting in poll).
@@ -849,8 +924,23 @@ io::Task<bool> Server::Handshake(Connection& conn) {
   }
 }
 
+io::Task<bool> Server::ReadPayload(int fd, std::vector<uint8_t>& data,
+                                    uint32_t length) {
+  // Reserved, not touched: the pages come as the pieces are written.
+  data.reserve(length);
+  while (data.size() < length) {
+    const size_t done = data.size();
+    const size_t n = std::min<size_t>(length - done, kPayloadPiece);
+    data.resize(done + n);
+    if (!co_await ReadFull(fd, data.data() + done, n)) co_return false;
+  }
+  co_return true;
+}
+
 io::Task<void> Server::RunConnection(Connection* conn) {
-  if (co_await Handshake(*conn)) {
+  conn->negotiated = co_await Handshake(*conn);
+  CancelHandshakeTimer(*conn);
+  if (conn->negotiated) {
     uint8_t h[28];
     while (true) {
       if (conn->in_flight >= kMaxRequests) {
@@ -887,9 +977,8 @@ io::Task<void> Server::RunConnection(Connection* conn) {
           // A WRITE's payload follows; the stream cannot be followed.
           close_after = request->type == kCmdWrite;
         } else if (request->type == kCmdWrite) {
-          request->data.resize(request->length);
-          if (!co_await ReadFull(conn->fd, request->data.data(),
-                                 request->length)) {
+          if (!co_await ReadPayload(conn->fd, request->data,
+                                    request->length)) {
             break;
           }
         }

@@ -46,7 +46,11 @@
 // refuses into EINVAL, not the EPERM the protocol suggests). Errors of the
 // block graph map to NBD errors as qemu's system_errno_to_nbd_errno. Memory per connection is bounded: at most kMaxRequests requests
 // in flight, each with a buffer of at most 32 MiB; option data over 64 KiB
-// is dropped in 4 KiB pieces, never buffered.
+// is dropped in 4 KiB pieces, never buffered; a WRITE's buffer grows with
+// the payload bytes received, so a client announcing 32 MiB and sending
+// them slowly (or never) holds only what it sent (qemu's buffer is
+// allocated untouched, to the same effect). A client that has not finished
+// negotiating within ExportOptions::handshake_limit_seconds is shut down.
 //
 // TLS (doc/proto.md "TLS support", as qemu-nbd 7.2's nbd_negotiate_options
 // with --tls-creds): before NBD_OPT_STARTTLS every option but STARTTLS gets
@@ -116,8 +120,17 @@ struct ExportOptions {
   // -e: clients connected at once (0: no limit); more wait in the backlog.
   int max_connections = 1;
   // -t: keep serving after the last client left; otherwise Serve returns
-  // once a client has connected and no client is left.
+  // when a client that finished negotiation (entered transmission) leaves
+  // and no other client is connected, as qemu-nbd 7.2's nbd_client_closed:
+  // a client that leaves during the handshake (a port scan, `nbdinfo
+  // --list`'s ABORT, the handshake limit below) does not stop the server.
   bool persistent = false;
+  // Seconds a client may take from its connection to the end of
+  // negotiation (TLS included) before the server shuts its socket down, as
+  // Debian's qemu-nbd 7.2 (the CVE-2024-7409 backport in 7.2.14: nbd/server.c
+  // nbd_co_client_start, NBD_DEFAULT_HANDSHAKE_MAX_SECS = 10). 0: no limit.
+  // The stalled client still counts against max_connections until then.
+  int handshake_limit_seconds = 10;
   // --detect-zeroes=on|unmap: a WRITE whose payload is all zeroes is done
   // as a write-zeroes (may unmap with detect_zeroes_unmap and
   // discard_unmap), as QEMU's bdrv_aligned_pwritev on the export's node.
@@ -161,9 +174,35 @@ class Server {
   // finished before it returns. Errors: kInternal for epoll/eventfd setup.
   io::Task<absl::Status> Serve(int listen_fd, int signal_fd);
 
+  // Serves the one already-connected stream socket `fd` (a socketpair end
+  // or an accepted socket; made non-blocking here; owned from the call on
+  // and closed when its connection ends) as a client of the export, and
+  // returns once that connection has ended (the client closed its end, sent
+  // DISC, or was refused), its requests finished and replied. For the
+  // fuzz target (nbd_server/server_fuzzer.cc) and tests: the same handshake
+  // and request code as Serve, without a listening socket. Call at most
+  // once per Server, instead of Serve. Errors: kInternal for epoll/eventfd
+  // setup (fd is closed then too).
+  io::Task<absl::Status> ServeConnected(int fd);
+
  private:
   struct Connection;
   struct Request;
+
+  // Creates the epoll set and the wake eventfd, adds them and `signal_fd`.
+  absl::Status SetUp(int signal_fd);
+  // The loop resuming socket waiters until the server stops (Serve's doc).
+  // listen_fd < 0: no listening socket; stops when no client is left.
+  io::Task<absl::Status> Loop(int listen_fd, int signal_fd);
+  // Starts serving the connected socket `fd` (non-blocking) as a client.
+  void AddConnection(int fd);
+  // Ends `conn`'s handshake time limit (closes its timerfd), if any.
+  void CancelHandshakeTimer(Connection& conn);
+  // Reads a WRITE's `length` bytes of payload into `data` in pieces, the
+  // buffer's touched memory growing with the bytes received, not with the
+  // length announced. False when the stream ended first.
+  io::Task<bool> ReadPayload(int fd, std::vector<uint8_t>& data,
+                             uint32_t length);
 
   io::Task<void> WaitFd(int fd, int events);
   io::Task<bool> ReadFull(int fd, void* data, size_t length);
@@ -227,6 +266,8 @@ class Server {
   // The TLS session of each connection that started TLS, by fd (owned by
   // the connection).
   std::unordered_map<int, TlsSession*> tls_;
+  // The connection each handshake timerfd in the epoll set limits, by fd.
+  std::unordered_map<int, Connection*> handshake_timers_;
 };
 
 }  // namespace imgtool::nbd_server

@@ -24,8 +24,10 @@ declare -A seeds=(
   [format_fuzzer]="format qcow2"
   [image_fuzzer]="image qcow2"
   [options_fuzzer]="options"
+  [server_fuzzer]="nbd"
 )
-targets=(//qcow2/format:format_fuzzer //qcow2:image_fuzzer //base:options_fuzzer)
+targets=(//qcow2/format:format_fuzzer //qcow2:image_fuzzer //base:options_fuzzer
+  //nbd_server:server_fuzzer)
 # Every target: memory bounded by the input (image_fuzzer's copies grow to
 # 2 * input + 8 MiB at most), no input runs longer than 25 s.
 common_flags=(-rss_limit_mb=1024 -timeout=25 -print_final_stats=1)
