@@ -26,56 +26,22 @@
 # exit path (trap). Usage: nbd_hostile_oracle_test.sh PATH_TO_IMGTOOL
 set -u
 IMGTOOL=$(realpath "$1")
-WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/nbd_hostile_oracle.XXXXXX")
-# Unix socket paths must stay under 108 bytes (Bazel's TEST_TMPDIR is long).
-SOCKDIR=$(mktemp -d /tmp/nbdho.XXXXXX)
-mkdir -p "$SOCKDIR/q" "$SOCKDIR/o"
-stop_pid_file() {
-  local f=$1 pid
-  [[ -f "$f" ]] || return 0
-  pid=$(cat "$f")
-  if [[ -n "$pid" ]]; then
-    kill "$pid" 2>/dev/null
-    for _ in $(seq 250); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
-    kill -9 "$pid" 2>/dev/null
-  fi
-  rm -f "$f"
-}
-cleanup() {
-  local f
-  for f in "$SOCKDIR"/q/*.pid "$SOCKDIR"/o/*.pid; do stop_pid_file "$f"; done
-  rm -rf "$WORK" "$SOCKDIR"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
 if [[ -n "${TEST_SRCDIR:-}" ]]; then
   LIBDIR="$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing"
 else
   LIBDIR=$(realpath "$(dirname "$0")")
 fi
 source "$LIBDIR/oracle_lib.sh" || exit 1
+source "$LIBDIR/nbd_lib.sh" || exit 1
+nbd_setup nbd_hostile_oracle
 STRESS="$LIBDIR/nbd_stress.py"
 PY=/usr/bin/python3
 for t in qemu-img qemu-nbd nbdinfo nbdcopy $PY; do
   command -v $t >/dev/null || { echo "$t not installed (tools/setup.sh)"; exit 1; }
 done
 
-# serve WHO NAME ARGS...: qemu-nbd (q) or imgtool nbd (o) with --fork on
-# $SOCKDIR/WHO/NAME.sock, its pid in NAME.pid.
-serve() {
-  local who=$1 name=$2
-  shift 2
-  local prog=(qemu-nbd)
-  [[ $who == o ]] && prog=("$IMGTOOL" nbd)
-  rm -f "$SOCKDIR/$who/$name.sock"
-  if ! timeout 30 "${prog[@]}" --fork --pid-file="$SOCKDIR/$who/$name.pid" \
-    -k "$SOCKDIR/$who/$name.sock" "$@" 2>"$WORK/serve.err"; then
-    echo "SETUP FAILED: ${prog[*]} $*: $(cat "$WORK/serve.err")"
-  fi
-}
 sock() { echo "$SOCKDIR/$1/$2.sock"; }
 pid_of() { cat "$SOCKDIR/$1/$2.pid"; }
-uri() { echo "nbd+unix:///?socket=$SOCKDIR/$1/$2.sock"; }
 # compare LABEL: q.out (qemu-nbd's answers) and o.out (imgtool's) equal.
 compare() {
   checks=$((checks + 1))
@@ -93,7 +59,7 @@ for who in q o; do
   serve $who slow -t -e 4 -f raw disk.img
   timeout 60 $PY "$STRESS" slow-write "$(sock $who slow)" "$(pid_of $who slow)" \
     >"slow.$who" 2>&1
-  stop_pid_file "$SOCKDIR/$who/slow.pid"
+  stop $who slow
   grep -v '^growth' "slow.$who" >"$who.out"
 done
 compare "slow write: the second client"
@@ -148,7 +114,7 @@ done
 for who in q o; do
   serve $who many -t -e 2 -f raw disk.img
   timeout 90 $PY "$STRESS" many "$(sock $who many)" 5 >"$who.out" 2>&1
-  stop_pid_file "$SOCKDIR/$who/many.pid"
+  stop $who many
 done
 compare "five clients on -e 2"
 grep -q '^greeted while 2 are connected: \[0, 1\]$' o.out || fail "many: $(cat o.out)"

@@ -20,40 +20,14 @@
 # Usage: nbd_server_oracle_test.sh PATH_TO_IMGTOOL
 set -u
 IMGTOOL=$(realpath "$1")
-WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/nbd_server_oracle.XXXXXX")
-# Unix socket paths must stay under 108 bytes (Bazel's TEST_TMPDIR is long).
-# qemu-nbd's sockets are under q/, imgtool's under o/: outputs are compared
-# with o/ replaced by q/.
-SOCKDIR=$(mktemp -d /tmp/nbdso.XXXXXX)
-mkdir -p "$SOCKDIR/q" "$SOCKDIR/o"
-stop_pid_file() {
-  local f=$1 pid
-  [[ -f "$f" ]] || return 0
-  pid=$(cat "$f")
-  if [[ -n "$pid" ]]; then
-    kill "$pid" 2>/dev/null
-    # Wait until it is gone (it is not our child after --fork).
-    for _ in $(seq 250); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
-    kill -9 "$pid" 2>/dev/null
-  fi
-  rm -f "$f"
-}
-stop_servers() {
-  local f
-  for f in "$SOCKDIR"/q/*.pid "$SOCKDIR"/o/*.pid; do stop_pid_file "$f"; done
-}
-cleanup() {
-  stop_servers
-  rm -rf "$WORK" "$SOCKDIR"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
 if [[ -n "${TEST_SRCDIR:-}" ]]; then
   LIBDIR="$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing"
 else
   LIBDIR=$(realpath "$(dirname "$0")")
 fi
 source "$LIBDIR/oracle_lib.sh" || exit 1
+source "$LIBDIR/nbd_lib.sh" || exit 1
+nbd_setup nbd_server_oracle
 HOSTILE="$LIBDIR/nbd_hostile.py"
 # Debian's python3 has the libnbd module (python3-libnbd).
 PY=/usr/bin/python3
@@ -61,22 +35,6 @@ for t in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy $PY; do
   command -v $t >/dev/null || { echo "$t not installed (tools/setup.sh)"; exit 1; }
 done
 $PY -c 'import nbd' || { echo "python3-libnbd not installed (tools/setup.sh)"; exit 1; }
-
-# serve WHO NAME ARGS...: starts qemu-nbd (WHO=q) or imgtool nbd (WHO=o)
-# with --fork on $SOCKDIR/WHO/NAME.sock; its pid in NAME.pid.
-serve() {
-  local who=$1 name=$2
-  shift 2
-  local prog=(qemu-nbd)
-  [[ $who == o ]] && prog=("$IMGTOOL" nbd)
-  rm -f "$SOCKDIR/$who/$name.sock"
-  if ! timeout 30 "${prog[@]}" --fork --pid-file="$SOCKDIR/$who/$name.pid" \
-    -k "$SOCKDIR/$who/$name.sock" "$@" 2>"$WORK/serve.err"; then
-    echo "SETUP FAILED: ${prog[*]} $*: $(cat "$WORK/serve.err")"
-  fi
-}
-stop() { stop_pid_file "$SOCKDIR/$1/$2.pid"; }
-uri() { echo "nbd+unix:///${3:-}?socket=$SOCKDIR/$1/$2.sock"; }
 
 # same CMD...: runs CMD with @Q@ and @O@ replaced by qemu-nbd's and
 # imgtool's URI (set in QU and OU); stdout, stderr and exit status equal
