@@ -144,9 +144,10 @@ def _series_for(cases_by_run, spec, labels, metric, skip, multi_run):
             by_group[label]["cases"][case.value(x_key)] = case
         for label in groups:
             g = by_group[label]
-            data, rsd, errors = [], [], []
+            data, rsd, errors, cases = [], [], [], []
             for raw_x in labels:
                 case = g["cases"].get(raw_x)
+                cases.append(case)
                 stat = case.metrics.get(metric) if case else None
                 if case is not None and case.error is not None:
                     errors.append("%s%s: %s" % (
@@ -171,34 +172,58 @@ def _series_for(cases_by_run, spec, labels, metric, skip, multi_run):
                 name = "%s: %s" % (run.letter, name)
             series.append({"label": name, "data": data, "rsd": rsd,
                            "ceiling": is_ceiling, "run": run.letter,
-                           "group": label, "errors": errors})
+                           "group": label, "errors": errors,
+                           # for _ratio_text's U tests; not in the page
+                           "_cases": cases})
     return series
 
 
-def _ratio_text(series, labels, reference):
-    """`imgtool / qemu-img: rebase 0.76, commit 0.78` for each series that
-    is not the reference (a series whose group has key=value), per run;
-    empty without a reference series. `reference` may be a list of such
-    (key, value) pairs: each one present is a reference."""
+def _ratio_text(series, labels, reference, metric):
+    """`imgtool / qemu-img: rebase 0.76 (p=0.0079 significant), commit
+    0.78 (p=0.42 not significant)` for each series that is not the
+    reference (a series whose group has key=value), per run; each ratio
+    with the U test of the bar's repetitions against the reference bar's
+    (results.utest), or once at the end `(U test: too few repetitions, 2
+    vs 2)` when no bar has enough. Empty without a reference series.
+    `reference` may be a list of such (key, value) pairs: each one present
+    is a reference."""
     if isinstance(reference, list):
-        return "; ".join(t for t in (_ratio_text(series, labels, r)
+        return "; ".join(t for t in (_ratio_text(series, labels, r, metric)
                                      for r in reference) if t)
     key, value = reference
+    ref_part = "%s:%s" % (key, value)
+
+    def others(group):
+        # the series' other labels: a bar is compared with the reference
+        # of the same other labels (prealloc_side_by_side: filter:on's
+        # imgtool with filter:on's qemu-img)
+        return [p for p in group.split("/") if p.partition(":")[0] != key]
     parts = []
     for ref in series:
-        if ref["group"] != "%s:%s" % (key, value) and not ref[
-                "group"].endswith("/%s:%s" % (key, value)):
+        if ref_part not in ref["group"].split("/"):
             continue
         for s in series:
-            if s is ref or s["run"] != ref["run"]:
+            if (s is ref or s["run"] != ref["run"] or
+                    others(s["group"]) != others(ref["group"])):
                 continue
-            cells = []
-            for label, a, b in zip(labels, s["data"], ref["data"]):
+            cells, tests = [], []
+            for label, a, b, ca, cb in zip(labels, s["data"], ref["data"],
+                                           s["_cases"], ref["_cases"]):
                 if a is not None and b:
                     cells.append("%s %.2f" % (label, a / b))
-            if cells:
-                parts.append("%s / %s: %s" % (s["label"], ref["label"],
-                                              ", ".join(cells)))
+                    tests.append(results.utest(cb, ca, metric))
+            if not cells:
+                continue
+            if any(u.p is not None for u in tests):
+                cells = ["%s (%s)" % (c, u.text())
+                         for c, u in zip(cells, tests)]
+                text = ", ".join(cells)
+            else:
+                pairs = sorted(set((u.n1, u.n2) for u in tests))
+                text = "%s (U test: too few repetitions, %s)" % (
+                    ", ".join(cells), ", ".join("%d vs %d" % p
+                                                for p in pairs))
+            parts.append("%s / %s: %s" % (s["label"], ref["label"], text))
     return "; ".join(parts)
 
 
@@ -275,7 +300,9 @@ def build_model(suites):
                     if spec.get("ratio"):
                         by_metric[m]["ratios"] = _ratio_text(
                             series, [results.human_value(spec["x"], v)
-                                     for v in x_values], spec["ratio"])
+                                     for v in x_values], spec["ratio"], m)
+                    for s in series:
+                        del s["_cases"]
             title = suite if facet is None else "%s: %s:%s" % (
                 suite, spec["facet"], facet)
             chart_default = default if default in by_metric else (
@@ -327,7 +354,8 @@ def _table_html(t, shown):
     out.append('</caption><thead><tr><th></th>')
     out.extend("<th>%s</th>" % _esc(c) for c in t.columns)
     out.append("</tr></thead><tbody>")
-    for label, cells, diffs in t.rows:
+    decided = results.utest_decided(t)
+    for label, cells, diffs, tests in t.rows:
         out.append('<tr><th class="case">%s</th>' % _esc(label))
         for c in cells:
             cls = ' class="error"' if c == "ERROR" else ""
@@ -336,8 +364,8 @@ def _table_html(t, shown):
         out.append("</tr>")
         if any(d is not None for d in diffs):
             out.append('<tr class="diff"><th></th>')
-            for d in diffs:
-                cls = ""
+            for d, u in zip(diffs, tests):
+                cls = []
                 up = bool(d) and d.startswith("+") and d != "+0%"
                 down = bool(d) and d.startswith("-") and d not in ("-0%",
                                                                    "--")
@@ -345,9 +373,17 @@ def _table_html(t, shown):
                     # a ratio (results.SUITE_RATIO): above or below 1
                     up, down = float(d[:-1]) > 1, float(d[:-1]) < 1
                 if (up or down) and higher is not None:
-                    cls = ' class="%s"' % ("better" if up == higher
-                                           else "worse")
-                out.append("<td%s>%s</td>" % (cls, _esc(d or "")))
+                    cls.append("better" if up == higher else "worse")
+                test = ""
+                if decided and d is not None and u is not None:
+                    # the U test: a significant change is drawn strong, a
+                    # change within the noise faint (dashboard.css)
+                    cls.append("significant" if u.significant() else
+                               "undecided" if u.p is None else "noise")
+                    test = '<span class="utest">%s</span>' % _esc(u.text())
+                out.append('<td%s>%s%s</td>' % (
+                    ' class="%s"' % " ".join(cls) if cls else "",
+                    _esc(d or ""), test))
             out.append("</tr>")
     out.append("</tbody></table>")
     return "".join(out)
@@ -437,9 +473,12 @@ def render_page(suites, chartjs_path, paths, by=None, now=None):
                 "<p>Generated %s from %d result file(s): %s.</p>"
                 '<div id="status-line">Each cell: mean ± relative standard '
                 "deviation over the repetitions; the line under it: change "
-                "against the first column.</div>"
+                "against the first column and, with at least %d repetitions "
+                "on each side, its Mann-Whitney U test (significant: "
+                "p &lt; %g).</div>"
                 '<ul id="errors"></ul></header>' %
-                (_esc(generated), len(paths), _esc(", ".join(paths))))
+                (_esc(generated), len(paths), _esc(", ".join(paths)),
+                 results.UTEST_MIN_REPETITIONS, results.UTEST_ALPHA))
     body.append('<nav><ul>%s</ul></nav>' % "".join(
         '<li><a href="#suite-%s">%s</a></li>' % (_esc(s), _esc(s))
         for s, _ in suites))

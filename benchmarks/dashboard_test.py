@@ -238,7 +238,8 @@ class DashboardTest(unittest.TestCase):
         caption = self.dom.captions["chart-chain"]
         self.assertRegex(
             caption, r"^tool:imgtool / tool:qemu-img: rebase [0-9]+\.[0-9]{2}, "
-            r"flatten [0-9.]+, commit [0-9.]+, measure [0-9.]+, dd [0-9.]+$")
+            r"flatten [0-9.]+, commit [0-9.]+, measure [0-9.]+, dd [0-9.]+ "
+            r"\(U test: too few repetitions, 2 vs 2\)$")
         chain = dict(self.suites)["chain"][0]
         ours = chain.case("fs:xfs/case:commit/tool:imgtool").metrics[
             "seconds"].mean
@@ -442,6 +443,49 @@ class NbdSuiteTest(unittest.TestCase):
                          r"ratio [0-9.]+ \(target ≤ 1\): (met|MISSED)$")
         block = self.page.split('<ul class="targets" data-suite="nbd">')[1]
         self.assertEqual(block.split("</ul>")[0].count("<li"), 20)
+
+
+class SignificanceTest(unittest.TestCase):
+    """The U test on the page: testdata/benchmarks/full/snapshot-vm.json
+    has 5 repetitions per case, so every ratio to qemu-img gets its p value
+    (in the chart's caption and under each table cell); run2's 2
+    repetitions are too few (test_chain_shows_ratios_to_qemu_img)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        paths = ["testdata/benchmarks/full/snapshot-vm.json"]
+        cls.suites = results.load_all(paths, _WS)
+        cls.page = dashboard.render_page(cls.suites, dashboard.find_chartjs(),
+                                         paths)
+        cls.path = os.path.join(cls.dir, "index.html")
+        with open(cls.path, "w", encoding="utf-8") as f:
+            f.write(cls.page)
+        cls.dom = read_dom(cls.path)
+
+    def test_caption_gives_each_ratio_its_p_value(self):
+        self.assertEqual(self.dom.errors, [])
+        self.assertEqual(
+            self.dom.captions["chart-snapshot"],
+            "tool:imgtool / tool:qemu-img: "
+            "create 1.03 (p=0.84 not significant), "
+            "delete 2.63 (p=0.056 not significant), "
+            "cow 0.13 (p=0.0079 significant), "
+            "cow_extl2 0.14 (p=0.0079 significant), "
+            "write 0.78 (p=0.0079 significant), "
+            "write_bitmap 0.63 (p=0.0079 significant)")
+
+    def test_table_cells_marked(self):
+        # the seconds table (shown): each ratio with its test, a class
+        # for the page's style (significant: bold; noise: faint)
+        self.assertIn(
+            '<td class="worse noise">2.63x<span class="utest">p=0.056 not '
+            'significant</span></td>', self.page)
+        self.assertIn(
+            '<td class="better significant">0.13x<span class="utest">'
+            'p=0.0079 significant</span></td>', self.page)
+        self.assertIn("each change: Mann-Whitney U test (two-sided)",
+                      self.page)
 
 
 class LogScaleBarsTest(unittest.TestCase):

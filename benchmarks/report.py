@@ -9,7 +9,9 @@ two commits) the columns are the files, A, B, ...; with one file the columns
 are the values of the suite's variant key (extended_l2, hint, ...), or of
 --by KEY. Each cell is `mean ± relative standard deviation` over the
 repetitions; the line under it gives each column's change against the first
-column in percent. Suites with targets (SUITE_TARGETS in results.py:
+column in percent, with a two-sided Mann-Whitney U test of the repetitions
+(`p=0.0079 significant`, p < 0.05; at least 4 repetitions on each side,
+results.UTEST_MIN_REPETITIONS). Suites with targets (SUITE_TARGETS in results.py:
 snapshot) end with one line per target: the medians, the ratio or cost and
 whether the target is met.
 """

@@ -114,6 +114,9 @@ class ReportFiguresTest(unittest.TestCase):
             "   B: subcluster-b.json (b, commit 2222222, "
             "2026-12-01T10:00:00+00:00)\n"
             "   every row: fs:xfs\n"
+            # B has aggregates only: no repetitions for the U test
+            "   U test: too few repetitions to decide (3 vs 0; at least 4 "
+            "on each side needed)\n"
             "\n"
             "                            A          B\n"
             "--------------------------  ---------  --------\n"
@@ -139,6 +142,8 @@ class ReportFiguresTest(unittest.TestCase):
         self.assertEqual(out, (
             "== create_prealloc: seconds (s, lower is better)\n"
             "   create_prealloc-vm.json (vm, 2026-12-01T10:00:00+00:00)\n"
+            "   U test: too few repetitions to decide (1 vs 1; at least 4 "
+            "on each side needed)\n"
             "\n"
             "         prealloc:off  prealloc:full\n"
             "-------  ------------  -------------\n"
@@ -248,6 +253,8 @@ class ReportFiguresTest(unittest.TestCase):
             "== subcluster: bytes_from_backing (MiB, lower is better)\n"
             "   subcluster-vm.json (vm, 2026-12-01T10:00:00+00:00)\n"
             "   every row: fs:xfs/cluster:64k\n"
+            "   U test: too few repetitions to decide (2 vs 2; at least 4 "
+            "on each side needed)\n"
             "\n"
             "       extended_l2:off  extended_l2:on\n"
             "-----  ---------------  --------------\n"
@@ -324,6 +331,138 @@ class ReportFiguresTest(unittest.TestCase):
         rc, out, err = run_report(["deep.json"], self.dir)
         self.assertEqual((rc, out, err), (
             1, "", "report: deep.json: not JSON: nested too deeply\n"))
+
+
+class MannWhitneyTest(unittest.TestCase):
+    """results.mann_whitney_u against scipy.stats.mannwhitneyu's documented
+    values and hand-computed cases (scipy is not installed here)."""
+
+    def test_scipy_documentation_example(self):
+        # scipy.stats.mannwhitneyu docs (1.7+): males [19, 22, 16, 29, 24],
+        # females [20, 11, 17, 12]: U1 = 17.0, exact two-sided p =
+        # 0.1111111111111111 (14 of the 126 orderings are as extreme);
+        # method="asymptotic": p = 0.11134688653314041 (ours differs in the
+        # 16th digit: erfc against scipy's normal survival function).
+        males, females = [19, 22, 16, 29, 24], [20, 11, 17, 12]
+        self.assertEqual(results.mann_whitney_u(males, females),
+                         (17.0, 0.1111111111111111))
+        u, p = results.mann_whitney_u(males, females, "asymptotic")
+        self.assertEqual(u, 17.0)
+        self.assertAlmostEqual(p, 0.11134688653314041, places=14)
+
+    def test_exact_smallest_p_values(self):
+        # completely separated samples: U = 0, p = 2 / C(n1 + n2, n1)
+        self.assertEqual(results.mann_whitney_u([1, 2, 3], [4, 5, 6]),
+                         (0.0, 0.1))  # 2/20: never below 0.05
+        self.assertEqual(results.mann_whitney_u([1, 2, 3, 4], [5, 6, 7, 8]),
+                         (0.0, 2 / 70))
+        self.assertEqual(results.mann_whitney_u([6, 7, 8, 9, 10],
+                                                [1, 2, 3, 4, 5]),
+                         (25.0, 2 / 252))
+        # one inversion among 5 vs 5: U = 24 (or 1); 2 of the 252
+        # orderings have U >= 24, so p = 4/252
+        self.assertEqual(results.mann_whitney_u([1, 2, 3, 4, 6],
+                                                [5, 7, 8, 9, 10]),
+                         (1.0, 4 / 252))
+        # the exact null distribution of U for 2 vs 2: 1 1 2 1 1
+        self.assertEqual(results._exact_u_counts(2, 2), [1, 1, 2, 1, 1])
+
+    def test_ties_use_the_normal_approximation(self):
+        # x = [1, 2, 2, 3], y = [2, 3, 4, 5]. Pooled ranks: 1 -> 1, the
+        # three 2s -> 3, the two 3s -> 5.5, 4 -> 7, 5 -> 8; R1 = 1 + 3 + 3
+        # + 5.5 = 12.5, U1 = 12.5 - 4*5/2 = 2.5, U2 = 13.5. Tie term
+        # ((27-3) + (8-2)) / (8*7) = 30/56; variance 16/12 * (9 - 30/56) =
+        # 11.285714; z = (13.5 - 8 - 0.5) / sqrt(11.285714) = 1.488351;
+        # p = 2 * (1 - Phi(1.488351)) = 0.136658.
+        u, p = results.mann_whitney_u([1, 2, 2, 3], [2, 3, 4, 5])
+        self.assertEqual(u, 2.5)
+        self.assertAlmostEqual(p, 0.136658, places=6)
+        # all equal: no difference at all
+        self.assertEqual(results.mann_whitney_u([5, 5, 5, 5], [5, 5, 5, 5]),
+                         (8.0, 1.0))
+
+    def test_more_than_eight_each_is_asymptotic(self):
+        # 9 vs 9 separated: U = 0; mean 40.5, variance 81 * 19 / 12 =
+        # 128.25, z = (81 - 40.5 - 0.5) / 11.3248 = 3.532056, p =
+        # 0.000412295
+        u, p = results.mann_whitney_u(list(range(1, 10)),
+                                      list(range(10, 19)))
+        self.assertEqual(u, 0.0)
+        self.assertAlmostEqual(p, 0.000412295, places=9)
+
+    def test_too_few_repetitions(self):
+        # at least UTEST_MIN_REPETITIONS (4) on each side: with 3 vs 3 the
+        # smallest p is 0.1 (above), so the test is not run
+        a, b = results.Case([]), results.Case([])
+        a.samples["IOPS"] = [1.0, 2.0, 3.0]
+        b.samples["IOPS"] = [4.0, 5.0, 6.0, 7.0]
+        u = results.utest(a, b, "IOPS")
+        self.assertEqual((u.n1, u.n2, u.p, u.significant(), u.text()),
+                         (3, 4, None, False, "too few reps (3 vs 4)"))
+        a.samples["IOPS"].append(0.5)
+        u = results.utest(a, b, "IOPS")
+        self.assertEqual((u.p, u.significant(), u.text()),
+                         (2 / 70, True, "p=0.029 significant"))
+        b.samples["IOPS"][0] = float("nan")
+        self.assertIsNone(results.utest(a, b, "IOPS").p)
+        self.assertEqual(results.format_p(0.6905), "0.69")
+        self.assertEqual(results.format_p(1.0), "1")
+        self.assertEqual(results.format_p(0.000412295), "0.00041")
+        self.assertEqual(results.format_p(3.2e-7), "3.2e-07")
+
+
+class ReportSignificanceTest(unittest.TestCase):
+    maxDiff = None
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+
+    def test_each_change_marked_significant_or_not(self):
+        # two runs, 5 repetitions each: 64k on separates completely
+        # (p = 2/252), 4k off overlaps (U = 13 of 25: p = 1); a third
+        # row with 3 repetitions in B is too few to decide
+        def file(name, rows, commit):
+            entries = []
+            for cfg, vals in rows:
+                entries += [gb_entry("subcluster/fs:xfs/" + cfg,
+                                     {"IOPS": v}, index=i, reps=len(vals))
+                            for i, v in enumerate(vals)]
+            with open(os.path.join(self.dir, name), "w") as f:
+                json.dump({"context": {"machine": "vm",
+                                       "imgtool_commit": commit},
+                           "benchmarks": entries}, f)
+            return name
+        a = file("a.json", [
+            ("cluster:65536/extended_l2:on", [100, 101, 102, 103, 104]),
+            ("cluster:4096/extended_l2:off", [10, 20, 30, 40, 50]),
+            ("cluster:16384/extended_l2:off", [1, 2, 3, 4, 5])], "aaaaaaa")
+        b = file("b.json", [
+            ("cluster:65536/extended_l2:on", [110, 111, 112, 113, 114]),
+            ("cluster:4096/extended_l2:off", [15, 25, 35, 36, 45]),
+            ("cluster:16384/extended_l2:off", [6, 7, 8])], "bbbbbbb")
+        rc, out, err = run_report([a, b], self.dir)
+        self.assertEqual((rc, err), (0, ""))
+        self.assertEqual(out, (
+            "== subcluster: IOPS (higher is better)\n"
+            "   A: a.json (vm, commit aaaaaaa)\n"
+            "   B: b.json (vm, commit bbbbbbb)\n"
+            "   every row: fs:xfs\n"
+            "   each change: Mann-Whitney U test (two-sided) of the "
+            "repetitions against the compared value's, significant if "
+            "p < 0.05; at least 4 repetitions on each side\n"
+            "\n"
+            "                             A           B\n"
+            "---------------------------  ----------  "
+            "----------------------------\n"
+            "cluster:64k/extended_l2:on   102 ± 2%    112 ± 1%\n"
+            "                                         +10%, p=0.0079 "
+            "significant\n"
+            "cluster:4k/extended_l2:off   30.0 ± 53%  31.2 ± 37%\n"
+            "                                         +4%, p=1 not "
+            "significant\n"
+            "cluster:16k/extended_l2:off  3 ± 53%     7 ± 14%\n"
+            "                                         +133%, too few reps "
+            "(5 vs 3)\n"))
 
 
 if __name__ == "__main__":

@@ -126,6 +126,9 @@ class Case(object):
         self.config = config  # list of (key, value) in name order
         self.metrics = {}  # metric name -> Stat
         self.medians = {}  # metric name -> median over the repetitions
+        # metric name -> the value of every repetition (iteration entries
+        # only; a file with aggregates alone has none): the U test's input
+        self.samples = {}
         self.error = None  # error message if the benchmark failed
 
     def key(self):
@@ -254,6 +257,9 @@ def load(path, display_name=None):
         run = runs[suite]
         case = Case(config)
         case.error = g["error"]
+        for it in g["iter"]:
+            for m, v in it.items():
+                case.samples.setdefault(m, []).append(v)
         if "median" in g["agg"]:
             case.medians = dict(g["agg"]["median"][0])
         elif g["iter"]:
@@ -466,11 +472,137 @@ def percent_change(value, first):
     return "%+d%%" % int(round(pct))
 
 
+# Mann-Whitney U test (Google Benchmark's tools/compare.py runs scipy's
+# mannwhitneyu, two-sided, over the repetitions of the two runs compared).
+# compare.py runs it from 2 repetitions (UTEST_MIN_REPETITIONS) and calls
+# fewer than 9 unreliable (UTEST_OPTIMAL_REPETITIONS). We require
+# UTEST_MIN_REPETITIONS on each side: with 3 against 3 no ordering of the
+# runs reaches p < 0.05 (the smallest two-sided exact p is 2/20 = 0.1), with
+# 4 against 4 it is 2/70 = 0.029, with 5 against 5 2/252 = 0.0079.
+UTEST_MIN_REPETITIONS = 4
+UTEST_ALPHA = 0.05
+
+
+def _ranks(values):
+    """Ranks 1..n of values, ties given their average rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return ranks
+
+
+def _exact_u_counts(n1, n2):
+    """counts[u]: how many of the C(n1+n2, n1) orderings of two samples
+    without ties give the first sample the statistic U = u."""
+    # f[j][u] for (i, j): orderings of i values of x and j of y with U = u;
+    # the largest value is x's (adds j to U) or y's.
+    prev = [[1] for _ in range(n2 + 1)]  # i = 0: U = 0 only
+    for i in range(1, n1 + 1):
+        cur = [[1]]  # j = 0: U = 0 only
+        for j in range(1, n2 + 1):
+            a = prev[j]  # x's largest: U of the rest + j
+            b = cur[j - 1]  # y's largest: U of the rest
+            row = [0] * (i * j + 1)
+            for u, c in enumerate(a):
+                row[u + j] += c
+            for u, c in enumerate(b):
+                row[u] += c
+            cur.append(row)
+        prev = cur
+    return prev[n2]
+
+
+def mann_whitney_u(x, y, method="auto"):
+    """Two-sided Mann-Whitney U test of samples x and y (lists of numbers),
+    as scipy.stats.mannwhitneyu(x, y) with its defaults (scipy 1.7 to
+    1.13: method 'auto', use_continuity True): returns (U1, p), U1 the
+    statistic of x (the number of pairs with x > y, ties counting 1/2).
+
+    method "auto": p is exact (the null distribution counted) when there
+    are no ties and one sample has at most 8 values, else asymptotic: the
+    normal approximation with the tie correction of the variance and a
+    continuity correction of 1/2. "exact" / "asymptotic" force one (exact
+    counts ties as if broken, as scipy). Both samples need at least one
+    value (ValueError otherwise)."""
+    n1, n2 = len(x), len(y)
+    if n1 == 0 or n2 == 0:
+        raise ValueError("mann_whitney_u needs two non-empty samples")
+    ranks = _ranks(list(x) + list(y))
+    u1 = sum(ranks[:n1]) - n1 * (n1 + 1) / 2.0
+    u2 = n1 * n2 - u1
+    big = max(u1, u2)
+    n = n1 + n2
+    counts = {}
+    for v in list(x) + list(y):
+        counts[v] = counts.get(v, 0) + 1
+    ties = any(c > 1 for c in counts.values())
+    if method == "auto":
+        method = "exact" if min(n1, n2) <= 8 and not ties else "asymptotic"
+    if method == "exact":
+        dist = _exact_u_counts(n1, n2)
+        # P(U >= big); with ties big may be a half: round up
+        tail = sum(dist[int(math.ceil(big)):])
+        p = 2.0 * tail / math.comb(n, n1)
+    else:
+        tie_term = sum(c ** 3 - c for c in counts.values()) / (n * (n - 1))
+        var = n1 * n2 / 12.0 * ((n + 1) - tie_term)
+        if var <= 0:
+            return u1, 1.0  # every value equal: nothing differs
+        z = (big - n1 * n2 / 2.0 - 0.5) / math.sqrt(var)
+        p = math.erfc(z / math.sqrt(2.0))  # 2 * the normal survival at z
+    return u1, min(p, 1.0)
+
+
+class UTest(object):
+    """The U test of one difference: n1, n2 repetitions; p the two-sided p
+    value, or None when there are too few repetitions to decide (fewer than
+    UTEST_MIN_REPETITIONS on a side, or a non-finite value)."""
+
+    def __init__(self, n1, n2, p):
+        self.n1 = n1
+        self.n2 = n2
+        self.p = p
+
+    def significant(self):
+        return self.p is not None and self.p < UTEST_ALPHA
+
+    def text(self):
+        """`p=0.0079 significant`, `p=0.69 not significant`, `too few
+        reps (2 vs 2)`."""
+        if self.p is None:
+            return "too few reps (%d vs %d)" % (self.n1, self.n2)
+        return "p=%s %s" % (format_p(self.p), "significant" if
+                            self.significant() else "not significant")
+
+
+def format_p(p):
+    """0.007936 -> `0.0079`, 0.6905 -> `0.69`, 1.0 -> `1`."""
+    text = "%.2g" % p
+    return text if "e" not in text else "%.1e" % p
+
+
+def utest(first, other, metric):
+    """UTest of one metric between two cases' repetitions (Case.samples)."""
+    a = first.samples.get(metric, []) if first is not None else []
+    b = other.samples.get(metric, []) if other is not None else []
+    if (min(len(a), len(b)) < UTEST_MIN_REPETITIONS or
+            not all(math.isfinite(v) for v in a + b)):
+        return UTest(len(a), len(b), None)
+    return UTest(len(a), len(b), mann_whitney_u(a, b)[1])
+
+
 class Table(object):
     """One comparison table: rows of cells and a difference line per row.
 
     columns: header strings; rows: [(row_label, [cell or None], [diff or
-    None])]; legend: lines that explain the columns.
+    None], [UTest or None])]; legend: lines that explain the columns.
     """
 
     def __init__(self, suite, metric, title, columns, legend):
@@ -632,12 +764,15 @@ def _stats(case, metric):
     return (stat, case.error)
 
 
-def _row(cells_stats, metric, as_ratio=False):
+def _row(cases, metric, as_ratio=False):
     """Cells and the line under them: percent changes against the first
     column, or with as_ratio ratios against the row's first value (the
     first column in every suite but nbd, whose rows fill different
-    columns)."""
-    cells, diffs = [], []
+    columns), and for each change the U test (UTest) of its repetitions
+    against those of the value it is compared with. cases: a Case or
+    None per column."""
+    cells_stats = [_stats(c, metric) for c in cases]
+    cells, diffs, tests = [], [], []
     first = cells_stats[0][0]
     first_i = 0
     if as_ratio:
@@ -654,11 +789,50 @@ def _row(cells_stats, metric, as_ratio=False):
             cells.append(format_cell(stat, metric))
         if i <= first_i or stat is None or first is None:
             diffs.append(None)
-        elif as_ratio:
+            tests.append(None)
+            continue
+        if as_ratio:
             diffs.append(ratio(stat.mean, first.mean))
         else:
             diffs.append(percent_change(stat.mean, first.mean))
-    return cells, diffs
+        tests.append(utest(cases[first_i], cases[i], metric))
+    return cells, diffs, tests
+
+
+def utest_decided(t):
+    """Whether any difference of table t has enough repetitions for the U
+    test: if none has, the legend says so once and the cells say nothing."""
+    return any(u is not None and u.p is not None
+               for _, _, _, tests in t.rows for u in tests)
+
+
+def _utest_legend(t):
+    """The legend line on the U test of table t's differences."""
+    tests = [u for _, _, _, ts in t.rows for u in ts if u is not None]
+    if not tests:
+        return
+    if utest_decided(t):
+        t.legend.append(
+            "each change: Mann-Whitney U test (two-sided) of the "
+            "repetitions against the compared value's, significant if "
+            "p < %g; at least %d repetitions on each side" % (
+                UTEST_ALPHA, UTEST_MIN_REPETITIONS))
+        return
+    pairs = sorted(set((u.n1, u.n2) for u in tests))
+    t.legend.append(
+        "U test: too few repetitions to decide (%s; at least %d on each "
+        "side needed)" % (", ".join("%d vs %d" % p for p in pairs),
+                          UTEST_MIN_REPETITIONS))
+
+
+def diff_text(diff, test, decided):
+    """The text under a cell: the change, and with `decided` (the table
+    has U tests) its test, `+12%, p=0.0079 significant`."""
+    if diff is None:
+        return None
+    if not decided or test is None:
+        return diff
+    return "%s, %s" % (diff, test.text())
 
 
 def _legend_constant(const):
@@ -681,11 +855,14 @@ def _table_by_run(suite, runs, metric):
                 keys.append(case.key())
                 configs[case.key()] = case.config
     for key in keys:
-        stats = [_stats(run.case(key), metric) for run in runs]
+        cases = [run.case(key) for run in runs]
+        stats = [_stats(c, metric) for c in cases]
         if all(s is None and e is None for s, e in stats):
             continue
-        cells, diffs = _row(stats, metric)
-        t.rows.append((config_label(configs[key], skip), cells, diffs))
+        cells, diffs, tests = _row(cases, metric)
+        t.rows.append((config_label(configs[key], skip), cells, diffs,
+                       tests))
+    _utest_legend(t)
     return t
 
 
@@ -727,11 +904,13 @@ def _tables_by_key(suite, runs, metric, col_key):
                   legend + _legend_constant(
                       [kv for kv in const if kv[0] != col_key]))
         for rest in rows:
-            stats = [_stats(cells.get((rest, v)), metric) for v in values]
+            row_cases = [cells.get((rest, v)) for v in values]
+            stats = [_stats(c, metric) for c in row_cases]
             if all(s is None and e is None for s, e in stats):
                 continue
-            row_cells, diffs = _row(stats, metric, as_ratio)
-            t.rows.append((rest, row_cells, diffs))
+            row_cells, diffs, tests = _row(row_cases, metric, as_ratio)
+            t.rows.append((rest, row_cells, diffs, tests))
+        _utest_legend(t)
         tables.append(t)
     return tables
 
@@ -743,10 +922,12 @@ def table_to_text(t):
     lines = ["== " + t.title]
     lines.extend("   " + l for l in t.legend)
     grid = [[""] + list(t.columns)]
-    for label, cells, diffs in t.rows:
+    decided = utest_decided(t)
+    for label, cells, diffs, tests in t.rows:
         grid.append([label] + [c if c is not None else "-" for c in cells])
         if any(d is not None for d in diffs):
-            grid.append([""] + [d if d is not None else "" for d in diffs])
+            grid.append([""] + [diff_text(d, u, decided) or ""
+                                for d, u in zip(diffs, tests)])
     widths = [max(len(r[i]) for r in grid) for i in range(len(grid[0]))]
     out = []
     for n, r in enumerate(grid):
