@@ -26,7 +26,9 @@
 # so "read" is what the run read from the loop device (its sectors-read
 # counter in /sys/block/loopN/stat, times 512): the bytes it had to fetch.
 # One unmeasured run per case, then REPS runs per tool and case,
-# alternating which tool goes first; medians.
+# alternating which tool goes first; medians. Every run also goes to
+# $OUT/chain_side_by_side-<host>.json (sbs_results.py: the suites' result
+# contract, for report and dashboard; a failed command as an error entry).
 # A command imgtool does not have yet is shown as "-".
 #
 # Targets (issue 16): imgtool's time at most 0.8 of qemu-img's in every
@@ -42,9 +44,15 @@
 #   DATA_GIB  data in base.qcow2 (default 1)
 #   CASES     which cases (default "rebase flatten commit measure dd")
 #   WORKDIR   where the XFS backing file goes (default /var/tmp)
+#   OUT       directory of the result file (default bench-results, relative
+#             to the directory the script was started from)
+#   QUICK     1: a smoke run: SIZE_GIB=2, REPS=4, marked `quick` in the
+#             result file
 set -euo pipefail
+SBS_CALLER_PWD=$PWD
 cd "$(dirname "$0")/.."
 
+if [[ ${QUICK:-0} == 1 ]]; then REPS=${REPS:-4} SIZE_GIB=${SIZE_GIB:-2}; fi
 REPS=${REPS:-3}
 SIZE_GIB=${SIZE_GIB:-4}
 DATA_GIB=${DATA_GIB:-1}
@@ -112,10 +120,11 @@ needed=$((2 * data_pieces * cluster))
 sync
 
 # --- one run -----------------------------------------------------------------
-# run_case TOOL CASE: prints "SECONDS PEAK_RSS_KIB BYTES_READ", or "-" if
-# the tool failed (a command imgtool lacks).
+# run_case TOOL CASE [REP]: prints "SECONDS PEAK_RSS_KIB BYTES_READ", or "-"
+# if the tool failed (a command imgtool lacks); with REP (a measured run)
+# also records it.
 run_case() {
-  local tool=$1 case=$2
+  local tool=$1 case=$2 rep=${3:-}
   rm -rf run && mkdir run
   local cmd=()
   case $case in
@@ -140,12 +149,18 @@ run_case() {
   before=$(awk '{print $3}' "$stat_file")
   local name=qemu-img
   [[ $tool == qemu-img ]] || name=imgtool
+  local label="fs:xfs/case:$case/tool:$name"
   if ! (cd run && /usr/bin/time -f '%e %M' -o ../time.txt "$tool" "${cmd[@]}" >../out.txt 2>"../err-$name.txt"); then
+    [[ -z $rep ]] || sbs_record "$label" error "$(grep -v '^Command exited' "err-$name.txt" | head -1)"
     echo "-"
     return
   fi
   after=$(awk '{print $3}' "$stat_file")
-  echo "$(cat time.txt) $(((after - before) * 512))"
+  local secs rss
+  read -r secs rss < time.txt
+  [[ -z $rep ]] || sbs_record "$label" "$rep" "seconds=$secs" \
+    "max_rss_bytes=$((rss * 1024))" "bytes_read=$(((after - before) * 512))"
+  echo "$secs $rss $(((after - before) * 512))"
 }
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -158,9 +173,9 @@ for case in $CASES; do
   run_case qemu-img "$case" >/dev/null
   for ((i = 0; i < REPS; i++)); do
     if ((i % 2 == 0)); then
-      a+=("$(run_case "$IMGTOOL" "$case")"); b+=("$(run_case qemu-img "$case")")
+      a+=("$(run_case "$IMGTOOL" "$case" "$i")"); b+=("$(run_case qemu-img "$case" "$i")")
     else
-      b+=("$(run_case qemu-img "$case")"); a+=("$(run_case "$IMGTOOL" "$case")")
+      b+=("$(run_case qemu-img "$case" "$i")"); a+=("$(run_case "$IMGTOOL" "$case" "$i")")
     fi
   done
   if [[ ${a[0]} == - ]]; then
@@ -170,6 +185,9 @@ for case in $CASES; do
   results+=("$case;$(IFS=,; echo "${a[*]}");$(IFS=,; echo "${b[*]}")")
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+sbs_write_results chain_side_by_side xfs "load_avg_start=${load_before%% *}" "load_avg_end=$load_after" \
+  "size_gib=$SIZE_GIB" "data_gib=$DATA_GIB" "needed_bytes=$needed" \
+  "qemu_img=$(qemu-img --version | head -1)"
 
 # --- table -------------------------------------------------------------------
 python3 - "$REPS" "$SIZE_GIB" "$DATA_GIB" "$needed" "$top_pieces" "$load_before" "$load_after" "${results[@]}" <<'EOF'

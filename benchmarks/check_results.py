@@ -40,6 +40,19 @@ SUITES = {
     "nbd": (["fs", "part", "case", "tool"],
             lambda l: {"seconds", "MiB_per_s"} |
             ({"IOPS"} if l["part"] != "copy" else set())),
+    # the side-by-side scripts (sbs_results.py): imgtool against qemu-img
+    # (and fio where a script has it) on the same mount, tools alternating
+    "side_by_side": (["fs", "case", "tool"],
+                     lambda l: {"seconds"} |
+                     ({"IOPS"} if not l["case"].startswith("map") else
+                      set())),
+    "subcluster_side_by_side": (["fs", "cluster", "extended_l2", "tool"],
+                                lambda l: {"seconds", "IOPS", "writes"}),
+    "prealloc_side_by_side": (["fs", "write", "filter", "tool"],
+                              lambda l: {"seconds", "IOPS", "writes"}),
+    "chain_side_by_side": (["fs", "case", "tool"],
+                           lambda l: {"seconds", "max_rss_bytes",
+                                      "bytes_read"}),
 }
 AGGREGATES = {"mean", "median", "stddev", "cv"}
 GB_FIELDS = {"name", "family_index", "per_family_instance_index", "run_name",

@@ -68,6 +68,22 @@ SUITE_CHARTS = {
     "nbd": {"kind": "bar", "x": "case", "facet": "part", "metric": "IOPS",
             "x_title": "case",
             "ratio": [("tool", "qemu-nbd"), ("tool", "nbdcopy")]},
+    # the side-by-side scripts (sbs_results.py): bars per tool, the caption
+    # giving each bar's ratio to qemu-img's (and to fio's, the ceiling,
+    # where a script measures it) with the U test of the repetitions
+    "side_by_side": {"kind": "bar", "x": "case", "metric": "IOPS",
+                     "x_title": "case",
+                     "ratio": [("tool", "qemu-img"), ("tool", "fio")]},
+    "subcluster_side_by_side": {"kind": "bar", "x": "cluster",
+                                "facet": "extended_l2", "metric": "IOPS",
+                                "x_title": "cluster size",
+                                "ratio": ("tool", "qemu-img")},
+    "prealloc_side_by_side": {"kind": "bar", "x": "write", "facet": "fs",
+                              "metric": "IOPS", "x_title": "write pattern",
+                              "ratio": ("tool", "qemu-img")},
+    "chain_side_by_side": {"kind": "bar", "x": "case", "metric": "seconds",
+                           "x_title": "command",
+                           "ratio": ("tool", "qemu-img")},
 }
 
 # Shown first in the context table, then the others in file order.

@@ -53,6 +53,51 @@ EXPECTED = {
 }
 
 
+# The side-by-side scripts' smoke runs (testdata/benchmarks/sbs): chart id
+# -> (metric shown, series, points). side_by_side: imgtool and qemu-img over
+# the 4 bench cases (its 2 map cases have seconds, not IOPS);
+# subcluster_side_by_side: one chart per extended_l2 value, 2 tools over
+# 64k and 2M; prealloc_side_by_side (xfs only): filter off/on x 2 tools
+# over the 2 write patterns; chain_side_by_side: 2 tools over 5 commands.
+SBS_EXPECTED = {
+    "chart-side_by_side": ("IOPS", "2", "8"),
+    "chart-subcluster_side_by_side-off": ("IOPS", "2", "4"),
+    "chart-subcluster_side_by_side-on": ("IOPS", "2", "4"),
+    "chart-prealloc_side_by_side": ("IOPS", "4", "8"),
+    "chart-chain_side_by_side": ("seconds", "2", "10"),
+}
+
+# Their captions: each bar's ratio to qemu-img's (means) and the U test of
+# the 4 runs against 4 (e.g. subcluster 2M on: imgtool 465 428 559 410
+# against qemu-img 363 273 298 315 IOPS, every imgtool run faster: U = 16
+# of 16, p = 2/70; 64k off: imgtool 1367 860 1452 2633 against qemu-img
+# 1117 1511 814 937, U = 11: 17 of the 70 orderings are as extreme on
+# each side, p = 34/70 = 0.49).
+SBS_CAPTIONS = {
+    "chart-side_by_side":
+        "tool:imgtool / tool:qemu-img: write 2.63 (p=0.11 not significant), "
+        "read 2.71 (p=0.029 significant), write_uring 3.12 (p=0.029 "
+        "significant), read_uring 5.08 (p=0.34 not significant)",
+    "chart-subcluster_side_by_side-off":
+        "tool:imgtool / tool:qemu-img: 64k 1.44 (p=0.49 not significant), "
+        "2M 1.25 (p=0.11 not significant)",
+    "chart-subcluster_side_by_side-on":
+        "tool:imgtool / tool:qemu-img: 64k 1.46 (p=0.11 not significant), "
+        "2M 1.49 (p=0.029 significant)",
+    "chart-prealloc_side_by_side":
+        "filter:off/tool:imgtool / filter:off/tool:qemu-img: aligned16k "
+        "1.85 (p=0.69 not significant), unaligned64k 2.19 (p=0.11 not "
+        "significant); filter:on/tool:imgtool / filter:on/tool:qemu-img: "
+        "aligned16k 2.95 (p=0.11 not significant), unaligned64k 2.03 "
+        "(p=0.11 not significant)",
+    "chart-chain_side_by_side":
+        "tool:imgtool / tool:qemu-img: rebase 0.67 (p=0.69 not significant), "
+        "flatten 0.63 (p=0.11 not significant), commit 0.94 (p=0.77 not "
+        "significant), measure 0.86 (p=0.69 not significant), dd 0.48 "
+        "(p=0.029 significant)",
+}
+
+
 class _DomReader(html.parser.HTMLParser):
     """Collects the attributes of figures, the body and the error list."""
 
@@ -136,21 +181,39 @@ def read_dom(path):
     return reader
 
 
+def assert_charts(test, dom, expected):
+    """Every chart of the page is in expected (chart id -> (metric shown,
+    series, points)) and drew exactly that."""
+    test.assertEqual(sorted(dom.figures), sorted(expected))
+    for cid, (metric, series, points) in expected.items():
+        fig = dom.figures[cid]
+        test.assertEqual((fig.get("data-metric"),
+                          fig.get("data-rendered-series"),
+                          fig.get("data-rendered-points")),
+                         (metric, series, points), cid)
+
+
+def render_and_read(cls, paths):
+    """Builds the page of the result files `paths` (relative to the
+    workspace) into a temporary directory and opens it in Chromium: sets
+    cls.dir, suites, page, path and dom."""
+    cls.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    cls.suites = results.load_all(paths, _WS)
+    cls.page = dashboard.render_page(cls.suites, dashboard.find_chartjs(),
+                                     paths)
+    cls.path = os.path.join(cls.dir, "index.html")
+    with open(cls.path, "w", encoding="utf-8") as f:
+        f.write(cls.page)
+    cls.dom = read_dom(cls.path)
+
+
 class DashboardTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
         if not os.path.exists(_CHROMIUM):
             raise AssertionError(_CHROMIUM + " missing: run tools/setup.sh")
-        cls.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-        paths = results.expand(_RESULTS, _WS)
-        cls.suites = results.load_all(paths, _WS)
-        cls.page = dashboard.render_page(cls.suites, dashboard.find_chartjs(),
-                                         paths)
-        cls.path = os.path.join(cls.dir, "index.html")
-        with open(cls.path, "w", encoding="utf-8") as f:
-            f.write(cls.page)
-        cls.dom = read_dom(cls.path)
+        render_and_read(cls, results.expand(_RESULTS, _WS))
 
     def test_every_chart_drew_its_series_and_points(self):
         self.assertEqual(sorted(self.dom.figures), sorted(EXPECTED))
@@ -392,15 +455,7 @@ class NbdSuiteTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-        paths = ["testdata/benchmarks/full/nbd-vm.json"]
-        cls.suites = results.load_all(paths, _WS)
-        cls.page = dashboard.render_page(cls.suites, dashboard.find_chartjs(),
-                                         paths)
-        path = os.path.join(cls.dir, "index.html")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(cls.page)
-        cls.dom = read_dom(path)
+        render_and_read(cls, ["testdata/benchmarks/full/nbd-vm.json"])
 
     def test_charts_per_part(self):
         self.assertEqual(self.dom.errors, [])
@@ -411,13 +466,7 @@ class NbdSuiteTest(unittest.TestCase):
         expected = {"chart-nbd-server": ("IOPS", "2", "28"),
                     "chart-nbd-local": ("IOPS", "1", "2"),
                     "chart-nbd-copy": ("MiB_per_s", "3", "6")}
-        self.assertEqual(sorted(self.dom.figures), sorted(expected))
-        for cid, (metric, series, points) in expected.items():
-            fig = self.dom.figures[cid]
-            self.assertEqual((fig.get("data-metric"),
-                              fig.get("data-rendered-series"),
-                              fig.get("data-rendered-points")),
-                             (metric, series, points), cid)
+        assert_charts(self, self.dom, expected)
 
     def test_ratios_to_qemu_nbd_and_nbdcopy(self):
         run = dict(self.suites)["nbd"][0]
@@ -453,15 +502,7 @@ class SignificanceTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-        paths = ["testdata/benchmarks/full/snapshot-vm.json"]
-        cls.suites = results.load_all(paths, _WS)
-        cls.page = dashboard.render_page(cls.suites, dashboard.find_chartjs(),
-                                         paths)
-        cls.path = os.path.join(cls.dir, "index.html")
-        with open(cls.path, "w", encoding="utf-8") as f:
-            f.write(cls.page)
-        cls.dom = read_dom(cls.path)
+        render_and_read(cls, ["testdata/benchmarks/full/snapshot-vm.json"])
 
     def test_caption_gives_each_ratio_its_p_value(self):
         self.assertEqual(self.dom.errors, [])
@@ -486,6 +527,45 @@ class SignificanceTest(unittest.TestCase):
             'p=0.0079 significant</span></td>', self.page)
         self.assertIn("each change: Mann-Whitney U test (two-sided)",
                       self.page)
+
+
+class SideBySideTest(unittest.TestCase):
+    """The side-by-side scripts' result files (sbs_results.py), recorded
+    by one QUICK=1 run of each script (testdata/benchmarks/sbs, 4
+    repetitions per tool and cell): bars per tool next to the suites, each
+    bar's ratio to qemu-img with its U test in the caption."""
+
+    @classmethod
+    def setUpClass(cls):
+        render_and_read(cls, results.expand(["testdata/benchmarks/sbs"], _WS))
+
+    def test_every_script_has_its_charts(self):
+        self.assertEqual(self.dom.errors, [])
+        self.assertEqual(self.dom.body.get("data-status"), "rendered")
+        self.assertEqual([s for s, _ in self.suites], [
+            "side_by_side", "subcluster_side_by_side",
+            "prealloc_side_by_side", "chain_side_by_side"])
+        assert_charts(self, self.dom, SBS_EXPECTED)
+        for cid in SBS_EXPECTED:
+            self.assertGreater(int(self.dom.figures[cid].get(
+                "data-painted-pixels", "0")), 10000, cid)
+
+    def test_captions_give_ratios_to_qemu_img_with_the_u_test(self):
+        for cid, caption in SBS_CAPTIONS.items():
+            self.assertEqual(self.dom.captions[cid], caption, cid)
+
+    def test_one_ratio_by_hand(self):
+        # the caption's figures are the files' means and results.utest of
+        # the 4 runs per tool
+        run = dict(self.suites)["subcluster_side_by_side"][0]
+        ours = run.case("fs:xfs/cluster:65536/extended_l2:on/tool:imgtool")
+        theirs = run.case(
+            "fs:xfs/cluster:65536/extended_l2:on/tool:qemu-img")
+        self.assertEqual(len(ours.samples["IOPS"]), 4)
+        self.assertIn("64k %.2f (%s)" % (
+            ours.metrics["IOPS"].mean / theirs.metrics["IOPS"].mean,
+            results.utest(theirs, ours, "IOPS").text()),
+            self.dom.captions["chart-subcluster_side_by_side-on"])
 
 
 class LogScaleBarsTest(unittest.TestCase):

@@ -16,11 +16,18 @@
 # one template: `cp` drops the hint, and a reflinked copy shares extents
 # with the template, so that XFS reports a 4 KiB O_DIRECT alignment instead
 # of 512 bytes and turns every 1 KiB-offset write into a read-modify-write.
+# Each cell first runs both tools unmeasured (sbs_calibrate: also the
+# warm-up), from COUNT requests up, until the faster tool's run lasts at
+# least MIN_SECONDS (1 s; the cover letter's 10,000 requests took 0.12 s
+# at 84,000 IOPS), at most 4 GiB of writes per run.
 # The tools alternate (and swap which goes first) run by run, each run after
-# `sync` and `fstrim` (sbs_settle). IOPS = COUNT / "Run completed in X seconds".
+# `sync` and `fstrim` (sbs_settle). IOPS = requests / the run's seconds as
+# the tool measured them (sbs_bench_seconds: imgtool's --output=json,
+# qemu-img's "Run completed in X seconds.").
 # Prints a Markdown table: mean ± standard deviation over REPS runs, the
 # filter's gain (prealloc / no-prealloc - 1) per tool, and imgtool /
-# qemu-img per column.
+# qemu-img per column with the Mann-Whitney U test of the runs; every run
+# also goes to $OUT/prealloc_side_by_side-<host>.json (sbs_results.py).
 #
 #   sudo benchmarks/prealloc_side_by_side.sh
 #
@@ -28,15 +35,22 @@
 #   IMGTOOL  path of an imgtool binary (skips the build)
 #   BAZEL    bazel command used to build it (default "bazel")
 #   REPS     runs per tool and cell (default 5)
-#   COUNT    requests per run (default 10000, as the cover letter)
+#   COUNT    requests of the first calibration run (default 10000, as the
+#            cover letter)
+#   MIN_SECONDS  shortest run (default 1)
 #   FSES     filesystems (default "xfs ext4")
+#   OUT      directory of the result file (default bench-results, relative
+#            to the directory the script was started from)
+#   QUICK    1: a smoke run: FSES=xfs, REPS=4, marked `quick` in the file
 #   WORKDIR  where the loop devices' backing files go (default /var/tmp)
 #   ALSO_AIO also run imgtool with `-i ALSO_AIO` in place of -n (e.g.
 #            io_uring) in the same rotation: extra rows, to see the
 #            engine's own effect
 set -euo pipefail
+SBS_CALLER_PWD=$PWD
 cd "$(dirname "$0")/.."
 
+if [[ ${QUICK:-0} == 1 ]]; then FSES=${FSES:-xfs} REPS=${REPS:-4}; fi
 REPS=${REPS:-5}
 COUNT=${COUNT:-10000}
 FSES=${FSES:-"xfs ext4"}
@@ -50,8 +64,8 @@ echo "imgtool:  $IMGTOOL" >&2
 echo "qemu-img: $(qemu-img --version | head -1)" >&2
 echo "kernel:   $(uname -r), $(nproc) CPUs, loop devices in $WORKDIR" >&2
 
-# IOPS of one run: tool ("alt": imgtool with -i $ALSO_AIO for -n), filter
-# (0/1), bench flags...
+# Seconds of one run of $count requests: tool ("alt": imgtool with
+# -i $ALSO_AIO for -n), filter (0/1), bench flags...
 run_once() {
   local tool=$1 filter=$2; shift 2
   if [[ $tool == alt ]]; then
@@ -64,37 +78,57 @@ run_once() {
   fi
   qemu-img create -q -f qcow2 img.qcow2 16G
   sbs_settle
-  local out
   if [[ $filter == 1 ]]; then
-    out=$("$tool" bench -c "$COUNT" "$@" --image-opts \
-      "driver=qcow2,file.driver=preallocate,file.file.driver=file,file.file.filename=img.qcow2")
+    sbs_bench_seconds "$tool" -c "$count" "$@" --image-opts \
+      "driver=qcow2,file.driver=preallocate,file.file.driver=file,file.file.filename=img.qcow2"
   else
-    out=$("$tool" bench -c "$COUNT" -f qcow2 "$@" img.qcow2)
+    sbs_bench_seconds "$tool" -c "$count" -f qcow2 "$@" img.qcow2
   fi
   rm -f img.qcow2
-  python3 -c 'import re,sys; t=float(re.search(r"Run completed in ([0-9.]+) seconds", sys.argv[1]).group(1)); print(round(int(sys.argv[2])/max(t,1e-6)))' "$out" "$COUNT"
+}
+
+calibration_run() {  # tool, count, filter, flags... (sbs_calibrate's RUN_FN)
+  local tool=$1
+  shift 2
+  run_once "$tool" "$@"
+}
+
+# One measured run: records it, prints its IOPS.
+measure_one() {  # tool, tool's name, filter, rep, bench flags...
+  local tool=$1 name=$2 filter=$3 rep=$4 secs
+  shift 4
+  secs=$(run_once "$tool" "$filter" "$@")
+  local off=off
+  [[ $filter == 1 ]] && off=on
+  sbs_record "fs:$fs/write:$label/filter:$off/tool:${name// /_}" "$rep" "seconds=$secs" \
+    "IOPS=$(python3 -c 'import sys; print(int(sys.argv[1]) / float(sys.argv[2]))' "$count" "$secs")" \
+    "writes=$count"
+  python3 -c 'import sys; print(round(int(sys.argv[1]) / float(sys.argv[2])))' "$count" "$secs"
 }
 
 declare -A runs  # "<fs>|<case>|<tool>|<filter>" -> "iops iops ..."
+declare -A counts  # "<fs>|<case>|<filter>" -> requests per run
 
-measure_case() {  # fs, case name, bench flags...
-  local fs=$1 name=$2; shift 2
+measure_case() {  # fs, case name, label, request bytes, bench flags...
+  local fs=$1 name=$2 label=$3 req=$4; shift 4
   local tools=("$IMGTOOL" qemu-img) names=(imgtool qemu-img)
   if [[ -n $ALSO_AIO ]]; then tools+=(alt); names+=("imgtool -i $ALSO_AIO"); fi
   local n=${#tools[@]}
   for filter in 0 1; do
     local t k
-    for t in "${tools[@]}"; do run_once "$t" "$filter" "$@" >/dev/null; done  # warm-up
+    count=$COUNT
+    sbs_calibrate $(((4 << 30) / req)) calibration_run "$filter" "$@"
+    counts["$fs|$name|$filter"]=$count
     declare -A got=()
     for ((i = 0; i < REPS; i++)); do
       # Rotate (and on odd runs reverse) the order of the tools.
       for ((k = 0; k < n; k++)); do
         local j=$(((i % 2 == 0 ? k : n - 1 - k) + i / 2))
         j=$((j % n))
-        got[$j]+="$(run_once "${tools[$j]}" "$filter" "$@") "
+        got[$j]+="$(measure_one "${tools[$j]}" "${names[$j]}" "$filter" "$i" "$@") "
       done
     done
-    local line="  $fs $name filter=$filter:"
+    local line="  $fs $name filter=$filter ($count requests):"
     for ((k = 0; k < n; k++)); do
       line+=" ${names[$k]} ${got[$k]% }|"
       runs["$fs|$name|${names[$k]}|$filter"]="${got[$k]% }"
@@ -104,6 +138,7 @@ measure_case() {  # fs, case name, bench flags...
   done
 }
 
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for fs in $FSES; do
   rm -f "$work/fs.img"
   truncate -s 8G "$work/fs.img"
@@ -116,18 +151,26 @@ for fs in $FSES; do
   esac
   mount -o loop "$work/fs.img" "$mnt"
   cd "$mnt"
-  echo "== $fs ($REPS runs x $COUNT requests per tool and cell, alternating)" >&2
-  measure_case "$fs" "aligned seq 16k" -d 64 -s 16k -t none -n -w
-  measure_case "$fs" "unaligned seq 64k" -d 64 -o 1k -s 64k -t none -n -w
+  echo "== $fs ($REPS runs per tool and cell, each at least ${MIN_SECONDS:-1} s, alternating)" >&2
+  measure_case "$fs" "aligned seq 16k" aligned16k 16384 -d 64 -s 16k -t none -n -w
+  measure_case "$fs" "unaligned seq 64k" unaligned64k 65536 -d 64 -o 1k -s 64k -t none -n -w
   cd /
   umount "$mnt"
 done
 
 # --- table -------------------------------------------------------------------
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+sbs_write_results prealloc_side_by_side "$(echo $FSES | tr ' ' ,)" "load_avg_start=${load_before%% *}" \
+  "load_avg_end=$load_after" "min_seconds=${MIN_SECONDS:-1}" \
+  "qemu_img=$(qemu-img --version | head -1)"
+echo "load average (1/5/15 min): $load_before before, $load_after after; requests per run:" \
+  "$(for k in "${!counts[@]}"; do echo -n "$k=${counts[$k]} "; done)"
+echo
 {
   for key in "${!runs[@]}"; do echo "$key|${runs[$key]}"; done
-} | python3 -c '
+} | PYTHONPATH="$SBS_REPO" python3 -c '
 import statistics, sys
+from benchmarks import results  # PYTHONPATH: the repository root
 runs = {}
 order = []
 for line in sys.stdin:
@@ -157,7 +200,12 @@ for fs, case in order:
     for tool in tools:
         if tool == "qemu-img":
             continue
-        r0 = ms(runs[(fs, case, tool, "0")])[0] / ms(runs[(fs, case, "qemu-img", "0")])[0]
-        r1 = ms(runs[(fs, case, tool, "1")])[0] / ms(runs[(fs, case, "qemu-img", "1")])[0]
-        print(f"| {fs}, {case} | {tool} / qemu-img | {r0:.2f} | {r1:.2f} | |")
+        r, tests = [], []
+        for flt in ("0", "1"):
+            ours, theirs = runs[(fs, case, tool, flt)], runs[(fs, case, "qemu-img", flt)]
+            r.append(ms(ours)[0] / ms(theirs)[0])
+            p = (results.mann_whitney_u(ours, theirs)[1]
+                 if min(len(ours), len(theirs)) >= results.UTEST_MIN_REPETITIONS else None)
+            tests.append(results.UTest(len(ours), len(theirs), p).text())
+        print(f"| {fs}, {case} | {tool} / qemu-img | {r[0]:.2f} ({tests[0]}) | {r[1]:.2f} ({tests[1]}) | |")
 ' "$FSES"

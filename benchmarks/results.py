@@ -339,7 +339,14 @@ def expand(paths, base_dir):
 
 # Suites in the order of benchmarks/README.md; others follow, as found.
 SUITE_ORDER = ["hint", "create_prealloc", "prealloc_filter", "subcluster",
-               "engine", "chain", "snapshot", "nbd"]
+               "engine", "chain", "snapshot", "nbd", "side_by_side",
+               "subcluster_side_by_side", "prealloc_side_by_side",
+               "chain_side_by_side"]
+
+# The side-by-side scripts' result files (sbs_results.py): imgtool against
+# qemu-img per configuration, compared as ratios to qemu-img.
+SIDE_BY_SIDE_SUITES = ["side_by_side", "subcluster_side_by_side",
+                       "prealloc_side_by_side", "chain_side_by_side"]
 
 
 def load_all(paths, base_dir=None):
@@ -625,12 +632,13 @@ SUITE_COLUMN_KEY = {
     "snapshot": "tool",
     "nbd": "tool",
 }
+SUITE_COLUMN_KEY.update((s, "tool") for s in SIDE_BY_SIDE_SUITES)
 
 # Suites whose variant columns are compared as ratios against the first
 # column (the reference: the name's first-seen value, e.g. chain's
 # tool:qemu-img) rather than as percent changes: `0.80x` is 0.8 times the
 # reference's value (issue 16's targets are such ratios).
-SUITE_RATIO = frozenset(["chain", "snapshot", "nbd"])
+SUITE_RATIO = frozenset(["chain", "snapshot", "nbd"] + SIDE_BY_SIDE_SUITES)
 
 # Column order of a suite's variant key where first-seen order is not the
 # one wanted: `nbd` compares servers (qemu-nbd, imgtool) and copy clients

@@ -9,7 +9,9 @@
 #          (each tool's default aio: imgtool io_uring, qemu-img threads);
 #          then both again with -i io_uring for both tools (informational).
 #          REPS repetitions per case, the two tools alternating (and swapping
-#          which goes first), median of each tool's IOPS.
+#          which goes first), median of each tool's IOPS. Before them both
+#          tools run unmeasured (sbs_calibrate: also the warm-up) from COUNT
+#          requests up until the faster one's run lasts MIN_SECONDS (1 s).
 #   map:   imgtool map time / qemu-img map time (target <= 1.0) on a raw file
 #          with ~MAP_EXTENTS extents (hint 0, 4 KiB O_DIRECT writes every
 #          8 KiB, written by qemu-img bench -S 8k), timed with hyperfine.
@@ -19,13 +21,23 @@
 #   BAZEL        bazel command used to build it (default "bazel"), e.g.
 #                BAZEL="bazel --output_base=/root/.cache/bazel-me"
 #   REPS         bench repetitions per tool and case (default 5)
-#   COUNT        requests per bench run (default 200000)
+#   COUNT        requests of the first calibration run (default 200000)
+#   MIN_SECONDS  shortest bench run (default 1)
+#   OUT          directory of the result file side_by_side-<host>.json
+#                (sbs_results.py; default bench-results, relative to the
+#                directory the script was started from)
+#   QUICK        1: a smoke run: REPS=4, COUNT=20000, MAP_EXTENTS=2000,
+#                MAP_RUNS=4, marked `quick` in the result file
 #   MAP_EXTENTS  extents of the map file (default 200000)
 #   MAP_RUNS     hyperfine runs per map command (default 5)
 #   WORKDIR      where the XFS backing file goes (default /var/tmp)
 set -euo pipefail
+SBS_CALLER_PWD=$PWD
 cd "$(dirname "$0")/.."
 
+if [[ ${QUICK:-0} == 1 ]]; then
+  REPS=${REPS:-4} COUNT=${COUNT:-20000} MAP_EXTENTS=${MAP_EXTENTS:-2000} MAP_RUNS=${MAP_RUNS:-4}
+fi
 REPS=${REPS:-5}
 COUNT=${COUNT:-200000}
 MAP_EXTENTS=${MAP_EXTENTS:-200000}
@@ -52,33 +64,43 @@ echo "kernel:   $(uname -r), $(nproc) CPUs, XFS on a loop device in $WORKDIR" >&
 # pays for allocation that an earlier run already did.
 qemu-img create -q -f raw -o preallocation=full bench.raw 1G
 
-# Prints IOPS of one run: count / seconds from "Run completed in X seconds."
-bench_iops() {  # tool, flags...
-  local tool=$1; shift
-  local out
-  out=$("$tool" bench -f raw -c "$COUNT" "$@" bench.raw)
-  python3 -c 'import re,sys; t=float(re.search(r"Run completed in ([0-9.]+) seconds", sys.argv[1]).group(1)); print(round(int(sys.argv[2])/max(t,1e-3)))' "$out" "$COUNT"
+# Seconds of one run of $count requests (sbs_calibrate's RUN_FN).
+bench_seconds() {  # tool, count, flags...
+  local tool=$1
+  shift 2
+  sbs_bench_seconds "$tool" -f raw -c "$count" "$@" bench.raw
+}
+
+# One measured run: records it, prints its IOPS.
+measure() {  # case, tool's name, tool, rep, flags...
+  local name=$1 tname=$2 tool=$3 rep=$4 secs
+  shift 4
+  secs=$(bench_seconds "$tool" "$count" "$@")
+  sbs_record "fs:xfs/case:$name/tool:$tname" "$rep" "seconds=$secs" \
+    "IOPS=$(python3 -c 'import sys; print(int(sys.argv[1]) / float(sys.argv[2]))' "$count" "$secs")"
+  python3 -c 'import sys; print(round(int(sys.argv[1]) / float(sys.argv[2])))' "$count" "$secs"
 }
 
 declare -A results
 run_bench_case() {  # name, flags...
   local name=$1; shift
   local a=() b=()
-  "$IMGTOOL" bench -f raw -c 20000 "$@" bench.raw >/dev/null   # warm-up
-  qemu-img bench -f raw -c 20000 "$@" bench.raw >/dev/null
+  count=$COUNT
+  sbs_calibrate 100000000 bench_seconds "$@"
   for ((i = 0; i < REPS; i++)); do
     if ((i % 2 == 0)); then
-      a+=("$(bench_iops "$IMGTOOL" "$@")"); b+=("$(bench_iops qemu-img "$@")")
+      a+=("$(measure "$name" imgtool "$IMGTOOL" "$i" "$@")"); b+=("$(measure "$name" qemu-img qemu-img "$i" "$@")")
     else
-      b+=("$(bench_iops qemu-img "$@")"); a+=("$(bench_iops "$IMGTOOL" "$@")")
+      b+=("$(measure "$name" qemu-img qemu-img "$i" "$@")"); a+=("$(measure "$name" imgtool "$IMGTOOL" "$i" "$@")")
     fi
   done
-  echo "  $name: imgtool IOPS ${a[*]}" >&2
-  echo "  $name: qemu-img IOPS ${b[*]}" >&2
+  echo "  $name ($count requests): imgtool IOPS ${a[*]}" >&2
+  echo "  $name ($count requests): qemu-img IOPS ${b[*]}" >&2
   results[$name]="${a[*]}|${b[*]}"
 }
 
-echo "== bench ($REPS reps x $COUNT requests, alternating)" >&2
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "== bench ($REPS reps per tool, each at least ${MIN_SECONDS:-1} s, alternating)" >&2
 run_bench_case write -t none -d 64 -s 4k -w
 run_bench_case read -t none -d 64 -s 4k
 run_bench_case write_uring -t none -d 64 -s 4k -w -i io_uring
@@ -108,12 +130,26 @@ hyperfine --style basic --warmup 1 --runs "$MAP_RUNS" --export-json map_json.jso
   -n imgtool "'$IMGTOOL' map -f raw --output=json map.raw" \
   -n qemu-img "qemu-img map -f raw --output=json map.raw" >&2
 
+# Every hyperfine run of map into the result file.
+python3 - map_human.json map_json.json >> "$work/records" <<'EOF'
+import json, sys
+for path, case in zip(sys.argv[1:], ("map", "map_json")):
+    for r in json.load(open(path))["results"]:
+        for i, t in enumerate(r["times"]):
+            print("fs:xfs/case:%s/tool:%s %d seconds=%.9f" % (case, r["command"], i, t))
+EOF
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+sbs_write_results side_by_side xfs "load_avg_start=${load_before%% *}" "load_avg_end=$load_after" \
+  "min_seconds=${MIN_SECONDS:-1}" "map_extents=$extents" \
+  "map_identical=human $same_human, json $same_json" \
+  "qemu_img=$(qemu-img --version | head -1)"
+
 # --- table -------------------------------------------------------------------
 python3 - "${results[write]}" "${results[read]}" "${results[write_uring]}" \
   "${results[read_uring]}" map_human.json map_json.json \
-  "$extents" "$COUNT" "$REPS" "$same_human" "$same_json" <<'EOF'
+  "$extents" "$REPS" "$same_human" "$same_json" <<'EOF'
 import json, statistics, sys
-(write, read, write_u, read_u, map_human, map_json, extents, count, reps,
+(write, read, write_u, read_u, map_human, map_json, extents, reps,
  same_h, same_j) = sys.argv[1:]
 
 def medians(pair):

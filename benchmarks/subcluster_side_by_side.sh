@@ -21,13 +21,22 @@
 # been visited), so they spread over the whole disk and nearly every write
 # is the first one into its cluster: the worst case, where standard
 # clusters copy a whole cluster from the backing file and subclusters copy
-# at most one subcluster. N = min(COUNT, max(MIN_COUNT, COW_MIB / C)) keeps
-# the copy-on-write traffic of big clusters bounded.
-# One unmeasured warm-up run per cell, then REPS runs per tool and cell,
-# alternating the tools (and which goes first),
+# at most one subcluster.
+# Each cell first runs both tools unmeasured (sbs_calibrate: also the
+# warm-up), from COUNT requests up, until the faster tool's run lasts at
+# least MIN_SECONDS (1 s): a run of 256 writes took 0.04-0.1 s, too short to
+# tell the tools apart. At most one write per allocation unit of the disk
+# (a cluster, or with extended_l2 a subcluster of at least 4 KiB), so that
+# nearly every write still allocates: standard 2M clusters reach 1 s only
+# with BASE_MIB=2048 on a quiet machine (about 630 writes per second).
+# Then REPS runs per tool and cell, alternating the tools (and which goes
+# first),
 # each after `sync` and `fstrim` (sbs_settle) and, by default, with the page
-# cache dropped (COLD_BACKING); the table shows medians and the ratio imgtool /
-# qemu-img, and the load average before and after the runs.
+# cache dropped (COLD_BACKING); the table shows medians, the ratio imgtool /
+# qemu-img and the Mann-Whitney U test of the runs (benchmarks/results.py),
+# and the load average before and after the runs. Every run also goes to
+# $OUT/subcluster_side_by_side-<host>.json (sbs_results.py: the suites'
+# result contract, for report and dashboard).
 #
 # Targets: imgtool >= qemu-img in every cell; with subclusters, 64k..256k
 # clusters several times the IOPS of standard clusters.
@@ -35,11 +44,14 @@
 # Environment:
 #   IMGTOOL   path of an imgtool binary (skips the build)
 #   BAZEL     bazel command used to build it (default "bazel")
-#   REPS      runs per tool and cell (default 3)
+#   REPS      runs per tool and cell (default 5: the U test needs 4)
 #   BASE_MIB  backing file = virtual disk size in MiB (default 1024)
-#   COUNT     most requests per run (default 4000)
-#   MIN_COUNT fewest requests per run (default 256)
-#   COW_MIB   MiB of whole-cluster copies a run may cause (default 512)
+#   COUNT     requests of the first calibration run (default 256)
+#   MIN_SECONDS  shortest run (default 1)
+#   OUT       directory of the result file (default bench-results, relative
+#             to the directory the script was started from)
+#   QUICK     1: a smoke run: CLUSTERS="64k 2M", REPS=4, BASE_MIB=256,
+#             marked `quick` in the result file
 #   DEPTH     requests in flight (default 64)
 #   STEP      offset step in bytes (default 4182016 = 4 KiB * 1021)
 #   CLUSTERS  cluster sizes (default "4k 16k 32k 64k 128k 256k 512k 1M 2M")
@@ -57,13 +69,15 @@
 #             (default 1); 0: the backing file is read from memory after the
 #             warm-up run, which makes whole-cluster copies nearly free
 set -euo pipefail
+SBS_CALLER_PWD=$PWD
 cd "$(dirname "$0")/.."
 
-REPS=${REPS:-3}
+if [[ ${QUICK:-0} == 1 ]]; then
+  CLUSTERS=${CLUSTERS:-"64k 2M"} REPS=${REPS:-4} BASE_MIB=${BASE_MIB:-256}
+fi
+REPS=${REPS:-5}
 BASE_MIB=${BASE_MIB:-1024}
-COUNT=${COUNT:-4000}
-MIN_COUNT=${MIN_COUNT:-256}
-COW_MIB=${COW_MIB:-512}
+COUNT=${COUNT:-256}
 DEPTH=${DEPTH:-64}
 STEP=${STEP:-4182016}
 CLUSTERS=${CLUSTERS:-"4k 16k 32k 64k 128k 256k 512k 1M 2M"}
@@ -113,9 +127,9 @@ to_bytes() {  # 4k / 1M -> bytes
   python3 -c 'import sys; s=sys.argv[1]; m={"k":1<<10,"K":1<<10,"M":1<<20,"G":1<<30}; print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))' "$1"
 }
 
-# Prints IOPS of one run on a fresh overlay made with $create_opts.
-bench_iops() {  # tool, count
-  local tool=$1 count=$2 out
+# Prints the seconds of one run on a fresh overlay made with $create_opts.
+bench_seconds() {  # tool, count
+  local tool=$1 count=$2
   qemu-img create -q -f qcow2 -b base.raw -F raw -o "$create_opts" overlay.qcow2
   # Start without dirty pages or unfreed blocks of earlier runs, whose
   # writeback would slow down whichever tool runs next.
@@ -125,15 +139,24 @@ bench_iops() {  # tool, count
   # loop device's backing file is cached by the host, so drop the caches
   # to make those reads reach the disk again.
   if [[ "$COLD_BACKING" == 1 ]]; then echo 3 > /proc/sys/vm/drop_caches; fi
-  out=$("$tool" bench -f qcow2 -w -t none -d "$DEPTH" -s 4k -S "$STEP" -c "$count" overlay.qcow2)
+  sbs_bench_seconds "$tool" -f qcow2 -w -t none -d "$DEPTH" -s 4k -S "$STEP" -c "$count" overlay.qcow2
   rm -f overlay.qcow2
-  python3 -c 'import re,sys; t=float(re.search(r"Run completed in ([0-9.]+) seconds", sys.argv[1]).group(1)); print(round(int(sys.argv[2])/max(t,1e-4)))' "$out" "$count"
+}
+
+# One measured run: records it, prints its IOPS.
+measure() {  # tool name, tool, rep
+  local secs
+  secs=$(bench_seconds "$2" "$count")
+  sbs_record "fs:xfs/cluster:$cbytes/extended_l2:$sub/tool:$1" "$3" \
+    "seconds=$secs" "IOPS=$(python3 -c 'import sys; print(int(sys.argv[1]) / float(sys.argv[2]))' "$count" "$secs")" \
+    "writes=$count"
+  python3 -c 'import sys; print(round(int(sys.argv[1]) / float(sys.argv[2])))' "$count" "$secs"
 }
 
 # Does imgtool bench take qcow2 overlays? (If not, only qemu-img is measured.)
 imgtool_ok=yes
 create_opts=cluster_size=64k,extended_l2=on
-if ! bench_iops "$IMGTOOL" 64 >/dev/null 2>"$work/check.err"; then
+if ! bench_seconds "$IMGTOOL" 64 >/dev/null 2>"$work/check.err"; then
   imgtool_ok=no
   echo "imgtool bench -f qcow2 failed, measuring qemu-img only: $(head -3 "$work/check.err")" >&2
 fi
@@ -143,24 +166,33 @@ results=()
 echo "== $REPS runs per tool and cell, -d $DEPTH -s 4k -S $STEP, alternating" >&2
 for c in $CLUSTERS; do
   cbytes=$(to_bytes "$c")
-  count=$(( (COW_MIB << 20) / cbytes ))
-  ((count < MIN_COUNT)) && count=$MIN_COUNT
-  ((count > COUNT)) && count=$COUNT
   for sub in off on; do
     [[ $sub == on && $cbytes -lt 16384 ]] && continue
     create_opts="cluster_size=$c,extended_l2=$sub"
+    # at most one write per allocation unit: a cluster, or a subcluster
+    # (cluster / 32) of at least 4 KiB
+    unit=$cbytes
+    [[ $sub == on ]] && unit=$((cbytes / 32))
+    ((unit < 4096)) && unit=4096
+    most=$(((BASE_MIB << 20) / unit))
+    count=$((COUNT < most ? COUNT : most))
     a=() b=()
-    # One unmeasured run first (as prealloc_side_by_side.sh): the first
-    # reads of a cell's copy-on-write ranges are the slowest (caches under
-    # the VM's disk), and the first measured run is imgtool's.
-    bench_iops qemu-img "$count" >/dev/null
+    # Unmeasured runs first (as prealloc_side_by_side.sh), until a run lasts
+    # MIN_SECONDS: the first reads of a cell's copy-on-write ranges are the
+    # slowest (caches under the VM's disk), and the first measured run is
+    # imgtool's.
+    if [[ $imgtool_ok == no ]]; then
+      bench_seconds qemu-img "$count" >/dev/null
+    else
+      sbs_calibrate "$most" bench_seconds
+    fi
     for ((i = 0; i < REPS; i++)); do
       if [[ $imgtool_ok == no ]]; then
-        b+=("$(bench_iops qemu-img "$count")")
+        b+=("$(measure qemu-img qemu-img "$i")")
       elif ((i % 2 == 0)); then
-        a+=("$(bench_iops "$IMGTOOL" "$count")"); b+=("$(bench_iops qemu-img "$count")")
+        a+=("$(measure imgtool "$IMGTOOL" "$i")"); b+=("$(measure qemu-img qemu-img "$i")")
       else
-        b+=("$(bench_iops qemu-img "$count")"); a+=("$(bench_iops "$IMGTOOL" "$count")")
+        b+=("$(measure qemu-img qemu-img "$i")"); a+=("$(measure imgtool "$IMGTOOL" "$i")")
       fi
     done
     echo "  $c sub=$sub ($count writes): imgtool ${a[*]:--} / qemu-img ${b[*]}" >&2
@@ -170,16 +202,27 @@ done
 
 # --- table -------------------------------------------------------------------
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
-python3 - "$REPS" "$BASE_MIB" "$STEP" "$DEPTH" "$load_before" "$load_after" "$storage" "${results[@]}" <<'EOF'
+sbs_write_results subcluster_side_by_side xfs "load_avg_start=${load_before%% *}" "storage=$storage" \
+  "load_avg_end=$load_after" "depth=$DEPTH" "step=$STEP" "base_mib=$BASE_MIB" \
+  "min_seconds=${MIN_SECONDS:-1}" "qemu_img=$(qemu-img --version | head -1)"
+PYTHONPATH="$SBS_REPO" python3 - "$REPS" "$BASE_MIB" "$STEP" "$DEPTH" "$load_before" "$load_after" "$storage" "${results[@]}" <<'EOF'
 import statistics, sys
+from benchmarks import results  # PYTHONPATH: the repository root
 reps, base_mib, step, depth, load_before, load_after, storage = sys.argv[1:8]
 rows, by = [], {}
 for r in sys.argv[8:]:
     head, qemu = r.split("|")
     c, sub, count, *ours = head.split()
-    a = statistics.median(int(x) for x in ours) if ours != ["-"] else None
-    b = statistics.median(int(x) for x in qemu.split())
-    rows.append((c, sub, int(count), a, b))
+    ours = [int(x) for x in ours] if ours != ["-"] else []
+    theirs = [int(x) for x in qemu.split()]
+    a = statistics.median(ours) if ours else None
+    b = statistics.median(theirs)
+    if min(len(ours), len(theirs)) >= results.UTEST_MIN_REPETITIONS:
+        test = results.UTest(len(ours), len(theirs),
+                             results.mann_whitney_u(ours, theirs)[1]).text()
+    else:
+        test = results.UTest(len(ours), len(theirs), None).text()
+    rows.append((c, sub, int(count), a, b, test))
     by[(c, sub)] = (a, b)
 
 print(f"4 KiB random writes into an empty qcow2 overlay on a fully written "
@@ -187,22 +230,22 @@ print(f"4 KiB random writes into an empty qcow2 overlay on a fully written "
       f"IOPS, median of {reps}; {storage}; load average (1/5/15 min) "
       f"{load_before} before, {load_after} after")
 print()
-print("| cluster size | subclusters | writes/run | imgtool IOPS | qemu-img IOPS | ratio |")
-print("|---|---|---:|---:|---:|---:|")
+print("| cluster size | subclusters | writes/run | imgtool IOPS | qemu-img IOPS | ratio | U test |")
+print("|---|---|---:|---:|---:|---:|---|")
 ok = True
-for c, sub, count, a, b in rows:
+for c, sub, count, a, b, test in rows:
     ratio = f"{a / b:.2f}" if a is not None else "-"
     if a is not None and a < b:
         ok = False
     ours = f"{a:,.0f}" if a is not None else "-"
-    print(f"| {c} | {sub} | {count:,} | {ours} | {b:,.0f} | {ratio} |")
+    print(f"| {c} | {sub} | {count:,} | {ours} | {b:,.0f} | {ratio} | {test} |")
 print()
 print("Subcluster gain (IOPS with / without subclusters):")
 print()
 print("| cluster size | imgtool | qemu-img |")
 print("|---|---:|---:|")
 gains = {}
-for c, sub, _, _, _ in rows:
+for c, sub, _, _, _, _ in rows:
     if sub != "on" or (c, "off") not in by:
         continue
     (a1, b1), (a0, b0) = by[(c, "on")], by[(c, "off")]
