@@ -554,6 +554,24 @@ class SideBySideTest(unittest.TestCase):
         for cid, caption in SBS_CAPTIONS.items():
             self.assertEqual(self.dom.captions[cid], caption, cid)
 
+    def test_targets_listed_per_cell(self):
+        # issue 20: imgtool >= qemu-img in every cell, with the U test
+        for suite in ("subcluster_side_by_side", "prealloc_side_by_side"):
+            run = dict(self.suites)[suite][0]
+            lines = results.target_lines(suite, run)
+            self.assertEqual(len(lines), 4, suite)
+            block = self.page.split(
+                '<ul class="targets" data-suite="%s">' % suite)[1].split(
+                    "</ul>")[0]
+            self.assertEqual(block, "".join(
+                '<li class="met">%s</li>' % html.escape(l, quote=True)
+                for l in lines), suite)
+        self.assertEqual(
+            results.target_lines("subcluster_side_by_side", dict(
+                self.suites)["subcluster_side_by_side"][0])[3],
+            "cluster:2M/extended_l2:on, IOPS: imgtool 446 / qemu-img 306, "
+            "ratio 1.46, p=0.029 significant (target \u2265 1): met")
+
     def test_one_ratio_by_hand(self):
         # the caption's figures are the files' means and results.utest of
         # the 4 runs per tool
