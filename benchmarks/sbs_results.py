@@ -4,7 +4,7 @@ contract (benchmarks/README.md "Result files"), so that report and dashboard
 read them like a suite's.
 
   sbs_results.py --suite SUITE --out DIR --filesystems FS[,FS] \
-      [--context KEY=VALUE]... RECORDS
+      [--context KEY=VALUE]... [--min-seconds S] RECORDS
 
 RECORDS is a text file the script appended to while it measured, one line
 per measured run:
@@ -75,6 +75,15 @@ def read_records(path):
     if not out:
         raise RecordError("%s: no runs recorded" % path)
     return out
+
+
+def short_runs(records, min_seconds):
+    """([(name, rep, seconds)] of the bench runs (the records with IOPS:
+    the runs the scripts calibrate; not side_by_side.sh's map runs) shorter
+    than min_seconds, number of bench runs)."""
+    timed = [(n, r, c["seconds"]) for n, r, c in records
+             if r is not None and "seconds" in c and "IOPS" in c]
+    return [t for t in timed if t[2] < min_seconds], len(timed)
 
 
 def _cpu_mhz():
@@ -199,6 +208,10 @@ def main(argv):
     parser.add_argument("--filesystems", required=True)
     parser.add_argument("--context", action="append", default=[],
                         metavar="KEY=VALUE")
+    parser.add_argument("--min-seconds", type=float, default=None,
+                        help="the bench runs' intended shortest time: the "
+                        "context key runs_below_min_seconds counts the runs "
+                        "with IOPS shorter than it, and a warning names them")
     args = parser.parse_args(argv)
     extra = {}
     for kv in args.context:
@@ -214,6 +227,15 @@ def main(argv):
         sys.stderr.write("sbs_results.py: %s\n" % e)
         return 1
     ctx = make_context(args.suite, args.filesystems, extra)
+    if args.min_seconds is not None:
+        short, timed = short_runs(records, args.min_seconds)
+        ctx["runs_below_min_seconds"] = "%d of %d" % (len(short), timed)
+        if short:
+            sys.stderr.write(
+                "sbs_results.py: warning: %d of %d runs took less than %g s "
+                "(the load changed after the calibration?): %s\n" % (
+                    len(short), timed, args.min_seconds, ", ".join(
+                        "%s #%d %.3f s" % r for r in short)))
     path = os.path.join(args.out, "%s-%s.json" % (args.suite, ctx["machine"]))
     try:
         os.makedirs(args.out, exist_ok=True)

@@ -88,6 +88,25 @@ class SbsResultsTest(unittest.TestCase):
         case = run_.case("fs:xfs/cluster:65536/extended_l2:on/tool:qemu-img")
         self.assertEqual(case.samples["IOPS"], [2000.0, 4000.0])
 
+    def test_runs_below_min_seconds_are_counted_and_named(self):
+        # bench runs (with IOPS) only: the map run is not calibrated
+        self.write("fs:xfs/case:write/tool:imgtool 0 seconds=1.5 IOPS=1\n"
+                   "fs:xfs/case:write/tool:qemu-img 0 seconds=0.25 IOPS=1\n"
+                   "fs:xfs/case:map/tool:imgtool 0 seconds=0.125\n")
+        out = os.path.join(self.dir, "out")
+        rc, err = run(["--suite", "side_by_side", "--out", out,
+                       "--filesystems", "xfs", "--min-seconds", "1",
+                       self.records])
+        self.assertEqual(rc, 0)
+        self.assertTrue(err.startswith(
+            "sbs_results.py: warning: 1 of 2 runs took less than 1 s (the "
+            "load changed after the calibration?): fs:xfs/case:write/"
+            "tool:qemu-img #0 0.250 s\nwrote "), err)
+        with open(os.path.join(out, os.listdir(out)[0]),
+                  encoding="utf-8") as f:
+            self.assertEqual(json.load(f)["context"][
+                "runs_below_min_seconds"], "1 of 2")
+
     def test_a_contract_problem_fails(self):
         # a suite check_results does not know
         self.write("fs:xfs/case:x/tool:imgtool 0 seconds=1\n")

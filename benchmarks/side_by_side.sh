@@ -45,6 +45,7 @@ MAP_RUNS=${MAP_RUNS:-5}
 WORKDIR=${WORKDIR:-/var/tmp}
 
 source benchmarks/side_by_side_lib.sh
+SBS_MIN_SECONDS=${MIN_SECONDS:-1}  # runs_below_min_seconds in the result file
 sbs_setup side_by_side.sh imgtool-sbs qemu-img mkfs.xfs hyperfine python3 filefrag
 
 # Big enough for the 1 GiB bench image and the map file (8 KiB per extent).

@@ -72,10 +72,15 @@ sbs_record() {
 }
 
 # sbs_write_results SUITE FILESYSTEMS [KEY=VALUE...]: extra context keys.
+# With SBS_MIN_SECONDS set (the bench scripts: MIN_SECONDS), the file counts
+# the runs shorter than that (runs_below_min_seconds) and a warning names
+# them: the calibration sizes runs from unmeasured ones, and the load may
+# change after it.
 sbs_write_results() {
   local suite=$1 fses=$2 kv out
   shift 2
   local ctx=(--context "quick=$([[ ${QUICK:-0} == 1 ]] && echo true || echo false)")
+  [[ -z ${SBS_MIN_SECONDS:-} ]] || ctx+=(--min-seconds "$SBS_MIN_SECONDS")
   for kv in "$@"; do ctx+=(--context "$kv"); done
   out=${OUT:-bench-results}
   [[ $out == /* ]] || out="${SBS_CALLER_PWD:-$PWD}/$out"

@@ -86,6 +86,7 @@ LOOP_DIRECT_IO=${LOOP_DIRECT_IO:-0}
 COLD_BACKING=${COLD_BACKING:-1}
 
 source benchmarks/side_by_side_lib.sh
+SBS_MIN_SECONDS=${MIN_SECONDS:-1}  # runs_below_min_seconds in the result file
 sbs_setup subcluster_side_by_side.sh imgtool-sub qemu-img mkfs.xfs losetup python3
 
 # The backing file and one overlay that grows up to
