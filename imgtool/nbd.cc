@@ -648,6 +648,8 @@ absl::Status Serve(Args& a, Streams streams, int ready_fd) {
 
   a.spec.filename = a.file;
   a.spec.read_only = a.export_options.read_only;
+  a.export_options.write_through =
+      a.spec.cache == "writethrough" || a.spec.cache == "directsync";
   absl::StatusOr<OpenedImage> opened;
   if (a.snapshot) {
     absl::StatusOr<TemporaryOverlay> overlay =

@@ -1295,7 +1295,9 @@ io::Task<void> Server::HandleRequest(Connection* conn, Request* request) {
         } else {
           st = co_await node_.Write(r.offset, absl::MakeConstSpan(r.data));
         }
-        if (st.ok() && (r.flags & kCmdFlagFua) != 0) st = co_await node_.Flush();
+        if (st.ok() && ((r.flags & kCmdFlagFua) != 0 || options_.write_through)) {
+          st = co_await node_.Flush();
+        }
         break;
       case kCmdFlush:
         st = co_await node_.Flush();
@@ -1315,7 +1317,9 @@ io::Task<void> Server::HandleRequest(Connection* conn, Request* request) {
           wz.no_fallback = (r.flags & kCmdFlagFastZero) != 0;
           st = co_await node_.WriteZeroes(r.offset, r.length, wz);
         }
-        if (st.ok() && (r.flags & kCmdFlagFua) != 0) st = co_await node_.Flush();
+        if (st.ok() && ((r.flags & kCmdFlagFua) != 0 || options_.write_through)) {
+          st = co_await node_.Flush();
+        }
         break;
       case kCmdCache:
         break;

@@ -136,6 +136,12 @@ struct ExportOptions {
   // discard_unmap), as QEMU's bdrv_aligned_pwritev on the export's node.
   bool detect_zeroes = false;
   bool detect_zeroes_unmap = false;
+  // --cache=writethrough|directsync: every WRITE and WRITE_ZEROES is
+  // followed by a flush of the export before its reply, as QEMU's
+  // BlockBackend with its write cache off (block/block-backend.c
+  // blk_co_pwritev_part adds BDRV_REQ_FUA, which a qcow2 node emulates with
+  // a flush): an acknowledged write is on disk, the image's metadata too.
+  bool write_through = false;
   // -A: offer the qemu:allocation-depth context.
   bool allocation_depth = false;
   // -B NAME: a qemu:dirty-bitmap:NAME context each, ids 2, 3, ... in this
