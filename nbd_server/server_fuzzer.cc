@@ -9,7 +9,7 @@
 // flight and closes. Settings byte: bit 0 read-only, bit 1 the
 // qemu:allocation-depth context, bit 2 a dirty bitmap "b0" (dirty
 // [64 KiB, 128 KiB) and [512 KiB, 516 KiB)), bit 3 detect-zeroes, bit 4
-// discard=unmap. Neither may crash, leak (libFuzzer's leak check), hang
+// discard=unmap, bit 5 write-through. Neither may crash, leak (libFuzzer's leak check), hang
 // (libFuzzer's -timeout), write outside the export (the MemoryNode keeps
 // its 1 MiB: a write past it would fail and is checked after the run), or
 // take memory beyond what the server holds by design (kMaxRequests buffers
@@ -77,6 +77,7 @@ void Run(const uint8_t* data, size_t size) {
   options.detect_zeroes = (settings & 8) != 0;
   options.detect_zeroes_unmap = options.detect_zeroes;
   options.discard_unmap = (settings & 16) != 0;
+  options.write_through = (settings & 32) != 0;
   options.max_connections = 1;
 
   int fds[2];

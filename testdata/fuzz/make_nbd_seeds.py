@@ -4,8 +4,9 @@
 Run from the repository root: python3 testdata/fuzz/make_nbd_seeds.py.
 Each seed is what server_fuzzer.cc takes: one settings byte (bit 0
 read-only, 1 allocation-depth, 2 bitmap "b0", 3 detect-zeroes, 4
-discard=unmap), then the bytes a client sends: its 4 handshake flags,
-options (doc/proto.md "Option haggling"), then requests ("Transmission").
+discard=unmap, 5 write-through), then the bytes a client sends: its 4
+handshake flags, options (doc/proto.md "Option haggling"), then requests
+("Transmission").
 The export is 1 MiB, named "".
 """
 import os
@@ -71,6 +72,9 @@ seeds = {
     "go_structured": b"\x00" + HELLO + opt(OPT_STRUCTURED) +
     meta(OPT_SET_META, [b"base:allocation"]) + go() + every_request(),
     # The same on a read-only export: writes refused.
+    # Write-through: a flush after each write.
+    "go_write_through": b"\x20" + HELLO + opt(OPT_STRUCTURED) + go() +
+    every_request(),
     "go_read_only": b"\x01" + HELLO + opt(OPT_STRUCTURED) +
     meta(OPT_SET_META, [b"base:allocation"]) + go() + every_request(),
     # Every context: LIST with the wildcards, SET of all three, INFO, GO.
