@@ -176,7 +176,8 @@ const std::vector<Driver>& Drivers() {
         .kind = DriverKind::kProtocol,
         .keys = {"server.type", "server.path", "server.host", "server.port",
                  "export", "x-dirty-bitmap", "reconnect-delay",
-                 "open-timeout", "tls-creds", "tls-hostname"},
+                 "open-timeout", "tls-creds", "tls-hostname", "multi-conn",
+                 "x-tls", "x-tls-certificates"},
         .protocol = "nbd",
         .parse_filename = ParseNbd,
     });
@@ -925,6 +926,7 @@ io::Task<absl::StatusOr<Opened>> OpenNbd(const Driver& driver,
       nbd_block::NbdAddress address,
       nbd_block::AddressFromOptions(
           [&node](const std::string& key) { return FindKeyValue(node, key); }));
+  if (address.multi_conn == 0) address.multi_conn = ctx.settings->nbd_connections;
   std::string exact = nbd_block::ExactFilename(address);
   std::vector<std::pair<std::string, std::string>> server;
   auto quote = [](const std::string& v) {
@@ -1681,8 +1683,10 @@ absl::StatusOr<NodeOptions> ProtocolNodeOptions(absl::string_view filename,
     const absl::string_view prefix = filename.substr(0, filename.find(':'));
     for (const Driver& d : Drivers()) {
       if (!d.protocol.empty() && d.protocol == prefix) driver = &d;
-      // QEMU's nbd driver has three protocol names.
-      if (d.name == "nbd" && (prefix == "nbd+tcp" || prefix == "nbd+unix")) {
+      // QEMU's nbd driver has three protocol names; imgtool's adds the NBD
+      // URI spec's TLS ones (nbd_block/nbd_node.h).
+      if (d.name == "nbd" && (prefix == "nbd+tcp" || prefix == "nbd+unix" ||
+                              prefix == "nbds" || prefix == "nbds+unix")) {
         driver = &d;
       }
     }

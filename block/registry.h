@@ -274,6 +274,10 @@ struct OpenSettings {
   // 64 MiB). False for commands that allocate a few metadata clusters only
   // (snapshot): the growth would cost a truncate and an xattr each way.
   bool qcow2_grow_ahead = true;
+  // Connections an nbd node opens when the server offers multi-conn and
+  // the node has no multi-conn option (nbd_block/nbd_node.h): 1 as QEMU's
+  // client; convert and bench ask for 4, as nbdcopy.
+  uint32_t nbd_connections = 1;
   // Where the probing warning (a probed raw image opened for writing) and
   // qcow2's dirty-image repair lines go; not null.
   std::ostream* err = nullptr;

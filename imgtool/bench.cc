@@ -422,6 +422,7 @@ absl::StatusOr<BenchArgs> ParseArgs(const std::vector<std::string>& args) {
   }
   if (a.step == 0) a.step = a.size;
   a.spec.read_only = !a.write;
+  a.spec.nbd_connections = kNbdCopyConnections;
   a.spec.queue_depth =
       static_cast<int>(std::min<uint64_t>(a.depth, kMaxEngineDepth));
   return a;

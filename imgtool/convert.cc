@@ -559,6 +559,7 @@ absl::Status Convert(ConvertArgs a,
     // As qemu-img, keep writers (and convert onto itself) out.
     spec.unshare_write = true;
     spec.queue_depth = a.num_coroutines;
+    spec.nbd_connections = kNbdCopyConnections;
     absl::StatusOr<OpenedImage> opened = OpenImage(spec, streams.err, engine);
     if (!opened.ok() && !a.image_opts && !a.skip_create &&
         block::IsUnsupportedQemuDriver(a.source_format) &&
@@ -656,6 +657,7 @@ absl::Status Convert(ConvertArgs a,
   spec.cache = *cache;
   spec.read_only = false;
   spec.queue_depth = a.num_coroutines;
+  spec.nbd_connections = kNbdCopyConnections;
   ASSIGN_OR_RETURN(OpenedImage target, OpenImage(spec, streams.err, engine));
   images.push_back(std::move(target));
   if (a.bitmaps && images.back().qcow2 == nullptr) {

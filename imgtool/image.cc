@@ -111,6 +111,7 @@ absl::StatusOr<OpenedImage> OpenImage(const ImageSpec& spec, std::ostream& err,
   s.no_backing = spec.no_backing;
   s.writable_backing_depth = spec.writable_backing_depth;
   s.qcow2_grow_ahead = spec.qcow2_grow_ahead;
+  s.nbd_connections = spec.nbd_connections;
   s.err = &err;
   s.warn = [&err](absl::string_view warnings) { PrintWarnings(warnings, err); };
   absl::StatusOr<block::OpenedGraph> opened = io::RunSync(

@@ -46,6 +46,11 @@
 
 namespace imgtool::cli {
 
+// The nbd connections convert (source and target) and bench open when the
+// server offers multi-conn: nbdcopy's default (--connections=4). An
+// imgtool extension: QEMU 7.2's client has no multi-conn.
+inline constexpr uint32_t kNbdCopyConnections = 4;
+
 struct ImageSpec {
   std::string filename;     // as the user gave it (relative to cwd)
   std::string format;       // -f; empty = probe
@@ -73,6 +78,9 @@ struct ImageSpec {
   // QEMU; only for the command's first image, which creates the engine.
   io::EngineKind aio = io::EngineKind::kAuto;
   int queue_depth = 64;  // requests the command keeps in flight
+  // block::OpenSettings::nbd_connections: connections an nbd node opens
+  // when its server offers multi-conn (its multi-conn option overrides).
+  uint32_t nbd_connections = 1;
   // Copy-on-read (qemu-io -C, open -C; QEMU's BDRV_O_COPY_ON_READ): the
   // image's top node is opened under a copy-on-read filter
   // (cor_filter::CorNode, widening to the cluster size of the qcow2 node

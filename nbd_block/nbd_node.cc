@@ -67,9 +67,11 @@ absl::Status ParseUri(absl::string_view filename, const Setter& set) {
   const size_t colon = filename.find("://");
   const absl::string_view scheme = filename.substr(0, colon);
   bool is_unix;
-  if (scheme == "nbd" || scheme == "nbd+tcp") {
+  // nbds, nbds+unix: the NBD URI spec's (doc/uri.md) TLS schemes.
+  const bool tls = scheme == "nbds" || scheme == "nbds+unix";
+  if (scheme == "nbd" || scheme == "nbd+tcp" || scheme == "nbds") {
     is_unix = false;
-  } else if (scheme == "nbd+unix") {
+  } else if (scheme == "nbd+unix" || scheme == "nbds+unix") {
     is_unix = true;
   } else {
     return BadUrl();
@@ -103,6 +105,17 @@ absl::Status ParseUri(absl::string_view filename, const Setter& set) {
         return BadUrl();
       }
       params.emplace_back(std::move(name), std::move(value));
+    }
+  }
+  // nbds: libnbd's tls-certificates=DIR (its nbd_connect_uri) as well.
+  std::optional<std::string> certificates;
+  if (tls) {
+    for (auto it = params.begin(); it != params.end(); ++it) {
+      if (it->first == "tls-certificates" && !certificates.has_value()) {
+        certificates = it->second;
+        params.erase(it);
+        break;
+      }
     }
   }
   if (params.size() > 1 || (is_unix && params.empty()) ||
@@ -165,6 +178,8 @@ absl::Status ParseUri(absl::string_view filename, const Setter& set) {
         port_number != 0 ? absl::StrCat(port_number) : kDefaultPort);
   }
   if (!export_name.empty()) set("export", export_name);
+  if (tls) set("x-tls", "on");
+  if (certificates.has_value()) set("x-tls-certificates", *certificates);
   return absl::OkStatus();
 }
 
@@ -340,6 +355,24 @@ absl::StatusOr<NbdAddress> AddressFromOptions(
       address.tls_hostname = address.host;
     }
   }
+  // x-tls=on (nbds://, nbds+unix://): TLS required, with tls-creds' or
+  // libnbd's default certificates.
+  if (const std::string* t = get("x-tls"); t != nullptr) {
+    if (*t != "on" && *t != "off") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Parameter 'x-tls' expects 'on' or 'off'"));
+    }
+    address.tls_required = *t == "on";
+  }
+  if (const std::string* d = get("x-tls-certificates"); d != nullptr) {
+    address.tls_certificates = *d;
+  }
+  if (address.tls_required && !address.tls_creds.has_value() &&
+      !address.tls_certificates.has_value()) {
+    return absl::InvalidArgumentError(
+        "nbds:// needs tls-certificates=DIR in the URI or the tls-creds "
+        "option");
+  }
   if (const std::string* b = get("x-dirty-bitmap"); b != nullptr) {
     // NBD_MAX_STRING_SIZE (the NBD protocol document, "Metadata querying").
     if (b->size() > 4096) {
@@ -359,21 +392,42 @@ absl::StatusOr<NbdAddress> AddressFromOptions(
     if (!n.ok()) return n.status();
     address.reconnect_delay = static_cast<uint32_t>(*n);
   }
+  // multi-conn (imgtool's): how many connections, when the server offers
+  // multi-conn.
+  if (const std::string* m = get("multi-conn"); m != nullptr) {
+    absl::StatusOr<uint64_t> n = ParseNumberOption("multi-conn", *m);
+    if (!n.ok()) return n.status();
+    if (*n < 1 || *n > kMaxConnections) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Parameter 'multi-conn' expects a number from 1 to ",
+          kMaxConnections));
+    }
+    address.multi_conn = static_cast<uint32_t>(*n);
+  }
   return address;
 }
 
 std::string ExactFilename(const NbdAddress& a) {
+  const absl::string_view scheme = a.tls_required ? "nbds" : "nbd";
+  std::string certificates;
+  if (a.tls_required && a.tls_certificates.has_value()) {
+    certificates = absl::StrCat("tls-certificates=", *a.tls_certificates);
+  }
   if (a.is_unix) {
+    if (!certificates.empty()) certificates.insert(0, "&");
     if (a.export_name.has_value()) {
-      return absl::StrCat("nbd+unix:///", *a.export_name, "?socket=", a.path);
+      return absl::StrCat(scheme, "+unix:///", *a.export_name,
+                          "?socket=", a.path, certificates);
     }
-    return absl::StrCat("nbd+unix://?socket=", a.path);
+    return absl::StrCat(scheme, "+unix://?socket=", a.path, certificates);
   }
   if (absl::StrContains(a.host, ':')) return "";
+  if (!certificates.empty()) certificates.insert(0, "?");
   if (a.export_name.has_value()) {
-    return absl::StrCat("nbd://", a.host, ":", a.port, "/", *a.export_name);
+    return absl::StrCat(scheme, "://", a.host, ":", a.port, "/",
+                        *a.export_name, certificates);
   }
-  return absl::StrCat("nbd://", a.host, ":", a.port);
+  return absl::StrCat(scheme, "://", a.host, ":", a.port, certificates);
 }
 
 NbdNode::NbdNode(std::string filename, const NbdAddress& address,
@@ -383,8 +437,10 @@ NbdNode::NbdNode(std::string filename, const NbdAddress& address,
       engine_(engine) {}
 
 NbdNode::~NbdNode() {
-  if (handle_ != nullptr) Nbd().nbd_close(handle_);
-  if (poll_fd_ >= 0) close(poll_fd_);
+  for (const std::unique_ptr<Connection>& c : connections_) {
+    if (c->handle != nullptr) Nbd().nbd_close(c->handle);
+    if (c->poll_fd >= 0) close(c->poll_fd);
+  }
 }
 
 namespace {
@@ -392,13 +448,24 @@ namespace {
 // A new libnbd handle connected to `address` and negotiated (blocking),
 // asking for the meta context `context`; the caller owns it. Errors as
 // NbdNode::Open's (kUnavailable: no connection).
+// `greeting_ms` >= 0: the server must send its greeting within that many
+// milliseconds (a server that has all the clients it takes leaves a new
+// connection in its listen backlog: qemu-nbd -e N); else kUnavailable.
 absl::StatusOr<nbd_handle*> ConnectHandle(const NbdAddress& address,
-                                          const std::string& context) {
+                                          const std::string& context,
+                                          int greeting_ms = -1) {
   const int fd = ConnectSocket(address);
   if (fd < 0) {
     return absl::UnavailableError(absl::StrCat("Failed to connect to '",
                                                AddressText(address), "': ",
                                                std::strerror(-fd)));
+  }
+  if (greeting_ms >= 0) {
+    pollfd p = {.fd = fd, .events = POLLIN, .revents = 0};
+    if (poll(&p, 1, greeting_ms) != 1) {
+      close(fd);
+      return absl::UnavailableError("no greeting from the server");
+    }
   }
   nbd_handle* h = Nbd().nbd_create();
   if (h == nullptr) {
@@ -427,6 +494,12 @@ absl::StatusOr<nbd_handle*> ConnectHandle(const NbdAddress& address,
                Nbd().nbd_set_tls_certificates(h, t.dir.c_str()) == 0 &&
                Nbd().nbd_set_tls_verify_peer(h, t.verify_peer) == 0;
     }
+  } else if (address.tls_required) {
+    // nbds://...tls-certificates=DIR without tls-creds: as libnbd's
+    // nbd_connect_uri (x509 from DIR, the peer's chain verified).
+    tls_ok = Nbd().nbd_set_tls(h, LIBNBD_TLS_REQUIRE) == 0 &&
+             Nbd().nbd_set_tls_certificates(
+                 h, address.tls_certificates.value_or("").c_str()) == 0;
   }
   if (!tls_ok || Nbd().nbd_set_export_name(h, export_name.c_str()) != 0 ||
       Nbd().nbd_add_meta_context(h, context.c_str()) != 0) {
@@ -526,7 +599,8 @@ absl::StatusOr<std::unique_ptr<NbdNode>> NbdNode::Open(
     h = ConnectHandle(address, node->context_);
   }
   if (!h.ok()) return h.status();
-  node->Adopt(*h);
+  node->connections_.push_back(std::make_unique<Connection>());
+  node->Adopt(*node->connections_[0], *h);
   if (node->size_ == UINT64_MAX) {
     return absl::InternalError(Nbd().nbd_get_error());
   }
@@ -535,24 +609,42 @@ absl::StatusOr<std::unique_ptr<NbdNode>> NbdNode::Open(
     // prints the errno alone.
     return absl::InvalidArgumentError("Could not open image: Invalid argument");
   }
-  if (Nbd().nbd_is_read_only(node->handle_) == 1 && !read_only) {
+  if (Nbd().nbd_is_read_only(*h) == 1 && !read_only) {
     return absl::PermissionDeniedError("Could not open image: Permission denied");
+  }
+  // multi-conn: more connections to the same export, each negotiated as the
+  // first. One that fails (or whose server does not greet it in time) ends
+  // the opening: the node works with those it has.
+  constexpr int kGreetingMs = 5000;
+  const uint32_t wanted = std::clamp<uint32_t>(address.multi_conn, 1,
+                                               kMaxConnections);
+  while (node->can_multi_conn_ && node->connections_.size() < wanted) {
+    absl::StatusOr<nbd_handle*> more =
+        ConnectHandle(address, node->context_, kGreetingMs);
+    if (!more.ok()) break;
+    if (static_cast<uint64_t>(Nbd().nbd_get_size(*more)) != node->size_) {
+      Nbd().nbd_close(*more);
+      break;
+    }
+    node->connections_.push_back(std::make_unique<Connection>());
+    node->Adopt(*node->connections_.back(), *more);
   }
   return node;
 }
 
-void NbdNode::Adopt(nbd_handle* h) {
-  if (handle_ != nullptr) Nbd().nbd_close(handle_);
-  handle_ = h;
-  if (poll_fd_ >= 0) close(poll_fd_);
+void NbdNode::Adopt(Connection& c, nbd_handle* h) {
+  if (c.handle != nullptr) Nbd().nbd_close(c.handle);
+  c.handle = h;
+  if (c.poll_fd >= 0) close(c.poll_fd);
   const int fd = Nbd().nbd_aio_get_fd(h);
-  poll_fd_ = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+  c.poll_fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
   const int64_t size = Nbd().nbd_get_size(h);
   size_ = size < 0 ? UINT64_MAX : static_cast<uint64_t>(size);
   can_flush_ = Nbd().nbd_can_flush(h) == 1;
   can_trim_ = Nbd().nbd_can_trim(h) == 1;
   can_zero_ = Nbd().nbd_can_zero(h) == 1;
   can_fast_zero_ = Nbd().nbd_can_fast_zero(h) == 1;
+  can_multi_conn_ = Nbd().nbd_can_multi_conn(h) == 1;
   base_allocation_ = Nbd().nbd_can_meta_context(h, context_.c_str()) == 1;
   const int64_t maximum = Nbd().nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
   max_request_ = maximum > 0 ? std::min<uint64_t>(static_cast<uint64_t>(maximum),
@@ -560,58 +652,73 @@ void NbdNode::Adopt(nbd_handle* h) {
                              : uint64_t{32} << 20;
 }
 
-bool NbdNode::ConnectionLost() const {
-  return Nbd().nbd_aio_is_dead(handle_) == 1 ||
-         Nbd().nbd_aio_is_closed(handle_) == 1;
+bool NbdNode::ConnectionLost(const Connection& c) {
+  return Nbd().nbd_aio_is_dead(c.handle) == 1 ||
+         Nbd().nbd_aio_is_closed(c.handle) == 1;
 }
 
-void NbdNode::Pump() {
-  const unsigned direction = Nbd().nbd_aio_get_direction(handle_);
-  const int in_flight = Nbd().nbd_aio_in_flight(handle_);
+NbdNode::Connection& NbdNode::Pick() {
+  const size_t n = connections_.size();
+  Connection* best = nullptr;
+  for (size_t k = 0; k < n; ++k) {
+    Connection* c = connections_[(next_connection_ + k) % n].get();
+    if (best == nullptr || c->waiting < best->waiting) best = c;
+  }
+  next_connection_ = (next_connection_ + 1) % n;
+  return *best;
+}
+
+void NbdNode::Pump(Connection& c) {
+  const unsigned direction = Nbd().nbd_aio_get_direction(c.handle);
+  const int in_flight = Nbd().nbd_aio_in_flight(c.handle);
   if (in_flight > 0) {
     max_in_flight_ = std::max<uint64_t>(max_in_flight_,
                                         static_cast<uint64_t>(in_flight));
   }
-  const int fd = poll_fd_;
-  if (fd < 0 || ConnectionLost()) return;
-  if (!read_armed_ && in_flight > 0 &&
+  const int fd = c.poll_fd;
+  if (fd < 0 || ConnectionLost(c)) return;
+  if (!c.read_armed && in_flight > 0 &&
       (direction & LIBNBD_AIO_DIRECTION_READ) != 0) {
-    read_armed_ = true;
-    read_poll_ = io::Op{.kind = io::OpKind::kPoll, .fd = fd, .mode = POLLIN};
-    read_poll_.done = [this](io::Op& op) { OnPollDone(false, op.result); };
-    engine_->Submit(&read_poll_);
+    c.read_armed = true;
+    c.read_poll = io::Op{.kind = io::OpKind::kPoll, .fd = fd, .mode = POLLIN};
+    c.read_poll.done = [this, &c](io::Op& op) {
+      OnPollDone(c, false, op.result);
+    };
+    engine_->Submit(&c.read_poll);
   }
-  if (!write_armed_ && (direction & LIBNBD_AIO_DIRECTION_WRITE) != 0) {
-    write_armed_ = true;
-    write_poll_ = io::Op{.kind = io::OpKind::kPoll, .fd = fd, .mode = POLLOUT};
-    write_poll_.done = [this](io::Op& op) { OnPollDone(true, op.result); };
-    engine_->Submit(&write_poll_);
+  if (!c.write_armed && (direction & LIBNBD_AIO_DIRECTION_WRITE) != 0) {
+    c.write_armed = true;
+    c.write_poll = io::Op{.kind = io::OpKind::kPoll, .fd = fd, .mode = POLLOUT};
+    c.write_poll.done = [this, &c](io::Op& op) {
+      OnPollDone(c, true, op.result);
+    };
+    engine_->Submit(&c.write_poll);
   }
 }
 
-void NbdNode::OnPollDone(bool write, int64_t result) {
-  (write ? write_armed_ : read_armed_) = false;
-  if (result >= 0) {
-    // Readable, writable, or hung up / in error: libnbd finds out which.
-    if (write) {
-      Nbd().nbd_aio_notify_write(handle_);
-    } else {
-      Nbd().nbd_aio_notify_read(handle_);
-    }
-  } else {
-    Nbd().nbd_aio_notify_read(handle_);
-  }
+void NbdNode::WakeCompleted() {
   std::vector<Command*> done;
   done.swap(completed_);
-  Pump();
-  if (polls_idle_ != nullptr && !read_armed_ && !write_armed_) {
-    std::exchange(polls_idle_, nullptr)->Set();
-  }
   for (Command* command : done) command->done.Set();
 }
 
-io::Task<absl::Status> NbdNode::Wait(Command& command, int64_t cookie,
-                                     const char* what) {
+void NbdNode::OnPollDone(Connection& c, bool write, int64_t result) {
+  (write ? c.write_armed : c.read_armed) = false;
+  // Readable, writable, or hung up / in error: libnbd finds out which.
+  if (write && result >= 0) {
+    Nbd().nbd_aio_notify_write(c.handle);
+  } else {
+    Nbd().nbd_aio_notify_read(c.handle);
+  }
+  Pump(c);
+  if (c.polls_idle != nullptr && !c.read_armed && !c.write_armed) {
+    std::exchange(c.polls_idle, nullptr)->Set();
+  }
+  WakeCompleted();
+}
+
+io::Task<absl::Status> NbdNode::Wait(Connection& c, Command& command,
+                                     int64_t cookie, const char* what) {
   if (cookie < 0) {
     const int e = Nbd().nbd_get_errno();
     co_return ErrnoStatus(filename(), what, e != 0 ? e : EIO);
@@ -619,12 +726,8 @@ io::Task<absl::Status> NbdNode::Wait(Command& command, int64_t cookie,
   ++commands_issued_;
   // The command may have completed inside the nbd_aio_* call (a reply
   // already read); completed_ then holds it.
-  if (!completed_.empty()) {
-    std::vector<Command*> done;
-    done.swap(completed_);
-    for (Command* c : done) c->done.Set();
-  }
-  Pump();
+  WakeCompleted();
+  Pump(c);
   co_await command.done.Wait();
   if (command.error != 0) {
     co_return ErrnoStatus(filename(), what, command.error);
@@ -633,8 +736,9 @@ io::Task<absl::Status> NbdNode::Wait(Command& command, int64_t cookie,
 }
 
 io::Task<absl::Status> NbdNode::InPieces(
-    uint64_t length, uint64_t max_piece, const char* what,
-    std::function<int64_t(uint64_t done, uint64_t n, Command* command)>
+    uint64_t length, uint64_t max_piece, const char* what, Effect effect,
+    std::function<int64_t(nbd_handle* handle, uint64_t done, uint64_t n,
+                          Command* command)>
         issue) {
   uint64_t done = 0;
   while (done < length) {
@@ -642,40 +746,45 @@ io::Task<absl::Status> NbdNode::InPieces(
     Command command;
     absl::Status st = co_await Run(
         what, command,
-        [&](Command* c) { return issue(done, n, c); });
+        [&](nbd_handle* h, Command* c) { return issue(h, done, n, c); },
+        effect);
     if (!st.ok()) co_return st;
     done += n;
   }
   co_return absl::OkStatus();
 }
 
-io::Task<absl::Status> NbdNode::Run(
-    const char* what, Command& command,
-    const std::function<int64_t(Command*)>& issue) {
+io::Task<absl::Status> NbdNode::Run(const char* what, Command& command,
+                                    const Issue& issue, Effect effect,
+                                    Connection* on) {
+  Connection& c = on != nullptr ? *on : Pick();
   for (;;) {
-    const uint64_t generation = generation_;
+    const uint64_t generation = c.generation;
     command = Command{.node = this};
-    absl::Status st = co_await Wait(command, issue(&command), what);
-    if (st.ok() || !ConnectionLost()) co_return st;
+    ++c.waiting;
+    absl::Status st = co_await Wait(c, command, issue(c.handle, &command), what);
+    --c.waiting;
+    if (effect == Effect::kWrites) c.written = true;
+    if (st.ok() || !ConnectionLost(c)) co_return st;
     // QEMU's nbd client fails requests on a lost connection with EIO.
-    if (address_.reconnect_delay == 0 || !co_await Reconnect(generation)) {
+    if (address_.reconnect_delay == 0 || !co_await Reconnect(c, generation)) {
       co_return ErrnoStatus(filename(), what, EIO);
     }
   }
 }
 
-io::Task<bool> NbdNode::Reconnect(uint64_t generation) {
-  io::ScopedLock lock = co_await io::ScopedLock::Take(reconnect_mu_);
-  if (generation_ != generation) co_return !ConnectionLost();
-  if (!lost_at_ms_.has_value()) lost_at_ms_ = NowMs();
+io::Task<bool> NbdNode::Reconnect(Connection& c, uint64_t generation) {
+  io::ScopedLock lock = co_await io::ScopedLock::Take(c.reconnect_mu);
+  if (c.generation != generation) co_return !ConnectionLost(c);
+  if (!c.lost_at_ms.has_value()) c.lost_at_ms = NowMs();
   const int64_t deadline =
-      *lost_at_ms_ +
+      *c.lost_at_ms +
       int64_t{1000} * static_cast<int64_t>(address_.reconnect_delay);
   // The engine's polls on the old socket end before it is replaced.
-  if (poll_fd_ >= 0) shutdown(poll_fd_, SHUT_RDWR);
-  while (read_armed_ || write_armed_) {
+  if (c.poll_fd >= 0) shutdown(c.poll_fd, SHUT_RDWR);
+  while (c.read_armed || c.write_armed) {
     io::Event idle;
-    polls_idle_ = &idle;
+    c.polls_idle = &idle;
     co_await idle.Wait();
   }
   uint64_t wait_ms = kFirstRetryMs;
@@ -686,9 +795,10 @@ io::Task<bool> NbdNode::Reconnect(uint64_t generation) {
       h = absl::DataLossError("export size changed");
     }
     if (h.ok()) {
-      Adopt(*h);
-      ++generation_;
-      lost_at_ms_.reset();
+      Adopt(c, *h);
+      ++c.generation;
+      ++reconnects_;
+      c.lost_at_ms.reset();
       co_return true;
     }
     const int64_t left = deadline - NowMs();
@@ -727,10 +837,10 @@ io::Task<absl::Status> NbdNode::DoRead(uint64_t offset, io::IoVec buf) {
     std::memset(buf.data() + readable, 0, buf.size() - readable);
   }
   co_return co_await InPieces(
-      readable, max_request_, "read",
-      [&](uint64_t done, uint64_t n, Command* command) {
-        return Nbd().nbd_aio_pread(handle_, buf.data() + done, n,
-                                   offset + done, Completion(command), 0);
+      readable, max_request_, "read", Effect::kNone,
+      [&](nbd_handle* h, uint64_t done, uint64_t n, Command* command) {
+        return Nbd().nbd_aio_pread(h, buf.data() + done, n, offset + done,
+                                   Completion(command), 0);
       });
 }
 
@@ -741,10 +851,10 @@ io::Task<absl::Status> NbdNode::DoWrite(uint64_t offset, io::ConstIoVec data) {
     co_return ErrnoStatus(filename(), "write", EINVAL);
   }
   co_return co_await InPieces(
-      data.size(), max_request_, "write",
-      [&](uint64_t done, uint64_t n, Command* command) {
-        return Nbd().nbd_aio_pwrite(handle_, data.data() + done, n,
-                                    offset + done, Completion(command), 0);
+      data.size(), max_request_, "write", Effect::kWrites,
+      [&](nbd_handle* h, uint64_t done, uint64_t n, Command* command) {
+        return Nbd().nbd_aio_pwrite(h, data.data() + done, n, offset + done,
+                                    Completion(command), 0);
       });
 }
 
@@ -758,10 +868,10 @@ io::Task<absl::Status> NbdNode::DoWriteZeroes(uint64_t offset, uint64_t length,
   if (flags.no_fallback) cmd_flags |= LIBNBD_CMD_FLAG_FAST_ZERO;
   constexpr uint64_t kMaxZero = uint64_t{1} << 30;
   absl::Status st = co_await InPieces(
-      length, kMaxZero, "write zeroes",
-      [&](uint64_t done, uint64_t n, Command* command) {
-        return Nbd().nbd_aio_zero(handle_, n, offset + done,
-                                  Completion(command), cmd_flags);
+      length, kMaxZero, "write zeroes", Effect::kWrites,
+      [&](nbd_handle* h, uint64_t done, uint64_t n, Command* command) {
+        return Nbd().nbd_aio_zero(h, n, offset + done, Completion(command),
+                                  cmd_flags);
       });
   if (!st.ok() && flags.no_fallback && StatusErrno(st) == ENOTSUP) {
     co_return absl::UnimplementedError("Operation not supported");
@@ -773,19 +883,38 @@ io::Task<absl::Status> NbdNode::DoDiscard(uint64_t offset, uint64_t length) {
   if (!can_trim_) co_return absl::OkStatus();  // QEMU: nothing to do
   constexpr uint64_t kMaxTrim = uint64_t{1} << 30;
   co_return co_await InPieces(
-      length, kMaxTrim, "discard",
-      [&](uint64_t done, uint64_t n, Command* command) {
-        return Nbd().nbd_aio_trim(handle_, n, offset + done,
-                                  Completion(command), 0);
+      length, kMaxTrim, "discard", Effect::kWrites,
+      [&](nbd_handle* h, uint64_t done, uint64_t n, Command* command) {
+        return Nbd().nbd_aio_trim(h, n, offset + done, Completion(command), 0);
       });
 }
 
 io::Task<absl::Status> NbdNode::DoFlush() {
   if (!can_flush_) co_return absl::OkStatus();
-  Command command;
-  co_return co_await Run("flush", command, [this](Command* c) {
-    return Nbd().nbd_aio_flush(handle_, Completion(c), 0);
-  });
+  // A flush on every connection that has written since its last flush
+  // (the first one when none has, as with one connection): the NBD
+  // protocol promises multi-conn consistency only for writes completed
+  // before a flush, and imgtool does not rely on the server spreading one
+  // flush over all connections. The first error is the flush's.
+  bool any_written = false;
+  for (const std::unique_ptr<Connection>& c : connections_) {
+    any_written = any_written || c->written;
+  }
+  absl::Status first;
+  for (size_t i = 0; i < connections_.size(); ++i) {
+    Connection& c = *connections_[i];
+    if (!(c.written || (!any_written && i == 0))) continue;
+    c.written = false;
+    Command command;
+    absl::Status st = co_await Run(
+        "flush", command,
+        [](nbd_handle* h, Command* cmd) {
+          return Nbd().nbd_aio_flush(h, Completion(cmd), 0);
+        },
+        Effect::kNone, &c);
+    if (first.ok()) first = st;
+  }
+  co_return first;
 }
 
 io::Task<absl::Status> NbdNode::DoTruncate(uint64_t size,
@@ -808,13 +937,14 @@ io::Task<absl::StatusOr<io::BlockStatus>> NbdNode::DoGetBlockStatus(
   constexpr uint64_t kMaxStatus = (uint64_t{INT_MAX} / 512) * 512;
   const uint64_t asked = std::min(status.length, kMaxStatus);
   Command command;
-  absl::Status st = co_await Run("block status", command, [&](Command* c) {
-    return Nbd().nbd_aio_block_status(
-        handle_, asked, offset,
-        nbd_extent_callback{
-            .callback = OnExtent, .user_data = c, .free = nullptr},
-        Completion(c), LIBNBD_CMD_FLAG_REQ_ONE);
-  });
+  absl::Status st = co_await Run(
+      "block status", command, [&](nbd_handle* h, Command* c) {
+        return Nbd().nbd_aio_block_status(
+            h, asked, offset,
+            nbd_extent_callback{
+                .callback = OnExtent, .user_data = c, .free = nullptr},
+            Completion(c), LIBNBD_CMD_FLAG_REQ_ONE);
+      });
   if (!st.ok()) {
     // QEMU's block status fails with the errno alone ("Could not read file
     // metadata: Input/output error", not the node's name and the step).
@@ -837,10 +967,13 @@ io::Task<absl::StatusOr<io::BlockStatus>> NbdNode::DoGetBlockStatus(
 }
 
 io::Task<absl::Status> NbdNode::Close() {
-  // NBD_CMD_DISC, then wait for the server to close (blocking, once).
-  if (Nbd().nbd_aio_is_ready(handle_) == 1 ||
-      Nbd().nbd_aio_is_processing(handle_) == 1) {
-    Nbd().nbd_shutdown(handle_, 0);
+  // NBD_CMD_DISC on each connection, then wait for the server to close it
+  // (blocking, once).
+  for (const std::unique_ptr<Connection>& c : connections_) {
+    if (Nbd().nbd_aio_is_ready(c->handle) == 1 ||
+        Nbd().nbd_aio_is_processing(c->handle) == 1) {
+      Nbd().nbd_shutdown(c->handle, 0);
+    }
   }
   co_return absl::OkStatus();
 }

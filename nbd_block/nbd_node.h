@@ -72,7 +72,7 @@
 // through the engine). A new connection to an export of another size is
 // refused (EIO).
 //
-// tls-creds=ID (QEMU's option; nbds:// URIs are not QEMU 7.2's): the id of
+// tls-creds=ID (QEMU's option; nbds:// URIs below are not QEMU 7.2's): the id of
 // a --object tls-creds-x509 or tls-creds-psk with endpoint=client
 // (block/objects.h; "No TLS credentials with id 'x'", "Object with id 'x' is
 // not TLS credentials", "Expected TLS credentials for a client endpoint"
@@ -94,7 +94,43 @@
 // (go)\nDid you forget a valid tls-creds?\nserver reported: Option 0x7 not
 // permitted before TLS"); handshake failures are libnbd's text.
 //
-// Not in this slice: multi-conn, FUA (BlockNode has no FUA flag yet).
+// multi-conn=N (1 to 16; an imgtool extension: QEMU 7.2's nbd client opens
+// one connection and has no such option): when the server sets
+// NBD_FLAG_CAN_MULTI_CONN (the NBD protocol, "Transmission flags"; qemu-nbd
+// 7.2 sets it when -e is not 1, nbd/server.c nbd_export_create), Open makes
+// N - 1 more connections to the same export, each negotiated as the first
+// (TLS, x-dirty-bitmap's context) and polled through the engine as the
+// first, and every request goes to the connection with the fewest of the
+// node's requests waiting (in turn among equals). An extra connection that
+// fails, or whose server sends no greeting within 5 s (a server that has
+// all the clients it takes, e.g. qemu-nbd -e 2 with another client, leaves
+// it in its listen backlog), ends the opening: the node keeps the ones it
+// has, never less than the first. Without the flag: one connection. Flush
+// goes to every connection on which a write, write zeroes or discard
+// completed since that connection's last flush (the first one if none):
+// the protocol's multi-conn promise ("Transmission flags",
+// NBD_FLAG_CAN_MULTI_CONN) is that a flush makes visible the writes
+// completed before it on any connection, so one would do, but imgtool does
+// not stake data on every server getting that right. Each connection
+// reconnects on its own (reconnect-delay). The default when the node has no
+// multi-conn option is the command's (block::OpenSettings::nbd_connections):
+// 1 (QEMU's), 4 for convert (source and target) and bench, as nbdcopy's
+// --connections default.
+//
+// nbds://[HOST[:PORT]]/EXPORT?tls-certificates=DIR and nbds+unix:///EXPORT?
+// socket=PATH&tls-certificates=DIR (the NBD URI spec's TLS schemes,
+// NetworkBlockDevice/nbd doc/uri.md; tls-certificates is libnbd's URI
+// parameter, nbd_connect_uri; an imgtool extension: qemu-img 7.2 says
+// "Unknown protocol 'nbds'"): the options x-tls=on and x-tls-certificates=
+// DIR; the connection requires TLS, x509 from DIR with the peer's chain
+// verified (no host name: as libnbd's URIs over a connected socket). A
+// tls-creds option given with them is used instead. Without either,
+// kInvalidArgument "nbds:// needs tls-certificates=DIR in the URI or the
+// tls-creds option" (libnbd 1.14's default directories give no client
+// certificate, which qemu-nbd's x509 server requires). The exact name keeps
+// the scheme and the parameter.
+//
+// Not in this slice: FUA (BlockNode has no FUA flag yet).
 //
 // Units: bytes. Errors: kInvalidArgument for names and options; kUnavailable
 // for connect and handshake failures (messages as above), kNotFound for an
@@ -127,6 +163,10 @@ struct nbd_handle;
 
 namespace imgtool::nbd_block {
 
+// The most connections multi-conn=N opens (nbdcopy's --connections has no
+// limit; 16 keeps a node's sockets and polls few).
+inline constexpr uint32_t kMaxConnections = 16;
+
 // Where the server is and which export (QEMU's BlockdevOptionsNbd, the part
 // of it this slice takes).
 struct NbdAddress {
@@ -140,11 +180,18 @@ struct NbdAddress {
   std::optional<std::string> x_dirty_bitmap;
   uint32_t open_timeout = 0;
   uint32_t reconnect_delay = 0;
+  // multi-conn=N (imgtool's; 0 when not given): connections to open when
+  // the server offers multi-conn, 1 to kMaxConnections.
+  uint32_t multi_conn = 0;
   // tls-creds: the object's id and what it holds; tls-hostname (or the inet
   // host).
   std::optional<std::string> tls_creds;
   block::ObjectRegistry::TlsCreds tls;
   std::optional<std::string> tls_hostname;
+  // TLS required (nbds://, x-tls=on) and the URI's tls-certificates (x509
+  // directory, libnbd's URI parameter): see the file comment.
+  bool tls_required = false;
+  std::optional<std::string> tls_certificates;
 };
 
 // QEMU's nbd_parse_filename: fills the node's options from an NBD filename
@@ -159,7 +206,8 @@ absl::Status ParseNbdFilename(
 
 // The address from options (the `server` child's values, `export`,
 // `x-dirty-bitmap`, `open-timeout`, `reconnect-delay`), as
-// nbd_process_options checks them. `get(key)` returns the value of a
+// nbd_process_options checks them, and imgtool's `multi-conn`
+// (kInvalidArgument "Parameter 'multi-conn' expects a number from 1 to 16"). `get(key)` returns the value of a
 // (dotted) key or null.
 absl::StatusOr<NbdAddress> AddressFromOptions(
     const std::function<const std::string*(const std::string&)>& get);
@@ -190,13 +238,18 @@ class NbdNode final : public io::BlockNode {
   bool can_trim() const { return can_trim_; }
   bool can_zero() const { return can_zero_; }
   bool can_fast_zero() const { return can_fast_zero_; }
+  bool can_multi_conn() const { return can_multi_conn_; }
   // Whether the server agreed to the meta context block status reads
   // (base:allocation, or the x-dirty-bitmap one).
   bool has_base_allocation() const { return base_allocation_; }
-  // libnbd commands issued so far, and the most in flight at once.
+  // Connections open to the export (1, or up to multi-conn when the server
+  // offers multi-conn; see the file comment).
+  size_t connections() const { return connections_.size(); }
+  // libnbd commands issued so far, and the most in flight at once on one
+  // connection.
   uint64_t commands_issued() const { return commands_issued_; }
-  // Connections made again after a loss (reconnect-delay).
-  uint64_t reconnects() const { return generation_; }
+  // Connections made again after a loss (reconnect-delay), all connections.
+  uint64_t reconnects() const { return reconnects_; }
   uint64_t max_in_flight() const { return max_in_flight_; }
 
  protected:
@@ -228,48 +281,82 @@ class NbdNode final : public io::BlockNode {
   const std::string& context() const { return context_; }
 
  private:
+  // One connection (libnbd handle) to the export and its engine polls.
+  struct Connection {
+    nbd_handle* handle = nullptr;
+    // A dup of the connection's socket, polled by the engine: the node can
+    // shut it down (waking the polls) and close it when the connection is
+    // replaced, whatever libnbd has done with its own descriptor.
+    int poll_fd = -1;
+    io::Op read_poll;
+    io::Op write_poll;
+    bool read_armed = false;
+    bool write_armed = false;
+    // Set when neither poll is armed (Reconnect waits for it).
+    io::Event* polls_idle = nullptr;
+    // Connections replaced so far; when the current one was found lost.
+    uint64_t generation = 0;
+    std::optional<int64_t> lost_at_ms;
+    io::Mutex reconnect_mu;
+    // The node's commands waiting on this connection now.
+    uint64_t waiting = 0;
+    // A write, write zeroes or discard completed (or failed) here since the
+    // last flush sent here.
+    bool written = false;
+  };
+  // What a command does to the export (flush's bookkeeping).
+  enum class Effect { kNone, kWrites };
+  using Issue = std::function<int64_t(nbd_handle*, Command*)>;
+
   NbdNode(std::string filename, const NbdAddress& address,
           io::Engine* engine, bool read_only);
 
-  // Takes `handle` (connected) as the node's connection: its socket for
-  // the polls, the size and what the server offers.
-  void Adopt(nbd_handle* handle);
+  // Takes `handle` (connected) as `c`'s connection: its socket for the
+  // polls; the size and what the server offers become the node's.
+  void Adopt(Connection& c, nbd_handle* handle);
   // Whether libnbd gave the connection up (dead or closed).
-  bool ConnectionLost() const;
-  // Issues a command with `issue` (returns libnbd's cookie) into `command`
-  // (made afresh for each attempt) and waits for it; after a lost
-  // connection, with reconnect-delay, connects again and issues it again.
-  // The status is Wait's, EIO for a lost connection.
+  static bool ConnectionLost(const Connection& c);
+  // The connection for the next command: the one with the fewest commands
+  // waiting, in turn among equals.
+  Connection& Pick();
+  // Issues a command with `issue` (returns libnbd's cookie) on `c` (Pick's
+  // when null) into `command` (made afresh for each attempt) and waits for
+  // it; after a lost connection, with reconnect-delay, connects again and
+  // issues it again. The status is Wait's, EIO for a lost connection.
   io::Task<absl::Status> Run(const char* what, Command& command,
-                             const std::function<int64_t(Command*)>& issue);
-  // Connects again (one coroutine at a time; `generation` is the
+                             const Issue& issue,
+                             Effect effect = Effect::kNone,
+                             Connection* c = nullptr);
+  // Connects `c` again (one coroutine at a time; `generation` is the
   // connection the caller lost). True when connected.
-  io::Task<bool> Reconnect(uint64_t generation);
+  io::Task<bool> Reconnect(Connection& c, uint64_t generation);
   // Waits `ms` milliseconds without blocking the engine (timerfd + kPoll).
   io::Task<void> Sleep(uint64_t ms);
 
-  // Arms the engine polls libnbd needs now (see the file comment).
-  void Pump();
-  // A poll request finished: tell libnbd, wake finished commands, re-arm.
-  void OnPollDone(bool write, int64_t result);
-  // Waits for `command` (issued: `cookie` >= 0) and returns its status.
-  io::Task<absl::Status> Wait(Command& command, int64_t cookie,
+  // Arms the engine polls libnbd needs now on `c` (see the file comment).
+  void Pump(Connection& c);
+  // A poll request on `c` finished: tell libnbd, wake finished commands,
+  // re-arm.
+  void OnPollDone(Connection& c, bool write, int64_t result);
+  // Wakes the commands whose completion callbacks ran.
+  void WakeCompleted();
+  // Waits for `command` (issued on `c`: `cookie` >= 0) and returns its
+  // status.
+  io::Task<absl::Status> Wait(Connection& c, Command& command, int64_t cookie,
                               const char* what);
   // Covers [offset, offset + length) in pieces of at most `max_piece`
-  // bytes, one command at a time: `issue(done, n, command)` starts the
-  // command for the `n` bytes at offset + done, completing `command`, and
-  // returns libnbd's cookie. The first failing piece's status (Wait's).
+  // bytes, one command at a time: `issue(handle, done, n, command)` starts
+  // the command for the `n` bytes at offset + done on `handle`, completing
+  // `command`, and returns libnbd's cookie. The first failing piece's
+  // status (Wait's).
   io::Task<absl::Status> InPieces(
-      uint64_t length, uint64_t max_piece, const char* what,
-      std::function<int64_t(uint64_t done, uint64_t n, Command* command)>
+      uint64_t length, uint64_t max_piece, const char* what, Effect effect,
+      std::function<int64_t(nbd_handle* handle, uint64_t done, uint64_t n,
+                            Command* command)>
           issue);
-  uint64_t MaxRequest() const { return max_request_; }
 
-  nbd_handle* handle_ = nullptr;
-  // A dup of the connection's socket, polled by the engine: the node can
-  // shut it down (waking the polls) and close it when the connection is
-  // replaced, whatever libnbd has done with its own descriptor.
-  int poll_fd_ = -1;
+  std::vector<std::unique_ptr<Connection>> connections_;
+  size_t next_connection_ = 0;
   const NbdAddress address_;
   io::Engine* const engine_;
   uint64_t size_ = 0;
@@ -278,26 +365,18 @@ class NbdNode final : public io::BlockNode {
   bool can_trim_ = false;
   bool can_zero_ = false;
   bool can_fast_zero_ = false;
+  bool can_multi_conn_ = false;
   bool base_allocation_ = false;
   // The meta context block status asks for (base:allocation or the
   // x-dirty-bitmap one) and whether it is qemu:allocation-depth.
   std::string context_;
   bool allocation_depth_ = false;
-  io::Op read_poll_;
-  io::Op write_poll_;
-  bool read_armed_ = false;
-  bool write_armed_ = false;
-  // Set when neither poll is armed (Reconnect waits for it).
-  io::Event* polls_idle_ = nullptr;
   io::Op timer_poll_;
   io::Event* timer_fired_ = nullptr;
-  // Connections replaced so far; when the current one was found lost.
-  uint64_t generation_ = 0;
-  std::optional<int64_t> lost_at_ms_;
-  io::Mutex reconnect_mu_;
   std::vector<Command*> completed_;
   uint64_t commands_issued_ = 0;
   uint64_t max_in_flight_ = 0;
+  uint64_t reconnects_ = 0;
 };
 
 }  // namespace imgtool::nbd_block

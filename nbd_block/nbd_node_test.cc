@@ -45,6 +45,20 @@ TEST(NbdNamesTest, AsQemuImg) {
             "nbd://127.0.0.1:10809/exp");
   EXPECT_EQ(Shown("nbd:unix:/tmp/s.sock"), "nbd+unix://?socket=/tmp/s.sock");
   EXPECT_EQ(Shown("nbd://[::1]:5/x"), "");  // no exact name: json:
+  // imgtool's: the NBD URI spec's TLS schemes (qemu-img 7.2: "Unknown
+  // protocol 'nbds'"), with libnbd's tls-certificates=DIR parameter.
+  EXPECT_EQ(Shown("nbds://127.0.0.1/exp?tls-certificates=/c"),
+            "nbds://127.0.0.1:10809/exp?tls-certificates=/c");
+  EXPECT_EQ(Shown("nbds://127.0.0.1:5?tls-certificates=/c"),
+            "nbds://127.0.0.1:5?tls-certificates=/c");
+  EXPECT_EQ(Shown("nbds+unix:///e?socket=/tmp/s.sock&tls-certificates=/c"),
+            "nbds+unix:///e?socket=/tmp/s.sock&tls-certificates=/c");
+  EXPECT_EQ(Shown("nbds+unix://?tls-certificates=/c;socket=/tmp/s.sock"),
+            "nbds+unix://?socket=/tmp/s.sock&tls-certificates=/c");
+  // Without certificates or tls-creds.
+  EXPECT_EQ(Shown("nbds+unix://?socket=/tmp/s.sock"),
+            "nbds:// needs tls-certificates=DIR in the URI or the tls-creds "
+            "option");
   // Export "exp/" (one leading '/' stripped).
   EXPECT_EQ(Shown("nbd://127.0.0.1/exp/"), "nbd://127.0.0.1:10809/exp/");
 }
@@ -54,6 +68,11 @@ TEST(NbdNamesTest, ErrorsAsQemuImg) {
        {"nbd+unix:///", "nbd:///x", "nbd://",
         "nbd+unix:///?socket=/tmp/s.sock&foo=1", "nbd://h:99999/",
         "nbd+unix://host/?socket=/x", "nbd+tcp://127.0.0.1/exp?a=b"}) {
+    EXPECT_EQ(Shown(bad), "No valid URL specified") << bad;
+  }
+  for (const char* bad : {"nbds+unix:///", "nbds://", "nbds+tcp://h/",
+                          "nbds://h/e?tls-psk-file=/x",
+                          "nbd://h/e?tls-certificates=/x"}) {
     EXPECT_EQ(Shown(bad), "No valid URL specified") << bad;
   }
   EXPECT_EQ(Shown("nbd:unix:/tmp/s.sock:exportname="),
@@ -80,6 +99,26 @@ TEST(NbdNamesTest, OptionErrorsAsQemuImg) {
                    {"server.port", "10809"},
                    {"export", "exp"}}),
             "nbd://127.0.0.1:10809/exp");
+  // imgtool's options.
+  EXPECT_EQ(shown({{"server.type", "unix"},
+                   {"server.path", "/s"},
+                   {"x-tls", "on"},
+                   {"x-tls-certificates", "/c"}}),
+            "nbds+unix://?socket=/s&tls-certificates=/c");
+  EXPECT_EQ(shown({{"server.type", "unix"},
+                   {"server.path", "/s"},
+                   {"x-tls", "yes"}}),
+            "Parameter 'x-tls' expects 'on' or 'off'");
+  for (const char* n : {"0", "17"}) {
+    EXPECT_EQ(shown({{"server.type", "unix"},
+                     {"server.path", "/s"},
+                     {"multi-conn", n}}),
+              "Parameter 'multi-conn' expects a number from 1 to 16");
+  }
+  EXPECT_EQ(shown({{"server.type", "unix"},
+                   {"server.path", "/s"},
+                   {"multi-conn", "16"}}),
+            "nbd+unix://?socket=/s");
 }
 
 }  // namespace

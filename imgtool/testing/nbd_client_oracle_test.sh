@@ -294,7 +294,7 @@ reconnect_session() {  # reconnect_session OUT OPTIONS TOOL...
   rm -f rc.fifo "$out"
   mkfifo rc.fifo
   qemu-img create -q -f raw rc.img 1M
-  serve rc -f raw rc.img
+  serve rc ${RC_SERVE:-} -f raw rc.img
   "$@" --image-opts "driver=nbd,server.type=unix,server.path=$SOCKDIR/rc.sock$opts" \
     <rc.fifo >"$out" 2>&1 &
   pid=$!
@@ -304,7 +304,7 @@ reconnect_session() {  # reconnect_session OUT OPTIONS TOOL...
   stop_servers
   echo 'read -P 0x5a 0 64k' >&4
   sleep 0.5
-  serve rc -f raw rc.img 4>&-  # the server must not hold the fifo open
+  serve rc ${RC_SERVE:-} -f raw rc.img 4>&-  # the server must not hold the fifo open
   echo 'write -P 0x6b 64k 4k' >&4
   exec 4>&-
   wait "$pid"
@@ -321,6 +321,141 @@ for opts in ",reconnect-delay=20" ""; do
   diff_text "io session, server killed and back, options '$opts'" output \
     "$(cat rc.i.out)" "$(cat rc.q.out)"
 done
+
+# --- multi-conn (imgtool's extension; nbd_block/nbd_node.h) ---------------
+# The same io session with two connections to a qemu-nbd that offers
+# multi-conn (-e 2): both lost, both made again, as qemu-io's one.
+RC_SERVE="-e 2" reconnect_session rc.i.out ",reconnect-delay=20,multi-conn=2" \
+  "$IMGTOOL" io
+RC_SERVE="-e 2" reconnect_session rc.q.out ",reconnect-delay=20" qemu-io
+checks=$((checks + 1))
+diff_text "io session, multi-conn=2, server killed and back" output \
+  "$(cat rc.i.out)" "$(cat rc.q.out)"
+
+# connections: CONN = the connections nbdkit's log filter saw since the last
+# call.
+mc_seen=0
+connections() {
+  local n
+  n=$(grep -c ' Connect ' "$WORK/mc.log")
+  CONN=$((n - mc_seen))
+  mc_seen=$n
+}
+qemu-img create -q -f raw mc.img 8M
+qio -f raw -c 'write -P 0x71 0 3M' -c 'write -P 0x72 5M 64k' -c 'write -z 6M 1M' \
+  mc.img
+if command -v nbdkit >/dev/null; then
+  rm -f "$SOCKDIR/mc.sock"
+  nbdkit -U "$SOCKDIR/mc.sock" -P "$SOCKDIR/mc.pid" --filter=log file \
+    "$WORK/mc.img" logfile="$WORK/mc.log" ||
+    fail "SETUP: nbdkit --filter=log file"
+  K="nbd+unix:///?socket=$SOCKDIR/mc.sock"
+  KO="driver=nbd,server.type=unix,server.path=$SOCKDIR/mc.sock"
+  # convert's source: 4 connections (nbdcopy's default), the data qemu-img's.
+  checks=$((checks + 1))
+  "$IMGTOOL" convert -f raw -O raw "$K" a.mc &&
+    qemu-img convert -f raw -O raw "$K" b.mc && cmp -s a.mc b.mc &&
+    cmp -s a.mc mc.img || fail "multi-conn convert from nbdkit: data differ"
+  # (qemu-img's one connection counted too.)
+  checks=$((checks + 1))
+  connections; [[ $CONN == 5 ]] || fail "convert from nbdkit: not 4 + 1 connections"
+  # info, io: one (QEMU's client), unless multi-conn=N.
+  same_output . info -f raw "$K"
+  checks=$((checks + 1))
+  connections; [[ $CONN == 2 ]] || fail "info: $CONN connections, not one each"
+  checks=$((checks + 1))
+  run "$IMGTOOL" . compare --image-opts "$KO,multi-conn=3" \
+    "driver=file,filename=mc.img"
+  connections
+  [[ $RC == 0 && "$OUT" == $'Images are identical.\nx' && $CONN == 3 ]] ||
+    fail "compare multi-conn=3: $OUT, $CONN connections"
+  # Writes spread over the connections; a flush reaches every connection that
+  # wrote (bench -w: 64 writes of 64 KiB at depth 8, a flush every 16).
+  mc_lines=$(wc -l <mc.log)
+  checks=$((checks + 1))
+  "$IMGTOOL" bench -f raw -w -t writeback -c 64 -d 8 -s 64k -o 1M --flush-interval=16 \
+    "$K" >/dev/null || fail "bench -w over nbd multi-conn failed"
+  wrote=$(tail -n +$((mc_lines + 1)) mc.log | grep -o 'connection=[0-9]* Write ' |
+    sort -u | cut -d' ' -f1)
+  flushed=$(tail -n +$((mc_lines + 1)) mc.log | grep -o 'connection=[0-9]* Flush ' |
+    sort -u | cut -d' ' -f1)
+  checks=$((checks + 1))
+  connections
+  [[ $CONN == 4 && $(echo "$wrote" | wc -l) -ge 2 &&
+     -z "$(comm -23 <(echo "$wrote") <(echo "$flushed"))" ]] ||
+    fail "bench -w: writes on 4 connections, each flushed (wrote: $wrote; flushed: $flushed)"
+  # convert -n into the export over 4 connections: the file qemu-img makes.
+  qemu-img create -q -f qcow2 mcsrc.qcow2 8M
+  qio -c 'write -P 0x44 1M 2M' -c 'write -z 4M 1M' -c 'write -P 0x45 7M 4k' \
+    mcsrc.qcow2
+  checks=$((checks + 1))
+  "$IMGTOOL" convert -n -O raw mcsrc.qcow2 "$K" 2>/dev/null && cp mc.img a.mcw &&
+    qemu-img convert -n -O raw mcsrc.qcow2 "$K" 2>/dev/null &&
+    cmp -s a.mcw mc.img && connections && [[ $CONN == 5 ]] ||
+    fail "convert -n into nbdkit over multi-conn: data or connections differ"
+  for n in 0 17; do
+    checks=$((checks + 1))
+    run "$IMGTOOL" . info --image-opts "$KO,multi-conn=$n"
+    [[ $RC == 1 && "$ERR" == "imgtool: Could not open '$KO,multi-conn=$n': Parameter 'multi-conn' expects a number from 1 to 16
+x" ]] || fail "multi-conn=$n: $ERR"
+  done
+  kill "$(cat "$SOCKDIR/mc.pid")"; rm -f "$SOCKDIR/mc.pid"
+  # A server without multi-conn: one connection whatever was asked.
+  rm -f "$SOCKDIR/mc.sock"
+  nbdkit -U "$SOCKDIR/mc.sock" -P "$SOCKDIR/mc.pid" --filter=multi-conn \
+    --filter=log file "$WORK/mc.img" multi-conn-mode=disable \
+    logfile="$WORK/mc.log" || fail "SETUP: nbdkit --filter=multi-conn"
+  mc_seen=$(grep -c ' Connect ' "$WORK/mc.log")
+  checks=$((checks + 1))
+  "$IMGTOOL" convert -f raw -O raw "$K" c.mc && cmp -s c.mc mc.img &&
+    "$IMGTOOL" info --image-opts "$KO,multi-conn=4" >/dev/null &&
+    connections && [[ $CONN == 2 ]] ||
+    fail "nbdkit without multi-conn: data or connections differ"
+  kill "$(cat "$SOCKDIR/mc.pid")"; rm -f "$SOCKDIR/mc.pid"
+fi
+# qemu-nbd 7.2 offers multi-conn when -e is not 1 (nbd/server.c,
+# nbd_export_create). Read-only with -e 4 and imgtool nbd -e 4: the data
+# qemu-img reads.
+for server in qemu-nbd imgtool; do
+  rm -f "$SOCKDIR/mce.sock"
+  if [[ $server == qemu-nbd ]]; then
+    qemu-nbd --fork --pid-file="$SOCKDIR/mce.pid" -t -r -e 4 \
+      -k "$SOCKDIR/mce.sock" -f raw mc.img || fail "SETUP: qemu-nbd -e 4"
+  else
+    "$IMGTOOL" nbd --fork --pid-file="$SOCKDIR/mce.pid" -t -r -e 4 \
+      -k "$SOCKDIR/mce.sock" -f raw mc.img || fail "SETUP: imgtool nbd -e 4"
+  fi
+  E="nbd+unix:///?socket=$SOCKDIR/mce.sock"
+  checks=$((checks + 1))
+  "$IMGTOOL" convert -f raw -O qcow2 "$E" a.mce.qcow2 &&
+    qemu-img convert -f raw -O qcow2 "$E" b.mce.qcow2 &&
+    cmp -s a.mce.qcow2 b.mce.qcow2 ||
+    fail "convert from $server -e 4: files differ"
+  same_output . compare "$E" mc.img
+  same_output . map --output=json --image-opts \
+    "driver=nbd,server.type=unix,server.path=$SOCKDIR/mce.sock"
+  stop_servers
+done
+# qemu-nbd -e 2 with one client already in: convert's second connection stays in
+# the listen backlog; convert gives it up after 5 s (no greeting) and
+# copies over the one it has (no hang).
+qemu-nbd --fork --pid-file="$SOCKDIR/mcb.pid" -t -r -e 2 \
+  -k "$SOCKDIR/mcb.sock" -f raw mc.img || fail "SETUP: qemu-nbd -e 2"
+rm -f hold.fifo hold.out
+mkfifo hold.fifo
+qemu-io -r -f raw "nbd+unix:///?socket=$SOCKDIR/mcb.sock" <hold.fifo \
+  >hold.out 2>&1 &
+holder=$!
+exec 5>hold.fifo
+echo 'read 0 512' >&5
+wait_for hold.out "read 512/512" || fail "SETUP: qemu-io holding a connection"
+checks=$((checks + 1))
+timeout 60 "$IMGTOOL" convert -f raw -O raw \
+  "nbd+unix:///?socket=$SOCKDIR/mcb.sock" d.mc && cmp -s d.mc mc.img ||
+  fail "convert from a full qemu-nbd -e 2: failed or data differ"
+exec 5>&-
+wait "$holder"
+stop_servers
 
 # TCP on 127.0.0.1 with an export name (a free port: qemu-nbd refuses a
 # busy one, then the next is tried).

@@ -264,6 +264,49 @@ checks=$((checks + 1))
   o-client.raw 2>&1 && cmp -s o-client.raw o-copy.raw ||
   fail "imgtool convert from imgtool nbd over TLS: not the nbdcopy copy"
 
+# --- nbds:// URIs (imgtool's: qemu-img 7.2 has no such protocol) ----------
+# libnbd's tls-certificates=DIR: the map and the copy qemu-img makes through
+# tls-creds.
+N="nbds+unix:///?socket=@S@&tls-certificates=$W/cli"
+works "$IMGTOOL" map --output=json "$N"
+checks=$((checks + 1))
+[[ "$LAST_OUT" == "$(qemu-img map --output=json --object "$X509_CLI" \
+  --image-opts "$(opts | sed "s|@S@|$QS|")" 2>&1; echo "rc=$?")" ]] ||
+  fail "imgtool map nbds://: not qemu-img's map through tls-creds"
+checks=$((checks + 1))
+"$IMGTOOL" convert -O raw "${N//@S@/$OS}" o-nbds.raw &&
+  cmp -s o-nbds.raw o-client.raw ||
+  fail "imgtool convert from nbds+unix://: not the tls-creds copy"
+works "$IMGTOOL" info "$N"
+checks=$((checks + 1))
+[[ "$LAST_OUT" == "image: nbds+unix://?socket=$QS&tls-certificates=$W/cli"* ]] ||
+  fail "imgtool info nbds://: image name: $LAST_OUT"
+refused qemu-img info "$N"
+checks=$((checks + 1))
+[[ "$LAST_OUT" == "qemu-img: Could not open '${N//@S@/$QS}': Unknown protocol 'nbds+unix'"$'\n'"rc=1" ]] ||
+  fail "qemu-img 7.2 took nbds+unix://: $LAST_OUT"
+# Without certificates: a clear error.
+refused "$IMGTOOL" info "nbds+unix:///?socket=@S@"
+checks=$((checks + 1))
+[[ "$LAST_OUT" == "imgtool: Could not open 'nbds+unix:///?socket=$QS': nbds:// needs tls-certificates=DIR in the URI or the tls-creds option"$'\n'"rc=1" ]] ||
+  fail "bare nbds://: $LAST_OUT"
+# Over multi-conn: 4 TLS connections to nbdkit (--tls=require, its log
+# filter counts them), the data qemu-img reads.
+if command -v nbdkit >/dev/null; then
+  qemu-img convert -q -O raw base.qcow2 mc.raw
+  rm -f "$SOCKDIR/mc.sock"
+  nbdkit -U "$SOCKDIR/mc.sock" -P "$SOCKDIR/mc.pid" --tls=require \
+    --tls-certificates="$W/srv" --tls-verify-peer --filter=log file \
+    "$W/mc.raw" logfile="$W/mc.log" || fail "SETUP: nbdkit --tls=require"
+  checks=$((checks + 1))
+  "$IMGTOOL" convert -f raw -O raw \
+    "nbds+unix:///?socket=$SOCKDIR/mc.sock&tls-certificates=$W/cli" mc-copy.raw &&
+    cmp -s mc-copy.raw mc.raw &&
+    [[ $(grep -c ' Connect .* tls=1 ' mc.log) == 4 ]] ||
+    fail "convert over 4 TLS connections: $(grep -c ' Connect ' mc.log) connections or data differ"
+  kill "$(cat "$SOCKDIR/mc.pid")"
+fi
+
 # --- X.509: refused clients ------------------------------------------------
 # Without TLS: every option gets NBD_REP_ERR_TLS_REQD (qemu-img prints the
 # server's message), NBD_OPT_EXPORT_NAME closes.
@@ -275,6 +318,8 @@ refused nbdinfo "nbds+unix:///?socket=@S@&tls-certificates=$W/noc"
 refused nbdinfo "nbds+unix:///?socket=@S@&tls-certificates=$W/other"
 # Trusting another CA: the client refuses the server.
 refused nbdinfo "nbds+unix:///?socket=@S@&tls-certificates=$W/wrongca"
+refused "$IMGTOOL" info "nbds+unix:///?socket=@S@&tls-certificates=$W/noc"
+refused "$IMGTOOL" info "nbds+unix:///?socket=@S@&tls-certificates=$W/wrongca"
 refused qemu-img info --object "tls-creds-x509,id=c0,dir=$W/wrongca,endpoint=client" \
   --image-opts "$(opts)"
 # The wrong host name.
@@ -320,6 +365,10 @@ serve q plain -t -r q.qcow2
 serve o plain -t -r o.qcow2
 QS=$SOCKDIR/q/plain.sock OS=$SOCKDIR/o/plain.sock
 client info --object "$X509_CLI" --image-opts "$(opts)"
+refused "$IMGTOOL" info "nbds+unix:///?socket=@S@&tls-certificates=$W/cli"
+checks=$((checks + 1))
+[[ "$LAST_OUT" == *"Denied by server for option 5 (starttls)"$'\n'"server reported: TLS not configured"$'\n'"rc=1" ]] ||
+  fail "nbds:// to a server without TLS: $LAST_OUT"
 stop q plain
 stop o plain
 
