@@ -13,6 +13,7 @@
 #include "base/align.h"
 #include "base/errno_status.h"
 #include "base/status_macros.h"
+#include "base/zero.h"
 #include "io/aligned_buffer.h"
 #include "io/chain_status.h"
 #include "io/sync.h"
@@ -994,17 +995,6 @@ class Copier {
 };
 
 }  // namespace
-
-bool IsZero(const uint8_t* p, size_t n) {
-  uint64_t acc = 0;
-  for (size_t i = 0; i + 8 <= n; i += 8) {
-    uint64_t word;
-    std::memcpy(&word, p + i, sizeof(word));
-    acc |= word;
-  }
-  for (size_t i = n & ~size_t{7}; i < n; ++i) acc |= p[i];
-  return acc == 0;
-}
 
 SectorRun LeadingRun(const uint8_t* buf, uint64_t sectors,
                      uint64_t first_sector, uint64_t alignment) {

@@ -265,8 +265,6 @@ SectorRun DataOrHole(const uint8_t* buf, uint64_t sectors,
                      uint64_t first_sector, uint64_t min_zero,
                      uint64_t alignment);
 
-bool IsZero(const uint8_t* p, size_t n);
-
 // What qemu-img prints after "error while reading/writing at byte N: ":
 // strerror of the request's errno, not the file layer's message naming the
 // file and the syscall ("dst.qcow2: pwritev: No space left on device");

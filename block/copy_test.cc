@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/errno_status.h"
+#include "base/zero.h"
 #include "block/progress.h"
 #include "gtest/gtest.h"
 #include "io/block_node.h"

@@ -6,13 +6,10 @@
 #include <vector>
 
 #include "base/status_macros.h"
+#include "base/zero.h"
 
 namespace imgtool::cor_filter {
 namespace {
-
-bool IsZero(const uint8_t* p, size_t n) {
-  return n == 0 || (p[0] == 0 && std::memcmp(p, p + 1, n - 1) == 0);
-}
 
 // Whether [offset, offset + n) is allocated in any layer from `top` down to
 // `base` (inclusive) of a backing chain, n in 1..max_length (QEMU's

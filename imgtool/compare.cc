@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "base/zero.h"
 #include "block/copy.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
@@ -175,17 +176,6 @@ class Side {
 absl::Status Mismatch(uint64_t offset, bool quiet, std::ostream& out) {
   if (!quiet) out << "Content mismatch at offset " << offset << "!\n";
   return WithExitCode(absl::AbortedError(""), kDifferent);
-}
-
-bool IsZero(const uint8_t* p, size_t n) {
-  uint64_t acc = 0;
-  for (size_t i = 0; i + 8 <= n; i += 8) {
-    uint64_t word;
-    std::memcpy(&word, p + i, sizeof(word));
-    acc |= word;
-  }
-  for (size_t i = n & ~size_t{7}; i < n; ++i) acc |= p[i];
-  return acc == 0;
 }
 
 // Offset of the first 512-byte sector of `buf` holding a non-zero byte, or

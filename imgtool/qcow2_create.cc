@@ -224,13 +224,16 @@ absl::Status CreateImageFileAt(const std::string& filename,
                                    "': ", std::strerror(error_number)));
 }
 
-// Creates on the NBD export `filename` (IsNbdName): the export is opened
-// read-write as raw, `size` checked against it, its first sector zeroed,
-// then, with `qcow2`, that image written into it.
-absl::Status CreateOnNbd(const std::string& filename, uint64_t size,
-                         const std::string& prealloc,
-                         const qcow2::Qcow2CreateOptions* qcow2_options,
-                         std::ostream& err) {
+// Creation on a protocol without its own (QEMU's
+// bdrv_co_create_opts_simple): only preallocation "off" (or none), then
+// `filename` opened read-write as `format` ("Protocol driver 'DRIVER' does
+// not support image creation, and opening the image failed: ..." when it
+// cannot be).
+absl::StatusOr<OpenedImage> OpenForSimpleCreate(const std::string& driver,
+                                                const std::string& filename,
+                                                const std::string& format,
+                                                const std::string& prealloc,
+                                                std::ostream& err) {
   if (!prealloc.empty() && prealloc != "off") {
     if (prealloc != "falloc" && prealloc != "full" && prealloc != "metadata") {
       return absl::InvalidArgumentError(
@@ -241,7 +244,7 @@ absl::Status CreateOnNbd(const std::string& filename, uint64_t size,
   }
   ImageSpec spec;
   spec.filename = filename;
-  spec.format = "raw";
+  spec.format = format;
   spec.read_only = false;
   absl::StatusOr<OpenedImage> image = OpenImage(spec, err);
   if (!image.ok()) {
@@ -249,11 +252,24 @@ absl::Status CreateOnNbd(const std::string& filename, uint64_t size,
     absl::ConsumePrefix(&cause,
                         absl::StrCat("Could not open '", filename, "': "));
     return absl::Status(image.status().code(),
-                        absl::StrCat("Protocol driver 'nbd' does not support "
-                                     "image creation, and opening the image "
-                                     "failed: ",
+                        absl::StrCat("Protocol driver '", driver,
+                                     "' does not support image creation, and "
+                                     "opening the image failed: ",
                                      cause));
   }
+  return image;
+}
+
+// Creates on the NBD export `filename` (IsNbdName): the export is opened
+// read-write as raw, `size` checked against it, its first sector zeroed,
+// then, with `qcow2`, that image written into it.
+absl::Status CreateOnNbd(const std::string& filename, uint64_t size,
+                         const std::string& prealloc,
+                         const qcow2::Qcow2CreateOptions* qcow2_options,
+                         std::ostream& err) {
+  absl::StatusOr<OpenedImage> image =
+      OpenForSimpleCreate("nbd", filename, "raw", prealloc, err);
+  RETURN_IF_ERROR(image.status());
   io::BlockNode& node = *image->node;
   absl::Status st;
   if (size > node.size()) {
@@ -306,37 +322,16 @@ absl::Status CreateFileForFormat(const std::string& format,
   if (!block::IsDeviceDriver(format)) {
     return CreateImageFile(filename, options, err);
   }
-  const auto named = [&](absl::StatusCode code, absl::string_view message) {
-    return absl::Status(code, absl::StrCat(filename, ": ", message));
-  };
-  const std::string& prealloc = options.preallocation();
-  if (!prealloc.empty() && prealloc != "off") {
-    if (prealloc != "falloc" && prealloc != "full" && prealloc != "metadata") {
-      return named(absl::StatusCode::kInvalidArgument,
-                   absl::StrCat("invalid parameter value: ", prealloc));
-    }
-    return named(
-        absl::StatusCode::kInvalidArgument,
-        absl::StrCat("Unsupported preallocation mode '", prealloc, "'"));
-  }
-  ImageSpec spec;
-  spec.filename = filename;
-  spec.format = format;
-  spec.read_only = false;
-  absl::StatusOr<OpenedImage> image = OpenImage(spec, err);
+  absl::StatusOr<OpenedImage> image = OpenForSimpleCreate(
+      format, filename, format, options.preallocation(), err);
   if (!image.ok()) {
-    absl::string_view cause = image.status().message();
-    absl::ConsumePrefix(&cause,
-                        absl::StrCat("Could not open '", filename, "': "));
-    return named(image.status().code(),
-                 absl::StrCat("Protocol driver '", format,
-                              "' does not support image creation, and "
-                              "opening the image failed: ",
-                              cause));
+    return absl::Status(image.status().code(),
+                        absl::StrCat(filename, ": ", image.status().message()));
   }
   RETURN_IF_ERROR(CloseImage(*image));
   if (format == "host_cdrom" && !block::CdromMediumInserted(filename)) {
-    return named(absl::StatusCode::kFailedPrecondition, "No medium inserted");
+    return absl::FailedPreconditionError(
+        absl::StrCat(filename, ": No medium inserted"));
   }
   posix_file::FileCreateOptions device_options;
   device_options.set_size(options.size());

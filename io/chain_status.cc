@@ -5,18 +5,13 @@
 #include "base/status_macros.h"
 
 namespace imgtool::io {
-namespace {
 
-// The backing node of `node`, looking through filters (QEMU's
-// bdrv_cow_bs(bdrv_skip_filters(node))), or null.
 BlockNode* BackingBelow(BlockNode* node) {
   while (node->backing() == nullptr && node->filtered_child() != nullptr) {
     node = node->filtered_child();
   }
   return node->backing();
 }
-
-}  // namespace
 
 Task<absl::StatusOr<ChainStatus>> GetChainStatus(BlockNode& top,
                                                  uint64_t offset,

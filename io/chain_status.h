@@ -20,6 +20,11 @@ struct ChainStatus {
   bool present = true;  // false: allocated in no node of the chain
 };
 
+// The backing node of `node`, looking through filters (QEMU's
+// bdrv_cow_bs(bdrv_skip_filters(node)): blkdebug over qcow2 gives the qcow2
+// node's backing node), or null. Not owned.
+BlockNode* BackingBelow(BlockNode* node);
+
 // Walks top, its backing node, ... for the range at `offset` (< top.size()),
 // where the backing node of a filter (BlockNode::filtered_child) is that of
 // the node it filters (blkdebug over qcow2: the qcow2 node's backing file),

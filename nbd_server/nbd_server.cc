@@ -22,6 +22,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
 #include "base/errno_status.h"
+#include "base/zero.h"
 #include "io/chain_status.h"
 
 namespace imgtool::nbd_server {
@@ -145,15 +146,6 @@ uint64_t Get64(const uint8_t* p) {
   return static_cast<uint64_t>(Get32(p)) << 32 | Get32(p + 4);
 }
 
-// The backing node of `node`, looking through filters (QEMU's
-// bdrv_filter_or_cow_bs walk, filters not counted), or null.
-io::BlockNode* BackingBelow(io::BlockNode* node) {
-  while (node->backing() == nullptr && node->filtered_child() != nullptr) {
-    node = node->filtered_child();
-  }
-  return node->backing();
-}
-
 // Extents of one BLOCK_STATUS chunk: (length, flags), a run of equal flags
 // merged while it fits 32 bits, at most `max` of them (qemu's
 // nbd_extent_array_add). Returns false when full.
@@ -221,6 +213,25 @@ uint32_t NbdErrno(const absl::Status& status) {
   }
 }
 
+// The meta contexts a SET_META_CONTEXT selected, or a LIST matched (qemu's
+// NBDExportMetaContexts).
+struct MetaContexts {
+  bool base_allocation = false;
+  bool allocation_depth = false;
+  std::vector<bool> bitmaps;  // by ExportOptions::bitmaps index
+
+  // The selected contexts' ids, in qemu's order (ascending).
+  std::vector<uint32_t> Ids() const {
+    std::vector<uint32_t> ids;
+    if (base_allocation) ids.push_back(kBaseAllocationId);
+    if (allocation_depth) ids.push_back(kAllocationDepthId);
+    for (size_t i = 0; i < bitmaps.size(); ++i) {
+      if (bitmaps[i]) ids.push_back(kFirstBitmapId + static_cast<uint32_t>(i));
+    }
+    return ids;
+  }
+};
+
 }  // namespace
 
 struct Server::Connection {
@@ -229,11 +240,7 @@ struct Server::Connection {
   bool negotiated = false;  // entered transmission
   bool no_zeroes = false;
   bool structured = false;
-  // What SET_META_CONTEXT selected (qemu's NBDExportMetaContexts).
-  bool base_allocation = false;
-  bool allocation_depth = false;
-  std::vector<bool> bitmaps;  // by ExportOptions::bitmaps index
-  int contexts = 0;
+  MetaContexts meta;  // what SET_META_CONTEXT selected
   std::unique_ptr<TlsSession> tls;  // after STARTTLS
   io::Mutex send_mu;
   int in_flight = 0;
@@ -800,12 +807,10 @@ io::Task<bool> Server::Handshake(Connection& conn) {
           break;
         }
         // A SET drops the previous selection before anything else.
-        Connection local;
-        Connection& meta = list ? local : conn;
-        meta.base_allocation = false;
-        meta.allocation_depth = false;
+        MetaContexts listed;
+        MetaContexts& meta = list ? listed : conn.meta;
+        meta = MetaContexts();
         meta.bitmaps.assign(options_.bitmaps.size(), false);
-        meta.contexts = 0;
         // u32 name length, name, u32 query count, queries (u32 length,
         // text), all within the option's data.
         uint32_t pos = 0;
@@ -888,24 +893,17 @@ io::Task<bool> Server::Handshake(Connection& conn) {
           }
         }
         // Replies in qemu's order; LIST's carry id 0.
-        std::vector<std::pair<uint32_t, std::string>> replies;
-        if (meta.base_allocation) {
-          replies.emplace_back(kBaseAllocationId, kBaseAllocation);
-        }
-        if (meta.allocation_depth) {
-          replies.emplace_back(kAllocationDepthId, kAllocationDepth);
-        }
-        for (size_t i = 0; i < options_.bitmaps.size(); ++i) {
-          if (meta.bitmaps[i]) {
-            replies.emplace_back(
-                kFirstBitmapId + static_cast<uint32_t>(i),
-                absl::StrCat(kDirtyBitmapPrefix, options_.bitmaps[i].name));
-          }
-        }
-        for (const auto& [id, context] : replies) {
+        for (const uint32_t id : meta.Ids()) {
           std::string d;
           Put32(d, list ? 0 : id);
-          d += context;
+          if (id == kBaseAllocationId) {
+            d += kBaseAllocation;
+          } else if (id == kAllocationDepthId) {
+            d += kAllocationDepth;
+          } else {
+            absl::StrAppend(&d, kDirtyBitmapPrefix,
+                            options_.bitmaps[id - kFirstBitmapId].name);
+          }
           if (!co_await SendOptionReply(conn, option, kRepMetaContext, d)) {
             co_return false;
           }
@@ -913,7 +911,6 @@ io::Task<bool> Server::Handshake(Connection& conn) {
         if (!co_await SendOptionReply(conn, option, kRepAck, "")) {
           co_return false;
         }
-        meta.contexts = static_cast<int>(replies.size());
         continue;
       }
     }
@@ -1149,7 +1146,7 @@ io::Task<absl::StatusOr<std::pair<uint64_t, uint32_t>>> Server::DepthAt(
     if (!st.ok()) co_return st.status();
     length = std::min(length, st->length);
     if (st->data || st->zero) co_return std::pair(length, depth);
-    io::BlockNode* backing = BackingBelow(node);
+    io::BlockNode* backing = io::BackingBelow(node);
     if (backing == nullptr) co_return std::pair<uint64_t, uint32_t>(length, 0);
     ++depth;
     // bdrv_co_common_block_status_above: past the end of a shorter
@@ -1228,12 +1225,7 @@ io::Task<bool> Server::SendExtents(Connection& conn, Request& r, uint32_t id,
 
 io::Task<bool> Server::DoBlockStatus(Connection& conn, Request& r) {
   // One chunk per selected context, in qemu's order (ids ascending).
-  std::vector<uint32_t> ids;
-  if (conn.base_allocation) ids.push_back(kBaseAllocationId);
-  if (conn.allocation_depth) ids.push_back(kAllocationDepthId);
-  for (size_t i = 0; i < conn.bitmaps.size(); ++i) {
-    if (conn.bitmaps[i]) ids.push_back(kFirstBitmapId + static_cast<uint32_t>(i));
-  }
+  const std::vector<uint32_t> ids = conn.meta.Ids();
   for (size_t i = 0; i < ids.size(); ++i) {
     if (!co_await SendExtents(conn, r, ids[i], i + 1 == ids.size())) {
       co_return false;
@@ -1284,9 +1276,8 @@ io::Task<void> Server::HandleRequest(Connection* conn, Request* request) {
         }
         break;
       case kCmdWrite:
-        if (options_.detect_zeroes && !r.data.empty() && r.data[0] == 0 &&
-            std::memcmp(r.data.data(), r.data.data() + 1,
-                        r.data.size() - 1) == 0) {
+        if (options_.detect_zeroes && !r.data.empty() &&
+            IsZero(r.data.data(), r.data.size())) {
           // QEMU's bdrv_aligned_pwritev: the whole request is zeroes.
           io::WriteZeroesFlags wz;
           wz.may_unmap =
@@ -1327,7 +1318,7 @@ io::Task<void> Server::HandleRequest(Connection* conn, Request* request) {
         if (r.length == 0) {
           error = kNbdEinval;
           message = "need non-zero length";
-        } else if (!conn->structured || conn->contexts == 0) {
+        } else if (!conn->structured || conn->meta.Ids().empty()) {
           error = kNbdEinval;
           message = "CMD_BLOCK_STATUS not negotiated";
         } else {
