@@ -620,14 +620,7 @@ absl::Status AddBitmaps(Args& a, OpenedImage& image) {
     bitmap.name = name;
     bitmap.dirty = [owner, name](uint64_t offset, uint64_t end)
         -> absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> {
-      absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> all =
-          owner->BitmapExtents(name);
-      if (!all.ok()) return all.status();
-      std::vector<std::pair<uint64_t, uint64_t>> out;
-      for (const auto& r : *all) {
-        if (r.second > offset && r.first < end) out.push_back(r);
-      }
-      return out;
+      return owner->BitmapExtents(name, offset, end);
     };
     a.export_options.bitmaps.push_back(std::move(bitmap));
   }

@@ -337,14 +337,15 @@ std::vector<Qcow2Node::BitmapInfo> Qcow2Node::Bitmaps() const {
 }
 
 absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>>
-Qcow2Node::BitmapExtents(const std::string& name) const {
+Qcow2Node::BitmapExtents(const std::string& name, uint64_t from,
+                         uint64_t to) const {
   const LiveBitmap* bm = FindBitmap(name);
   if (bm == nullptr) return NotFound(name);
   if (bm->inconsistent) return Inconsistent(name);
   std::vector<std::pair<uint64_t, uint64_t>> out;
   const uint32_t g = bm->entry.granularity_bits;
-  const uint64_t nbits = BitCount(size(), g);
-  uint64_t i = 0;
+  const uint64_t nbits = BitCount(std::min(to, size()), g);
+  uint64_t i = from >> g;
   while (i < nbits) {
     if (bm->bits[i / 64] == 0 && i % 64 == 0) {
       i += 64;

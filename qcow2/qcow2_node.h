@@ -405,9 +405,13 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
                                      const Qcow2Node& src_node,
                                      const std::string& src);
   // The set ranges [offset, end) in bytes of bitmap `name` as it is in
-  // memory (kNotFound; kFailedPrecondition if inconsistent).
+  // memory, among the bits that cover bytes [from, to) (the whole bitmap by
+  // default): ranges are whole granules, so the first may begin before
+  // `from` and the last end after `to` (never past size()). Scans only
+  // those bits. kNotFound; kFailedPrecondition if inconsistent.
   absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> BitmapExtents(
-      const std::string& name) const;
+      const std::string& name, uint64_t from = 0,
+      uint64_t to = UINT64_MAX) const;
 
   // The header as it is now (dirty and corrupt bits included).
   const format::Header& header() const { return header_; }
