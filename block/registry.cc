@@ -343,6 +343,7 @@ struct Opened {
   // The qcow2 node that answers for this node through raw and filters.
   qcow2::Qcow2Node* qcow2_below = nullptr;
   std::vector<FileId> files;  // the files of this subtree (not backing)
+  bool probed = false;        // the driver was probed (QEMU's bs->probed)
 };
 
 std::string DisplayName(const Opened& o) {
@@ -1392,6 +1393,7 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
         absl::StrCat("driver '", driver.name, "' has no open function"));
   }
   if (!opened.ok()) co_return opened.status();
+  opened->probed = probed;
 
   // 5. Keys nobody took.
   if (std::optional<std::string> unknown =
@@ -1735,6 +1737,7 @@ io::Task<absl::StatusOr<OpenedGraph>> OpenGraph(NodeOptions options,
   OpenedGraph graph;
   graph.display_name = DisplayName(opened);
   graph.format = opened.driver->name;
+  graph.probed = opened.probed;
   graph.file = opened.file;
   graph.qcow2 = opened.qcow2;
   graph.qcow2_below = opened.qcow2_below;

@@ -291,6 +291,9 @@ struct OpenedGraph {
   // Driver of the top node ("raw", "file", "qcow2", "preallocate"), after
   // probing.
   std::string format;
+  // Whether that driver was probed (no driver named: QEMU's bs->probed; a
+  // probed raw node has a request alignment of 512 in QEMU).
+  bool probed = false;
   // The name QEMU gives the top node (its refreshed filename, info's
   // `image:`): the file's name when opening that file with this format
   // alone rebuilds the same graph ("x.qcow2" for qcow2 over file), else

@@ -119,6 +119,7 @@ absl::StatusOr<OpenedImage> OpenImage(const ImageSpec& spec, std::ostream& err,
   if (!opened.ok()) return CouldNotOpen(filename, opened.status());
   image.node = std::move(opened->node);
   image.format = opened->format;
+  image.probed = opened->probed;
   image.display_name = std::move(opened->display_name);
   image.node_names = std::move(opened->node_names);
   image.file = opened->file;

@@ -99,6 +99,7 @@ struct OpenedImage {
   std::unique_ptr<io::BlockNode> node;   // the top node (owns its children)
   // Driver of the top node: "raw", "file", "qcow2" or "preallocate".
   std::string format;
+  bool probed = false;  // `format` was probed (block::OpenedGraph::probed)
   // QEMU's name of the image (info's `image:`): the file name, or
   // json:{...} for chains a file name cannot rebuild (block/registry.h).
   std::string display_name;

@@ -92,7 +92,6 @@ std::string HelpText(const std::string& name) {
       "\n"
       "Exposing part of the image:\n"
       "  -o, --offset=OFFSET       offset into the image\n"
-      "Exposing part of the image:\n"
       "  -A, --allocation-depth    expose the allocation depth\n"
       "  -B, --bitmap=NAME         expose a persistent dirty bitmap\n"
       "\n"
@@ -666,6 +665,12 @@ absl::Status Serve(Args& a, Streams streams, int ready_fd) {
                                     "': ", message));
   }
   OpenedImage image = *std::move(opened);
+  // QEMU's raw_refresh_limits: a probed raw node has a request alignment of
+  // 512, which qemu-nbd advertises as the minimum block size (iotest 241);
+  // not under -o's raw node, whose own alignment is 1.
+  if (image.probed && image.format == "raw" && a.offset == 0) {
+    a.export_options.min_block = 512;
+  }
   if (a.offset != 0) {
     // -o: a raw node over the opened one, as qemu-nbd 7.2 opens
     // {"driver": "raw", "file": <node>, "offset": N}. RawNode::Open's only

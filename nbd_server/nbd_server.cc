@@ -608,10 +608,14 @@ io::Task<bool> Server::SendExportInfo(Connection& conn, uint32_t option,
     d += options_.description;
     if (!co_await SendOptionReply(conn, option, kRepInfo, d)) co_return false;
   }
+  const bool want_block_size =
+      option == kOptInfo || std::find(requests.begin(), requests.end(),
+                                      kInfoBlockSize) != requests.end();
+  const uint32_t min_block = want_block_size ? options_.min_block : 1;
   d.clear();
   Put16(d, kInfoBlockSize);
-  Put32(d, 1);
-  Put32(d, 4096);
+  Put32(d, min_block);
+  Put32(d, std::max<uint32_t>(4096, min_block));
   Put32(d, kMaxPayload);
   if (!co_await SendOptionReply(conn, option, kRepInfo, d)) co_return false;
   d.clear();

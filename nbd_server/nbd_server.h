@@ -5,7 +5,8 @@
 // Protocol: fixed newstyle handshake, TLS when ExportOptions::tls is set
 // (below). Options: EXPORT_NAME, INFO and
 // GO (replies INFO_NAME and INFO_DESCRIPTION when asked, INFO_BLOCK_SIZE
-// (minimum 1, preferred 4096, maximum 32 MiB) and INFO_EXPORT), LIST, ABORT,
+// (minimum ExportOptions::min_block, preferred max(4096, minimum), maximum
+// 32 MiB) and INFO_EXPORT), LIST, ABORT,
 // STRUCTURED_REPLY, LIST_META_CONTEXT / SET_META_CONTEXT with the contexts
 // `base:allocation` (id 0), `qemu:allocation-depth` (id 1, with
 // ExportOptions::allocation_depth) and `qemu:dirty-bitmap:NAME` (id 2 + i
@@ -116,6 +117,13 @@ struct ExportOptions {
   std::string description;  // -D; not sent when empty
   uint64_t size = 0;        // bytes the export shows (the image's size)
   bool read_only = false;   // -r
+  // The export node's request alignment in bytes (QEMU's
+  // blk_get_request_alignment; 512 for a probed raw image, else 1): the
+  // INFO_BLOCK_SIZE minimum for NBD_OPT_INFO and for a GO that asked for
+  // block sizes, 1 for a GO that did not (qemu 7.2's
+  // nbd_negotiate_handle_info). Requests need not be aligned (qemu only
+  // traces them).
+  uint32_t min_block = 1;
   bool discard_unmap = false;  // --discard=unmap: TRIM and may-unmap zeroes
   // -e: clients connected at once (0: no limit); more wait in the backlog.
   int max_connections = 1;

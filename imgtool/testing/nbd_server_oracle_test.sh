@@ -538,15 +538,49 @@ cli -L x.img
 cli -L -f raw
 cli -L -B b0
 cli -L --fork
+# --- A probed raw image of an unaligned size (iotest 241) -----------------
+# QEMU gives a probed raw node a request alignment of 512: qemu-nbd
+# advertises a minimum block size of 512 (1 with -f raw), and qemu-img's
+# client rounds the 1000 bytes of data up to the 1024-byte export.
+mkdir -p q o
+printf %01000d 0 >q/u.raw
+cp q/u.raw o/u.raw
+for who in q o; do
+  serve $who probed -t $who/u.raw
+  sed "s|'o/|'q/|" "$WORK/serve.err" >"$WORK/probed.$who.err"
+done
+checks=$((checks + 1))
+diff "$WORK/probed.q.err" "$WORK/probed.o.err" ||
+  fail "probed raw export: the servers' warnings differ"
+grep -q "probing guessed raw" "$WORK/probed.q.err" ||
+  fail "probed raw export: qemu-nbd printed no probing warning"
+QU=$(uri q probed) OU=$(uri o probed)
+same nbdinfo --json @U@
+same qemu-img map -f raw --output=json @U@
+same qemu-io -f raw -c map @U@
+checks=$((checks + 1))
+nbdinfo --json "$OU" | grep -q '"block_size_minimum": 512' ||
+  fail "probed raw export: imgtool nbd's minimum block size is not 512"
+stop q probed
+stop o probed
+serve q aligned -t -f raw q/u.raw
+serve o aligned -t -f raw o/u.raw
+QU=$(uri q aligned) OU=$(uri o aligned)
+same nbdinfo --json @U@
+same qemu-img map -f raw --output=json @U@
+stop q aligned
+stop o aligned
+
 checks=$((checks + 1))
 "$IMGTOOL" nbd --help | grep -q -- '--persistent' || fail "imgtool nbd --help"
 checks=$((checks + 1))
 helplines() {
-  "$@" --help | sed -n -e '/^  -[ABL], /p' -e '/-s, --snapshot/,/ID_OR_NAME/p' \
+  "$@" --help | sed -n -e '/^Exposing part of the image:/,/^$/p' \
+    -e '/^  -L, /p' -e '/-s, --snapshot/,/ID_OR_NAME/p' \
     -e '/--detect-zeroes=MODE/p'
 }
 diff <(helplines qemu-nbd) <(helplines "$IMGTOOL" nbd) ||
-  fail "--help: the -A, -B, -L, -s, -l, --detect-zeroes lines differ from qemu-nbd's"
+  fail "--help: the 'Exposing part of the image' section, -L, -s, -l, --detect-zeroes lines differ from qemu-nbd's"
 
 echo "$checks checks, $failures failures"
 ((failures == 0))
