@@ -16,17 +16,6 @@ WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/nbd_client_oracle.XXXXXX")
 # Unix socket paths must stay under 108 bytes (Bazel's TEST_TMPDIR is long).
 SOCKDIR=$(mktemp -d /tmp/nbdco.XXXXXX)
 PIDS=()
-stop_servers() {
-  local f pid
-  for f in "$SOCKDIR"/*.pid; do
-    [[ -f "$f" ]] || continue
-    pid=$(cat "$f")
-    [[ -n "$pid" ]] && kill "$pid" 2>/dev/null
-    # Wait until it is gone (it is not our child after --fork).
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
-    rm -f "$f"
-  done
-}
 cleanup() {
   stop_servers
   rm -rf "$WORK" "$SOCKDIR"
@@ -34,10 +23,17 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 if [[ -n "${TEST_SRCDIR:-}" ]]; then
-  source "$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing/oracle_lib.sh" || exit 1
+  LIBDIR="$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing"
 else
-  source "$(dirname "$0")/oracle_lib.sh" || exit 1
+  LIBDIR=$(dirname "$0")
 fi
+source "$LIBDIR/oracle_lib.sh" || exit 1
+# stop_pid_file (its other functions are replaced below or not used).
+source "$LIBDIR/nbd_lib.sh" || exit 1
+stop_servers() {
+  local f
+  for f in "$SOCKDIR"/*.pid; do stop_pid_file "$f"; done
+}
 for t in qemu-img qemu-io qemu-nbd; do
   command -v $t >/dev/null || { echo "$t not installed (tools/setup.sh)"; exit 1; }
 done

@@ -29,18 +29,6 @@ WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/nbd_guest.XXXXXX")
 # Unix socket paths must stay under 108 bytes (Bazel's TEST_TMPDIR is long).
 SOCKDIR=$(mktemp -d /tmp/nbdgu.XXXXXX)
 QPID=""
-stop_server() {
-  local pid
-  [[ -f "$SOCKDIR/srv.pid" ]] || return 0
-  pid=$(cat "$SOCKDIR/srv.pid")
-  if [[ -n "$pid" ]]; then
-    kill "$pid" 2>/dev/null
-    # Wait until it is gone (it is not our child after --fork).
-    for _ in $(seq 250); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
-    kill -9 "$pid" 2>/dev/null
-  fi
-  rm -f "$SOCKDIR/srv.pid"
-}
 stop_vm() {
   [[ -n "$QPID" ]] || return 0
   kill -9 "$QPID" 2>/dev/null
@@ -55,10 +43,14 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 if [[ -n "${TEST_SRCDIR:-}" ]]; then
-  source "$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing/oracle_lib.sh" || exit 1
+  LIBDIR="$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing"
 else
-  source "$(dirname "$0")/oracle_lib.sh" || exit 1
+  LIBDIR=$(dirname "$0")
 fi
+source "$LIBDIR/oracle_lib.sh" || exit 1
+# stop_pid_file (its other functions are replaced below or not used).
+source "$LIBDIR/nbd_lib.sh" || exit 1
+stop_server() { stop_pid_file "$SOCKDIR/srv.pid"; }
 for t in qemu-img qemu-io qemu-system-x86_64 dpkg-deb debugfs e2fsck gzip; do
   command -v $t >/dev/null || { echo "$t not installed (tools/setup.sh)"; exit 1; }
 done

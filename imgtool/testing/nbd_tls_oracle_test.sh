@@ -21,21 +21,6 @@ WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/nbd_tls_oracle.XXXXXX")
 # Unix socket paths must stay under 108 bytes (Bazel's TEST_TMPDIR is long).
 SOCKDIR=$(mktemp -d /tmp/nbdtls.XXXXXX)
 mkdir -p "$SOCKDIR/q" "$SOCKDIR/o"
-stop_pid_file() {
-  local f=$1 pid
-  [[ -f "$f" ]] || return 0
-  pid=$(cat "$f")
-  if [[ -n "$pid" ]]; then
-    kill "$pid" 2>/dev/null
-    for _ in $(seq 250); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
-    kill -9 "$pid" 2>/dev/null
-  fi
-  rm -f "$f"
-}
-stop_servers() {
-  local f
-  for f in "$SOCKDIR"/q/*.pid "$SOCKDIR"/o/*.pid; do stop_pid_file "$f"; done
-}
 cleanup() {
   stop_servers
   wait 2>/dev/null
@@ -50,6 +35,9 @@ else
   LIBDIR=$(realpath "$(dirname "$0")")
 fi
 source "$LIBDIR/oracle_lib.sh" || exit 1
+# stop_pid_file, stop_servers (q/ and o/), stop; serve and uri are this
+# test's own (below).
+source "$LIBDIR/nbd_lib.sh" || exit 1
 for t in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy certtool psktool; do
   command -v $t >/dev/null || { echo "$t not installed (tools/setup.sh)"; exit 1; }
 done
@@ -130,7 +118,6 @@ serve() {
   done
   echo "SETUP FAILED: ${prog[*]} $*: $(cat "$SOCKDIR/$who/$name.log")"
 }
-stop() { stop_pid_file "$SOCKDIR/$1/$2.pid"; }
 
 # same CMD...: runs CMD with @S@ replaced by qemu-nbd's and imgtool's socket
 # path (set in QS and OS); stdout, stderr and exit status equal once
