@@ -230,6 +230,11 @@ struct MetaContexts {
     }
     return ids;
   }
+  // Whether any context is selected (without building Ids()).
+  bool Any() const {
+    return base_allocation || allocation_depth ||
+           std::find(bitmaps.begin(), bitmaps.end(), true) != bitmaps.end();
+  }
 };
 
 }  // namespace
@@ -1322,7 +1327,7 @@ io::Task<void> Server::HandleRequest(Connection* conn, Request* request) {
         if (r.length == 0) {
           error = kNbdEinval;
           message = "need non-zero length";
-        } else if (!conn->structured || conn->meta.Ids().empty()) {
+        } else if (!conn->structured || !conn->meta.Any()) {
           error = kNbdEinval;
           message = "CMD_BLOCK_STATUS not negotiated";
         } else {
