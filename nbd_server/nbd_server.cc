@@ -14,10 +14,12 @@
 #include <cerrno>
 #include <coroutine>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
@@ -123,6 +125,9 @@ constexpr uint32_t kMaxOptionData = 64 * 1024;
 constexpr size_t kMaxExtents = 1024 * 1024 / 8;
 // A WRITE's payload is received in pieces of at most this many bytes.
 constexpr uint32_t kPayloadPiece = 256 * 1024;
+// A connection's receive buffer in transmission (Connection::rx): one recv()
+// takes up to this many bytes of pipelined requests.
+constexpr size_t kRxBuffer = 64 * 1024;
 
 void Put16(std::string& s, uint16_t v) {
   s.push_back(static_cast<char>(v >> 8));
@@ -248,6 +253,11 @@ struct Server::Connection {
   MetaContexts meta;  // what SET_META_CONTEXT selected
   std::unique_ptr<TlsSession> tls;  // after STARTTLS
   io::Mutex send_mu;
+  // Transmission phase: bytes received and not yet parsed are
+  // rx[rx_begin, rx_end) (kRxBuffer bytes, allocated when negotiated).
+  std::unique_ptr<uint8_t[]> rx;
+  size_t rx_begin = 0;
+  size_t rx_end = 0;
   int in_flight = 0;
   // The reader, waiting until in_flight < wait_below.
   std::coroutine_handle<> reader;
@@ -288,35 +298,49 @@ io::Task<void> Server::WaitFd(int fd, int events) {
   co_await Awaiter{*this, fd, (events & POLLOUT) != 0};
 }
 
+io::Task<size_t> Server::RecvSome(int fd, void* data, size_t length) {
+  TlsSession* tls = nullptr;
+  if (auto it = tls_.find(fd); it != tls_.end()) tls = it->second;
+  while (true) {
+    const ssize_t r = tls != nullptr ? tls->Recv(data, length)
+                                     : recv(fd, data, length, MSG_DONTWAIT);
+    if (r > 0) co_return static_cast<size_t>(r);
+    if (r == 0) co_return 0;
+    if (tls != nullptr ? r == -1 : (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      co_await WaitFd(fd, POLLIN);
+    } else if (tls != nullptr || errno != EINTR) {
+      co_return 0;
+    }
+  }
+}
+
 io::Task<bool> Server::ReadFull(int fd, void* data, size_t length) {
   auto* p = static_cast<uint8_t*>(data);
-  if (auto it = tls_.find(fd); it != tls_.end()) {
-    TlsSession* tls = it->second;
-    while (length > 0) {
-      const ssize_t r = tls->Recv(p, length);
-      if (r > 0) {
-        p += r;
-        length -= static_cast<size_t>(r);
-      } else if (r == -1) {
-        co_await WaitFd(fd, POLLIN);
-      } else {
-        co_return false;
-      }
-    }
-    co_return true;
-  }
   while (length > 0) {
-    const ssize_t r = recv(fd, p, length, MSG_DONTWAIT);
-    if (r > 0) {
-      p += r;
-      length -= static_cast<size_t>(r);
-    } else if (r == 0) {
-      co_return false;
-    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      co_await WaitFd(fd, POLLIN);
-    } else if (errno != EINTR) {
-      co_return false;
+    const size_t n = co_await RecvSome(fd, p, length);
+    if (n == 0) co_return false;
+    p += n;
+    length -= n;
+  }
+  co_return true;
+}
+
+io::Task<bool> Server::ReadBuffered(Connection& conn, void* data,
+                                    size_t length) {
+  auto* p = static_cast<uint8_t*>(data);
+  while (length > 0) {
+    if (conn.rx_begin < conn.rx_end) {
+      const size_t n = std::min(conn.rx_end - conn.rx_begin, length);
+      std::memcpy(p, conn.rx.get() + conn.rx_begin, n);
+      conn.rx_begin += n;
+      p += n;
+      length -= n;
+      continue;
     }
+    conn.rx_begin = conn.rx_end = 0;
+    if (length >= kRxBuffer) co_return co_await ReadFull(conn.fd, p, length);
+    conn.rx_end = co_await RecvSome(conn.fd, conn.rx.get(), kRxBuffer);
+    if (conn.rx_end == 0) co_return false;
   }
   co_return true;
 }
@@ -331,7 +355,7 @@ io::Task<bool> Server::WriteFull(int fd, const struct iovec* iov, int iovcnt) {
     }
     co_return r == 1;
   }
-  std::vector<struct iovec> v(iov, iov + iovcnt);
+  absl::InlinedVector<struct iovec, 4> v(iov, iov + iovcnt);
   size_t first = 0;
   while (first < v.size()) {
     if (v[first].iov_len == 0) {
@@ -930,7 +954,8 @@ io::Task<bool> Server::Handshake(Connection& conn) {
   }
 }
 
-io::Task<bool> Server::ReadPayload(int fd, std::vector<uint8_t>& data,
+io::Task<bool> Server::ReadPayload(Connection& conn,
+                                    std::vector<uint8_t>& data,
                                     uint32_t length) {
   // Reserved, not touched: the pages come as the pieces are written.
   data.reserve(length);
@@ -938,7 +963,7 @@ io::Task<bool> Server::ReadPayload(int fd, std::vector<uint8_t>& data,
     const size_t done = data.size();
     const size_t n = std::min<size_t>(length - done, kPayloadPiece);
     data.resize(done + n);
-    if (!co_await ReadFull(fd, data.data() + done, n)) co_return false;
+    if (!co_await ReadBuffered(conn, data.data() + done, n)) co_return false;
   }
   co_return true;
 }
@@ -947,6 +972,7 @@ io::Task<void> Server::RunConnection(Connection* conn) {
   conn->negotiated = co_await Handshake(*conn);
   CancelHandshakeTimer(*conn);
   if (conn->negotiated) {
+    conn->rx = std::make_unique<uint8_t[]>(kRxBuffer);
     uint8_t h[28];
     while (true) {
       if (conn->in_flight >= kMaxRequests) {
@@ -961,7 +987,7 @@ io::Task<void> Server::RunConnection(Connection* conn) {
         };
         co_await SlotAwaiter{*conn};
       }
-      if (!co_await ReadFull(conn->fd, h, sizeof h)) break;
+      if (!co_await ReadBuffered(*conn, h, sizeof h)) break;
       auto request = std::make_unique<Request>();
       request->flags = Get16(h + 4);
       request->type = Get16(h + 6);
@@ -983,7 +1009,7 @@ io::Task<void> Server::RunConnection(Connection* conn) {
           // A WRITE's payload follows; the stream cannot be followed.
           close_after = request->type == kCmdWrite;
         } else if (request->type == kCmdWrite) {
-          if (!co_await ReadPayload(conn->fd, request->data,
+          if (!co_await ReadPayload(*conn, request->data,
                                     request->length)) {
             break;
           }

@@ -45,7 +45,7 @@
 // BLOCK_STATUS without a context, and a write, trim or write-zeroes on a
 // read-only export all get NBD_EINVAL (qemu 7.2 turns every request it
 // refuses into EINVAL, not the EPERM the protocol suggests). Errors of the
-// block graph map to NBD errors as qemu's system_errno_to_nbd_errno. Memory per connection is bounded: at most kMaxRequests requests
+// block graph map to NBD errors as qemu's system_errno_to_nbd_errno. Memory per connection is bounded: a 64 KiB receive buffer, at most kMaxRequests requests
 // in flight, each with a buffer of at most 32 MiB; option data over 64 KiB
 // is dropped in 4 KiB pieces, never buffered; a WRITE's buffer grows with
 // the payload bytes received, so a client announcing 32 MiB and sending
@@ -215,8 +215,19 @@ class Server {
   // Reads a WRITE's `length` bytes of payload into `data` in pieces, the
   // buffer's touched memory growing with the bytes received, not with the
   // length announced. False when the stream ended first.
-  io::Task<bool> ReadPayload(int fd, std::vector<uint8_t>& data,
+  io::Task<bool> ReadPayload(Connection& conn, std::vector<uint8_t>& data,
                              uint32_t length);
+  // Copies the next `length` bytes of `conn`'s transmission stream to
+  // `data`: first what an earlier recv() left in conn.rx; when that is used
+  // up, one recv() of up to 64 KiB refills it, so the requests (headers and
+  // small WRITE payloads) a client pipelines cost one recv() per 64 KiB,
+  // not one per header and one per payload. Pieces of 64 KiB or more are
+  // received straight into `data`. False when the stream ended first.
+  io::Task<bool> ReadBuffered(Connection& conn, void* data, size_t length);
+  // One recv() (or TLS record read) of at most `length` bytes into `data`,
+  // waiting for the socket while none are ready: the bytes received, 0 at
+  // the end of the stream or on an error.
+  io::Task<size_t> RecvSome(int fd, void* data, size_t length);
 
   io::Task<void> WaitFd(int fd, int events);
   io::Task<bool> ReadFull(int fd, void* data, size_t length);

@@ -16,6 +16,10 @@
 #    the server exits after nbdinfo (a client that never negotiated, as the
 #    scan, does not stop it).
 #  - many: 5 clients at once on -e 2 -t: 2 served, one more when one leaves.
+#  - pipeline: 64 WRITEs in one send (4 KiB requests straddling the
+#    server's 64 KiB receive buffer, two of 96 KiB), 64 READs of them in
+#    one send, a WRITE + READ pair in one packet, a READ past the end among
+#    valid ones; simple and structured replies, answered in any order.
 #  - killed: imgtool nbd -f qcow2 --cache=writethrough (extended_l2=on;
 #    lazy_refcounts off and on) under nbdcopy writing 24 MiB (8 requests in
 #    flight), killed with SIGKILL once the file
@@ -120,6 +124,28 @@ for who in q o; do
 done
 compare "five clients on -e 2"
 grep -q '^greeted while 2 are connected: \[0, 1\]$' o.out || fail "many: $(cat o.out)"
+
+# --- Pipelined requests: many in one packet ------------------------------
+for who in q o; do
+  serve $who pipe -t -f raw disk.img
+  timeout 120 $PY "$STRESS" pipeline "$(sock $who pipe)" >"$who.out" 2>&1
+  stop $who pipe
+done
+compare "pipelined requests"
+checks=$((checks + 1))
+if ! diff - o.out >/dev/null <<'EOF'
+simple: 452352 bytes, 64 writes in one send: 64 answered, 64 ok
+simple: 64 reads in one send: 64 answered, 64 with the data written
+simple: write + read in one packet: write error 0, read error 0, data right
+simple: read past the end among two: errors [0, 22, 0], data [True, True]
+structured: 452352 bytes, 64 writes in one send: 64 answered, 64 ok
+structured: 64 reads in one send: 64 answered, 64 with the data written
+structured: write + read in one packet: write error 0, read error 0, data right
+structured: read past the end among two: errors [0, 22, 0], data [True, True]
+EOF
+then
+  fail "pipelined requests: $(cat o.out)"
+fi
 
 # --- A killed server leaves a consistent qcow2 ----------------------------
 head -c $((24 << 20)) /dev/urandom >src.raw

@@ -18,6 +18,14 @@ Usage:
   nbd_stress.py many SOCKET N
       N clients connect at once to a server with -e 2: prints which were
       greeted, then which after the first greeted one leaves.
+  nbd_stress.py pipeline SOCKET
+      Requests pipelined in one sendall() each (the server parses several
+      from one receive): 64 WRITEs (62 of 4 KiB, whose 4,124-byte requests
+      straddle any 64 KiB receive buffer's edges, and 2 of 96 KiB), then 64
+      READs of them, then a WRITE + READ pair in one packet, then a READ
+      past the end among valid ones; with simple and with structured
+      replies. Replies may come in any order: each handle must be answered
+      once, with its error and the data written. Prints counts only.
 The output of imgtool nbd is compared with qemu-nbd 7.2's line by line.
 """
 import select
@@ -160,6 +168,94 @@ def many(path, n):
         s.close()
 
 
+def replies(s, want):
+    """Reads replies until every handle in `want` ({handle: READ length or
+    0}) is answered: {handle: (error, data)}. A structured READ's data is
+    its OFFSET_DATA chunks, placed by offset (no holes: all written)."""
+    got = {}
+    while len(got) < len(want):
+        magic = struct.unpack(">I", recv_exact(s, 4))[0]
+        if magic == 0x67446698:  # simple
+            error, handle = struct.unpack(">IQ", recv_exact(s, 12))
+            assert handle in want and handle not in got, handle
+            data = recv_exact(s, want[handle]) if error == 0 else b""
+            got[handle] = (error, data)
+            continue
+        assert magic == 0x668E33EF, hex(magic)
+        flags, rtype, handle, length = struct.unpack(">HHQI", recv_exact(s, 16))
+        body = recv_exact(s, length)
+        assert handle in want and handle not in got, handle
+        error, data = partial.setdefault(handle, [0, bytearray(want[handle])])
+        if rtype == 1:  # OFFSET_DATA: the offset is the request's + n
+            rel = struct.unpack(">Q", body[:8])[0] - base_of[handle]
+            data[rel:rel + len(body) - 8] = body[8:]
+        elif rtype & 0x8000:
+            partial[handle][0] = struct.unpack(">I", body[:4])[0]
+        if flags & 1:  # DONE
+            e, d = partial.pop(handle)
+            got[handle] = (e, bytes(d) if e == 0 else b"")
+    return got
+
+
+partial = {}
+base_of = {}
+
+
+def pipeline(path):
+    base = 8 << 20
+    for structured in (False, True):
+        tag = "structured" if structured else "simple"
+        s = connect(path)
+        go(s, structured)
+        s.settimeout(60)
+        # (handle, offset, length, fill byte) for 64 writes.
+        writes = []
+        for i in range(64):
+            length = 96 * 1024 if i in (20, 41) else 4096
+            offset = base + i * 128 * 1024
+            writes.append((1000 + i, offset, length, (i * 7 + 1) & 0xFF))
+        packet = b"".join(
+            struct.pack(">IHHQQI", 0x25609513, 0, CMD_WRITE, h, o, n) +
+            bytes([b]) * n for h, o, n, b in writes)
+        s.sendall(packet)
+        got = replies(s, {h: 0 for h, _, _, _ in writes})
+        ok = sum(1 for h, _, _, _ in writes if got[h][0] == 0)
+        print(f"{tag}: {len(packet)} bytes, 64 writes in one send: "
+              f"{len(got)} answered, {ok} ok")
+        packet = b"".join(
+            struct.pack(">IHHQQI", 0x25609513, 0, CMD_READ, h + 100, o, n)
+            for h, o, n, _ in writes)
+        for h, o, n, _ in writes:
+            base_of[h + 100] = o
+        s.sendall(packet)
+        got = replies(s, {h + 100: n for h, _, n, _ in writes})
+        ok = sum(1 for h, _, n, b in writes
+                 if got[h + 100] == (0, bytes([b]) * n))
+        print(f"{tag}: 64 reads in one send: {len(got)} answered, "
+              f"{ok} with the data written")
+        # A WRITE and a READ (of another range) in one packet.
+        h0, o0, n0, b0 = writes[5]
+        base_of[7] = o0
+        s.sendall(struct.pack(">IHHQQI", 0x25609513, 0, CMD_WRITE, 6,
+                              base + 64 * 128 * 1024, 512) + b"\x77" * 512 +
+                  struct.pack(">IHHQQI", 0x25609513, 0, CMD_READ, 7, o0, n0))
+        got = replies(s, {6: 0, 7: n0})
+        print(f"{tag}: write + read in one packet: write error {got[6][0]}, "
+              f"read error {got[7][0]}, data "
+              f"{'right' if got[7][1] == bytes([b0]) * n0 else 'wrong'}")
+        # A READ past the end between two valid ones: its error only.
+        base_of[8], base_of[10] = base, base + 128 * 1024
+        s.sendall(b"".join(struct.pack(">IHHQQI", 0x25609513, 0, CMD_READ,
+                                       h, o, 4096)
+                           for h, o in ((8, base), (9, 1 << 40),
+                                        (10, base + 128 * 1024))))
+        got = replies(s, {8: 4096, 9: 4096, 10: 4096})
+        print(f"{tag}: read past the end among two: errors "
+              f"{[got[h][0] for h in (8, 9, 10)]}, data "
+              f"{[got[h][1] == bytes([writes[i][3]]) * 4096 for h, i in ((8, 0), (10, 1))]}")
+        s.close()
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "slow-write":
@@ -168,6 +264,8 @@ def main():
         stall(sys.argv[2], sys.argv[3], sys.argv[4])
     elif cmd == "many":
         many(sys.argv[2], int(sys.argv[3]))
+    elif cmd == "pipeline":
+        pipeline(sys.argv[2])
     else:
         sys.exit(f"unknown command {cmd}")
 
