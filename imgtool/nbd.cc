@@ -753,7 +753,7 @@ absl::Status Serve(Args& a, Streams streams, int ready_fd) {
   absl::Status status;
   {
     nbd_server::Server server(*image.engine, *image.node, a.export_options);
-    status = io::RunSync(*image.engine, server.Serve(*listen_fd, signal_fd));
+    status = server.Run(server.Serve(*listen_fd, signal_fd));
   }
   close(*listen_fd);
   if (!a.socket_path.empty()) unlink(a.socket_path.c_str());

@@ -15,6 +15,7 @@
 #include <coroutine>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -128,6 +129,9 @@ constexpr uint32_t kPayloadPiece = 256 * 1024;
 // A connection's receive buffer in transmission (Connection::rx): one recv()
 // takes up to this many bytes of pipelined requests.
 constexpr size_t kRxBuffer = 64 * 1024;
+// Replies queued for a connection (Connection::tx) above which its reader
+// reads no new request until the client has taken some.
+constexpr size_t kTxHighWater = 1024 * 1024;
 
 void Put16(std::string& s, uint16_t v) {
   s.push_back(static_cast<char>(v >> 8));
@@ -258,10 +262,25 @@ struct Server::Connection {
   std::unique_ptr<uint8_t[]> rx;
   size_t rx_begin = 0;
   size_t rx_end = 0;
+  // Replies ready and not sent yet (connections without TLS): Send* append
+  // them here, FlushReplies sends them after the engine's batch of
+  // completions with one send() for the whole connection.
+  std::string tx;
+  bool tx_listed = false;   // in Server::tx_pending_
+  bool tx_blocked = false;  // the socket was full: FlushWhenWritable sends
+  bool tx_failed = false;   // a send failed: the client is gone
   int in_flight = 0;
-  // The reader, waiting until in_flight < wait_below.
+  // The reader, waiting until ReaderMayGo().
   std::coroutine_handle<> reader;
   int wait_below = 0;
+  // Fewer than wait_below requests in flight and, to read more requests,
+  // less than kTxHighWater of replies queued, or, to end the connection
+  // (wait_below 1), every queued reply sent or the client gone.
+  bool ReaderMayGo() const {
+    if (in_flight >= wait_below) return false;
+    if (wait_below == 1) return !tx_blocked && (tx.empty() || tx_failed);
+    return tx_failed || tx.size() < kTxHighWater;
+  }
 };
 
 struct Server::Request {
@@ -583,8 +602,90 @@ void Server::Arm(int fd, SocketWaiters& w) {
   }
 }
 
+bool Server::QueueReply(Connection& conn, const struct iovec* iov,
+                        int iovcnt) {
+  if (conn.tx_failed) return false;
+  for (int i = 0; i < iovcnt; ++i) {
+    conn.tx.append(static_cast<const char*>(iov[i].iov_base), iov[i].iov_len);
+  }
+  if (!conn.tx_listed) {
+    conn.tx_listed = true;
+    tx_pending_.push_back(&conn);
+  }
+  return true;
+}
+
+bool Server::SendQueued(Connection& conn) {
+  size_t done = 0;
+  while (done < conn.tx.size()) {
+    const ssize_t r = send(conn.fd, conn.tx.data() + done,
+                           conn.tx.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r > 0) {
+      done += static_cast<size_t>(r);
+    } else if (r < 0 && errno == EINTR) {
+      continue;
+    } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      conn.tx.erase(0, done);
+      return false;
+    } else {
+      // The client is gone: wake the reader (it sees the end of the stream).
+      conn.tx_failed = true;
+      shutdown(conn.fd, SHUT_RDWR);
+      break;
+    }
+  }
+  conn.tx.clear();
+  return true;
+}
+
+void Server::FlushReplies() {
+  std::vector<Connection*> pending;
+  pending.swap(tx_pending_);
+  for (Connection* conn : pending) {
+    conn->tx_listed = false;
+    if (conn->tx_blocked) continue;  // its FlushWhenWritable sends them
+    if (!SendQueued(*conn)) {
+      conn->tx_blocked = true;
+      io::Spawn(FlushWhenWritable(conn));
+    }
+    WakeReader(*conn);
+  }
+}
+
+io::Task<void> Server::FlushWhenWritable(Connection* conn) {
+  do {
+    co_await WaitFd(conn->fd, POLLOUT);
+  } while (!SendQueued(*conn));
+  conn->tx_blocked = false;
+  WakeReader(*conn);
+}
+
+void Server::WakeReader(Connection& conn) {
+  if (conn.reader && conn.ReaderMayGo()) {
+    io::Resume(std::exchange(conn.reader, {}));
+  }
+}
+
+absl::Status Server::Run(io::Task<absl::Status> task) {
+  std::optional<absl::Status> result;
+  io::Spawn(std::move(task), [&](absl::Status st) { result = std::move(st); });
+  while (!result.has_value()) {
+    // A reader resumed by a flush may queue more replies (refused requests
+    // are answered at once): flush until none is left to send.
+    while (!tx_pending_.empty()) FlushReplies();
+    if (result.has_value()) break;
+    if (engine_.in_flight() == 0) {
+      return absl::InternalError("nbd server: waiting on nothing");
+    }
+    absl::Status st = engine_.Poll(/*wait=*/true);
+    if (!st.ok()) return st;
+  }
+  return *std::move(result);
+}
+
 void Server::ConnectionEnded(Connection* conn) {
   CancelHandshakeTimer(*conn);
+  std::erase(tx_pending_, conn);
   tls_.erase(conn->fd);
   if (auto it = waiters_.find(conn->fd); it != waiters_.end()) {
     if (it->second.added) {
@@ -975,14 +1076,12 @@ io::Task<void> Server::RunConnection(Connection* conn) {
     conn->rx = std::make_unique<uint8_t[]>(kRxBuffer);
     uint8_t h[28];
     while (true) {
-      if (conn->in_flight >= kMaxRequests) {
+      conn->wait_below = kMaxRequests;
+      if (!conn->ReaderMayGo()) {
         struct SlotAwaiter {
           Connection& c;
-          bool await_ready() const { return c.in_flight < kMaxRequests; }
-          void await_suspend(std::coroutine_handle<> handle) {
-            c.reader = handle;
-            c.wait_below = kMaxRequests;
-          }
+          bool await_ready() const { return c.ReaderMayGo(); }
+          void await_suspend(std::coroutine_handle<> h) { c.reader = h; }
           void await_resume() {}
         };
         co_await SlotAwaiter{*conn};
@@ -1021,14 +1120,13 @@ io::Task<void> Server::RunConnection(Connection* conn) {
     }
   }
   // Requests in flight still reply (the client may be reading), then close.
-  if (conn->in_flight > 0) {
+  // Replies queued but not sent yet are sent first.
+  conn->wait_below = 1;
+  if (!conn->ReaderMayGo()) {
     struct DrainAwaiter {
       Connection& c;
-      bool await_ready() const { return c.in_flight == 0; }
-      void await_suspend(std::coroutine_handle<> handle) {
-        c.reader = handle;
-        c.wait_below = 1;
-      }
+      bool await_ready() const { return c.ReaderMayGo(); }
+      void await_suspend(std::coroutine_handle<> h) { c.reader = h; }
       void await_resume() {}
     };
     co_await DrainAwaiter{*conn};
@@ -1045,6 +1143,7 @@ io::Task<bool> Server::SendSimpleReply(Connection& conn, uint64_t handle,
   Put64(head, handle);
   const struct iovec iov[2] = {{head.data(), head.size()},
                                {const_cast<uint8_t*>(data), length}};
+  if (!tls_.contains(conn.fd)) co_return QueueReply(conn, iov, 2);
   auto lock = co_await io::ScopedLock::Take(conn.send_mu);
   co_return co_await WriteFull(conn.fd, iov, 2);
 }
@@ -1063,6 +1162,7 @@ io::Task<bool> Server::SendChunk(Connection& conn, uint64_t handle,
       {head.data(), head.size()},
       {const_cast<char*>(payload_head.data()), payload_head.size()},
       {const_cast<uint8_t*>(data), length}};
+  if (!tls_.contains(conn.fd)) co_return QueueReply(conn, iov, 3);
   auto lock = co_await io::ScopedLock::Take(conn.send_mu);
   co_return co_await WriteFull(conn.fd, iov, 3);
 }
@@ -1381,9 +1481,7 @@ io::Task<void> Server::HandleRequest(Connection* conn, Request* request) {
   if (!ok) shutdown(conn->fd, SHUT_RDWR);
   owned.reset();
   --conn->in_flight;
-  if (conn->reader && conn->in_flight < conn->wait_below) {
-    io::Resume(std::exchange(conn->reader, {}));
-  }
+  WakeReader(*conn);
 }
 
 }  // namespace imgtool::nbd_server

@@ -46,7 +46,9 @@
 // read-only export all get NBD_EINVAL (qemu 7.2 turns every request it
 // refuses into EINVAL, not the EPERM the protocol suggests). Errors of the
 // block graph map to NBD errors as qemu's system_errno_to_nbd_errno. Memory per connection is bounded: a 64 KiB receive buffer, at most kMaxRequests requests
-// in flight, each with a buffer of at most 32 MiB; option data over 64 KiB
+// in flight, each with a buffer of at most 32 MiB, replies queued for
+// sending (Run) of at most 1 MiB plus those of the requests in flight (no
+// new request is read while more wait for a client that does not read); option data over 64 KiB
 // is dropped in 4 KiB pieces, never buffered; a WRITE's buffer grows with
 // the payload bytes received, so a client announcing 32 MiB and sending
 // them slowly (or never) holds only what it sent (qemu's buffer is
@@ -198,6 +200,14 @@ class Server {
   // once per Server, instead of Serve. Errors: kInternal for epoll/eventfd
   // setup (fd is closed then too).
   io::Task<absl::Status> ServeConnected(int fd);
+  // Drives the engine until `task` (Serve or ServeConnected of this server)
+  // has finished and returns its result; use it instead of io::RunSync.
+  // Before each wait for the engine it sends the replies that the batch of
+  // completions just run has queued, with one send() per connection (a
+  // reply is queued, not sent, so replies ready together go out together;
+  // TLS connections send each reply as it is ready). kInternal if the
+  // engine fails or the task waits with nothing in flight.
+  absl::Status Run(io::Task<absl::Status> task);
 
  private:
   struct Connection;
@@ -236,6 +246,19 @@ class Server {
   io::Task<bool> StartTls(Connection& conn);
 
   io::Task<void> RunConnection(Connection* conn);
+  // Appends a reply (the bytes of `iov`, copied) to conn.tx for
+  // FlushReplies; false if an earlier send to the client failed.
+  bool QueueReply(Connection& conn, const struct iovec* iov, int iovcnt);
+  // Sends conn.tx without waiting: true when it is all sent (or the client
+  // is gone: tx_failed, the socket shut down), false when the socket is
+  // full (the rest stays in conn.tx).
+  bool SendQueued(Connection& conn);
+  // Sends the replies queued since the last call, one send() per
+  // connection; a connection whose socket is full gets a FlushWhenWritable.
+  void FlushReplies();
+  io::Task<void> FlushWhenWritable(Connection* conn);
+  // Resumes conn's reader if it waits and may go on (ReaderMayGo).
+  void WakeReader(Connection& conn);
   io::Task<bool> Handshake(Connection& conn);
   io::Task<bool> SendOptionReply(Connection& conn, uint32_t option,
                                  uint32_t type, const std::string& data);
@@ -287,6 +310,8 @@ class Server {
   bool stopping_ = false;
   int clients_ = 0;
   std::list<std::unique_ptr<Connection>> connections_;
+  // Connections with replies queued since the last FlushReplies.
+  std::vector<Connection*> tx_pending_;
   std::unordered_map<int, SocketWaiters> waiters_;  // by fd
   // The TLS session of each connection that started TLS, by fd (owned by
   // the connection).

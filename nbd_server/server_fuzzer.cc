@@ -106,7 +106,7 @@ void Run(const uint8_t* data, size_t size) {
   absl::Status served;
   {
     Server server(FuzzEngine(), node, std::move(options));
-    served = io::RunSync(FuzzEngine(), server.ServeConnected(fds[0]));
+    served = server.Run(server.ServeConnected(fds[0]));
   }
   // The server's end is closed: the reader sees end-of-file, a blocked
   // writer an error.
