@@ -520,6 +520,14 @@ absl::StatusOr<std::optional<std::string>> ObjectRegistry::AddFromCommandLine(
     ASSIGN_OR_RETURN(tls_creds,
                      ParseTlsCreds(root, type_name == "tls-creds-psk"));
   }
+  std::string identity;  // authz-simple's
+  if (type_name == "authz-simple") {
+    ASSIGN_OR_RETURN(const std::string* v, StringMember(root, "identity"));
+    if (v == nullptr) {
+      return absl::InvalidArgumentError("Parameter 'identity' is missing");
+    }
+    identity = *v;
+  }
   for (const auto& [key, node] : root.entries) {
     if (key == "qom-type" || key == "id") continue;
     bool known = false;
@@ -529,7 +537,7 @@ absl::StatusOr<std::optional<std::string>> ObjectRegistry::AddFromCommandLine(
           absl::StrCat("Parameter '", key, "' is unexpected"));
     }
   }
-  if (type_name != "secret" && !tls) {
+  if (type_name != "secret" && !tls && type_name != "authz-simple") {
     return absl::UnimplementedError(absl::StrCat(
         "Object type '", type_name, "' is not supported by imgtool"));
   }
@@ -549,6 +557,11 @@ absl::StatusOr<std::optional<std::string>> ObjectRegistry::AddFromCommandLine(
         "' to object (type 'container')"));
   }
 
+  if (type_name == "authz-simple") {
+    absl::MutexLock lock(&mu_);
+    objects_[**id] = Object{.type = type_name, .identity = std::move(identity)};
+    return std::optional<std::string>();
+  }
   if (tls) {
     RETURN_IF_ERROR(
         CheckTlsCredsFiles(tls_creds, root.Find("username") != nullptr));
@@ -650,6 +663,21 @@ absl::StatusOr<ObjectRegistry::TlsCreds> ObjectRegistry::LookupTlsCreds(
         absl::StrCat("Object with id '", id, "' is not TLS credentials"));
   }
   return it->second.tls;
+}
+
+absl::StatusOr<bool> ObjectRegistry::IsAllowedByAuthz(
+    absl::string_view authzid, absl::string_view identity) const {
+  absl::MutexLock lock(&mu_);
+  auto it = objects_.find(authzid);
+  if (it == objects_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("Cannot find QAuthZ object ID ", authzid));
+  }
+  if (it->second.type != "authz-simple") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Object '", authzid, "' is not a QAuthZ subclass"));
+  }
+  return identity == it->second.identity;
 }
 
 bool ObjectRegistry::Contains(absl::string_view id) const {

@@ -7,8 +7,8 @@
 // LUKS driver's `key-secret`, qcow2's `encrypt.key-secret`).
 //
 // Types: every type qemu-img 7.2 lists for `--object help` is known (its
-// help text is qemu-img's); `secret`, `tls-creds-x509` and `tls-creds-psk`
-// can be created. A secret's
+// help text is qemu-img's); `secret`, `tls-creds-x509`, `tls-creds-psk`
+// and `authz-simple` can be created. A secret's
 // properties are data, file (read when the object is added), format=raw|
 // base64 (base64 data is decoded as glib decodes it), and keyid/iv for a
 // secret encrypted with another secret (AES-256-CBC): the key lookup, key
@@ -33,6 +33,10 @@
 //   Cannot read PSK file /d/keys.psk: Failed to open file “...”: ...
 //   Parameter 'endpoint' does not accept value 'x'
 //   Parameter 'verify-peer' expects 'on' or 'off'
+//
+// authz-simple (QEMU's authz/simple.c): identity (mandatory: "Parameter
+// 'identity' is missing"); an identity is allowed when it equals it
+// (IsAllowedByAuthz). authz-list and authz-list-file are not supported.
 //
 // Error texts are qemu-img 7.2's, all kInvalidArgument unless said
 // otherwise, in QEMU's order (syntax, type, id, properties, id syntax,
@@ -113,6 +117,14 @@ class ObjectRegistry {
   // with id 'x' is not TLS credentials" (qemu-nbd's nbd_get_tls_creds).
   absl::StatusOr<TlsCreds> LookupTlsCreds(absl::string_view id) const;
 
+  // Whether authz object `authzid` allows `identity`
+  // (qauthz_is_allowed_by_id in QEMU's authz/base.c; authz-simple: the
+  // identity equals its `identity`). Errors, QEMU's texts: kNotFound
+  // "Cannot find QAuthZ object ID x"; kInvalidArgument "Object 'x' is not a
+  // QAuthZ subclass".
+  absl::StatusOr<bool> IsAllowedByAuthz(absl::string_view authzid,
+                                        absl::string_view identity) const;
+
   // Whether an object with this id exists.
   bool Contains(absl::string_view id) const;
 
@@ -124,6 +136,7 @@ class ObjectRegistry {
     std::string type;
     std::string secret;  // the bytes, for type "secret"
     TlsCreds tls;        // for tls-creds-*
+    std::string identity;  // for authz-simple
   };
   mutable absl::Mutex mu_;
   std::map<std::string, Object, std::less<>> objects_ ABSL_GUARDED_BY(mu_);

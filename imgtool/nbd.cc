@@ -16,8 +16,10 @@
 // --object (block/objects.h) and --tls-creds=ID (a tls-creds-x509 or
 // tls-creds-psk object with endpoint=server: TLS required of every client,
 // nbd_server/tls.h; a client's failed negotiation is printed as qemu-nbd's
-// "option negotiation failed: ..."). Not implemented (qemu-nbd's
-// "unrecognized option" for them): -c, -d, -T; --tls-authz is refused.
+// "option negotiation failed: ..."), --tls-authz=ID (an authz-simple
+// object checked against each x509 client's distinguished name after the
+// handshake, nbd_server/tls.h). Not implemented (qemu-nbd's
+// "unrecognized option" for them): -c, -d, -T.
 //
 // Lifetime as qemu-nbd's: the server listens (a unix socket replaces a stale
 // file at its path and is removed at exit), serves up to -e clients at once
@@ -135,8 +137,10 @@ std::string HelpText(const std::string& name) {
       "                            passwords and/or encryption keys\n"
       "  --tls-creds=ID            use id of an earlier --object to provide "
       "TLS\n"
+      "  --tls-authz=ID            use id of an earlier --object to provide\n"
+      "                            authorization\n"
       "\n"
-      "Not supported by imgtool: --tls-authz, -c, -d.\n");
+      "Not supported by imgtool: -c, -d.\n");
 }
 
 enum LongOption {
@@ -202,6 +206,8 @@ struct Args {
   bool snapshot = false;             // -s
   std::string load_snapshot;         // -l
   std::string tls_creds;  // --tls-creds
+  std::optional<std::string> tls_authz;  // --tls-authz: an authz object's id, looked up
+                                         // per client as qemu-nbd does
   std::unique_ptr<nbd_server::TlsServerCreds> tls;
   bool list = false;                 // -L
   // An option of the export given (-x, -D, -f, -l, -A, -B, --aio,
@@ -231,7 +237,6 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
     return Printed();
   };
   bool tls_hostname = false;  // --tls-hostname given
-  bool tls_authz = false;
   int c;
   int long_index = -1;
   while ((c = getopt_long(static_cast<int>(argv.size() - 1), argv.data(),
@@ -409,7 +414,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
         tls_hostname = true;
         break;
       case kTlsAuthz:
-        tls_authz = true;
+        a.tls_authz = arg;
         break;
       case ':': {
         const char* word = argv[optind - 1];
@@ -454,18 +459,19 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
     return Printed();
   }
   if (!a.list) a.file = argv[optind];
-  if (a.list && !a.tls_creds.empty()) {
-    return absl::UnimplementedError(
-        "--tls-creds with -L is not supported by imgtool");
-  }
   // qemu-nbd's TLS checks, in its order.
   if (!a.tls_creds.empty()) {
+    if (a.tls_authz.has_value() && a.list) {
+      return absl::InvalidArgumentError(
+          "TLS authorization is incompatible with export list");
+    }
     if (tls_hostname) {
       return absl::InvalidArgumentError(
           "TLS hostname is only supported with export list");
     }
-    if (tls_authz) {
-      return absl::UnimplementedError("--tls-authz is not supported by imgtool");
+    if (a.list) {
+      return absl::UnimplementedError(
+          "--tls-creds with -L is not supported by imgtool");
     }
     absl::StatusOr<block::ObjectRegistry::TlsCreds> creds =
         block::ObjectRegistry::Default().LookupTlsCreds(a.tls_creds);
@@ -475,7 +481,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
     }
     if (creds.ok()) {
       absl::StatusOr<std::unique_ptr<nbd_server::TlsServerCreds>> loaded =
-          nbd_server::TlsServerCreds::Load(*creds);
+          nbd_server::TlsServerCreds::Load(*creds, a.tls_authz);
       if (!loaded.ok()) return loaded.status();
       a.tls = *std::move(loaded);
     } else {
@@ -488,7 +494,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
       std::cerr << name << ": option negotiation failed: " << message
                 << std::endl;
     };
-  } else if (tls_authz) {
+  } else if (a.tls_authz.has_value()) {
     return absl::InvalidArgumentError(
         "--tls-authz is not permitted without --tls-creds");
   } else if (tls_hostname) {

@@ -50,6 +50,7 @@ namespace {
   X(gnutls_transport_set_int2)             \
   X(gnutls_x509_crt_deinit)                \
   X(gnutls_x509_crt_get_activation_time)   \
+  X(gnutls_x509_crt_get_dn)                \
   X(gnutls_x509_crt_get_expiration_time)   \
   X(gnutls_x509_crt_import)                \
   X(gnutls_x509_crt_init)                  \
@@ -173,6 +174,7 @@ struct TlsServerCreds::Impl {
   const GnuTls* g = nullptr;
   bool psk = false;
   bool verify_peer = true;
+  std::optional<std::string> authz;
   std::string priority;
   gnutls_certificate_credentials_t x509 = nullptr;
   gnutls_psk_server_credentials_t psk_creds = nullptr;
@@ -189,6 +191,7 @@ struct TlsSession::Impl {
   const GnuTls* g = nullptr;
   gnutls_session_t session = nullptr;
   bool verify_peer = false;  // x509 with verify-peer
+  std::optional<std::string> authz;  // its --tls-authz id
   bool corked = false;
   ssize_t last_recv = 0;  // GnuTLS's result of the last failed recv
 
@@ -202,7 +205,8 @@ TlsServerCreds::TlsServerCreds(std::unique_ptr<Impl> impl)
 TlsServerCreds::~TlsServerCreds() = default;
 
 absl::StatusOr<std::unique_ptr<TlsServerCreds>> TlsServerCreds::Load(
-    const block::ObjectRegistry::TlsCreds& c) {
+    const block::ObjectRegistry::TlsCreds& c,
+    std::optional<std::string> authz) {
   absl::StatusOr<const GnuTls*> loaded = LoadGnuTls();
   if (!loaded.ok()) return loaded.status();
   const GnuTls& g = **loaded;
@@ -210,6 +214,7 @@ absl::StatusOr<std::unique_ptr<TlsServerCreds>> TlsServerCreds::Load(
   impl->g = &g;
   impl->psk = c.psk;
   impl->verify_peer = c.verify_peer;
+  impl->authz = std::move(authz);
   const std::string base = c.priority.empty() ? "NORMAL" : c.priority;
   impl->priority = c.psk ? base + ":+ECDHE-PSK:+DHE-PSK:+PSK" : base;
   auto invalid = [&](absl::string_view what, int e) {
@@ -330,6 +335,7 @@ absl::StatusOr<std::unique_ptr<TlsSession>> TlsServerCreds::NewSession(
     // Requested, not required: the check after the handshake enforces it.
     g.gnutls_certificate_server_set_request(s->session, GNUTLS_CERT_REQUEST);
     s->verify_peer = impl_->verify_peer;
+    s->authz = impl_->authz;
   }
   g.gnutls_transport_set_int2(s->session, fd, fd);
   return std::unique_ptr<TlsSession>(new TlsSession(std::move(s)));
@@ -351,7 +357,7 @@ absl::StatusOr<TlsSession::Wait> TlsSession::Handshake() {
   }
   if (!impl_->verify_peer) return Wait::kNone;
   // qcrypto_tls_session_check_certificate on the server's side (no
-  // hostname, no authz).
+  // hostname).
   auto refused = [](std::string m) {
     return absl::PermissionDeniedError(std::move(m));
   };
@@ -380,6 +386,29 @@ absl::StatusOr<TlsSession::Wait> TlsSession::Handshake() {
       error = "The certificate has expired";
     } else if (g.gnutls_x509_crt_get_activation_time(crt) > now) {
       error = "The certificate is not yet activated";
+    } else if (i == 0 && impl_->authz.has_value()) {
+      // The peer's own certificate: its distinguished name.
+      std::string dn(1024, '\0');
+      size_t size = dn.size();
+      int e = g.gnutls_x509_crt_get_dn(crt, dn.data(), &size);
+      if (e == GNUTLS_E_SHORT_MEMORY_BUFFER) {
+        dn.resize(size);
+        e = g.gnutls_x509_crt_get_dn(crt, dn.data(), &size);
+      }
+      if (e < 0) {
+        error = absl::StrCat("Cannot get client distinguished name: ",
+                             g.gnutls_strerror(e));
+      } else {
+        dn.resize(strnlen(dn.data(), size));
+        absl::StatusOr<bool> allowed =
+            block::ObjectRegistry::Default().IsAllowedByAuthz(*impl_->authz,
+                                                              dn);
+        if (!allowed.ok()) {
+          error = std::string(allowed.status().message());
+        } else if (!*allowed) {
+          error = absl::StrCat("TLS x509 authz check for ", dn, " is denied");
+        }
+      }
     }
     g.gnutls_x509_crt_deinit(crt);
     if (!error.empty()) return refused(error);

@@ -16,7 +16,14 @@
 //     client's certificate is requested, and with verify-peer (default on)
 //     checked after the handshake as qcrypto_tls_session_check_certificate
 //     ("Verify failed: No certificate was found.", "The certificate hasn't
-//     got a known issuer", expiry / activation times). No tls-authz.
+//     got a known issuer", expiry / activation times), then, with an authz
+//     id (qemu-nbd's --tls-authz), the distinguished name of the client's
+//     certificate (gnutls_x509_crt_get_dn, e.g. "O=imgtool test,CN=client")
+//     is checked by block::ObjectRegistry::IsAllowedByAuthz, looked up per
+//     client as QEMU does: "TLS x509 authz check for DN is denied", "Cannot
+//     find QAuthZ object ID x", "Object 'x' is not a QAuthZ subclass"
+//     (qcrypto_tls_session_check_certificate). As QEMU, the authz object
+//     is not consulted for psk credentials or with verify-peer=off.
 //   psk: DIR/keys.psk (psktool's "user:hexkey" lines), priority
 //     "<priority or NORMAL>:+ECDHE-PSK:+DHE-PSK:+PSK".
 //   Without dh-params.pem QEMU generates 2048-bit DH parameters at start
@@ -44,6 +51,7 @@
 #include <sys/uio.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -57,9 +65,11 @@ class TlsSession;
 class TlsServerCreds {
  public:
   // Loads the credentials `creds` names (see above). Blocking file reads:
-  // call before serving.
+  // call before serving. `authz`: the id of the authz object that must
+  // allow each x509 client (nullopt: none).
   static absl::StatusOr<std::unique_ptr<TlsServerCreds>> Load(
-      const block::ObjectRegistry::TlsCreds& creds);
+      const block::ObjectRegistry::TlsCreds& creds,
+      std::optional<std::string> authz = std::nullopt);
   TlsServerCreds(const TlsServerCreds&) = delete;
   TlsServerCreds& operator=(const TlsServerCreds&) = delete;
   ~TlsServerCreds();

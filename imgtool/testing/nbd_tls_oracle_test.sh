@@ -347,6 +347,50 @@ stop o psk
 same_log psk
 same_files "psk export after the writes" q.qcow2 o.qcow2
 
+# --- --tls-authz -------------------------------------------------------------
+# An authz-simple object allows one distinguished name (gnutls's order:
+# "O=imgtool test,CN=client"); another is refused after the handshake with
+# "TLS x509 authz check for DN is denied", an unknown id or an object that is
+# not an authz one per client; psk and verify-peer=off do not consult it.
+CLI_DN="O=imgtool test,,CN=client"
+authz_case() {  # NAME SERVER-ARGS...
+  local n=$1
+  shift
+  serve q "$n" -t -r "$@" q.qcow2
+  serve o "$n" -t -r "$@" o.qcow2
+  QS=$SOCKDIR/q/$n.sock OS=$SOCKDIR/o/$n.sock
+}
+authz_case zallow --object "$X509_SRV" --object "authz-simple,id=a0,identity=$CLI_DN" \
+  --tls-creds=t0 --tls-authz=a0
+works nbdinfo --map "nbds+unix:///?socket=@S@&tls-certificates=$W/cli"
+works qemu-img info --object "$X509_CLI" --image-opts "$(opts)"
+for bad in "--object authz-simple,id=a0,identity=CN=client --tls-authz=a0" \
+    "--tls-authz=zz" "--object secret,id=a0,data=x --tls-authz=a0"; do
+  # shellcheck disable=SC2086
+  authz_case zdeny --object "$X509_SRV" --tls-creds=t0 $bad
+  refused nbdinfo --map "nbds+unix:///?socket=@S@&tls-certificates=$W/cli"
+  stop q zdeny
+  stop o zdeny
+  same_log zdeny
+  checks=$((checks + 1))
+  grep -q -e 'authz check for O=imgtool test,CN=client is denied' \
+    -e 'Cannot find QAuthZ object ID zz' -e "Object 'a0' is not a QAuthZ subclass" \
+    "$SOCKDIR/o/zdeny.log" || fail "--tls-authz $bad: $(cat "$SOCKDIR/o/zdeny.log")"
+done
+stop q zallow
+stop o zallow
+same_log zallow
+authz_case znover --object "$X509_SRV,verify-peer=off" \
+  --object authz-simple,id=a0,identity=CN=x --tls-creds=t0 --tls-authz=a0
+works nbdinfo --map "nbds+unix:///?socket=@S@&tls-certificates=$W/noc"
+stop q znover
+stop o znover
+authz_case zpsk --object "$PSK_SRV" --object authz-simple,id=a0,identity=CN=x \
+  --tls-creds=t0 --tls-authz=a0
+works nbdinfo --map "nbds+unix://qemu@/?socket=@S@&tls-psk-file=$W/psk/keys.psk"
+stop q zpsk
+stop o zpsk
+
 # imgtool's client asking for TLS from a server without it.
 serve q plain -t -r q.qcow2
 serve o plain -t -r o.qcow2
@@ -384,6 +428,11 @@ cmdline --object "tls-creds-x509,id=t0,dir=$W/srv,endpoint=server,verify-peer=ma
 cmdline --object "tls-creds-psk,id=t0,dir=$W/srv,endpoint=server" --tls-creds=t0 base.qcow2
 cmdline --object "tls-creds-psk,id=t0,dir=$W/psk,endpoint=server,username=x" --tls-creds=t0 base.qcow2
 cmdline --tls-authz=a0 base.qcow2
+cmdline --object authz-simple,id=a0 --object "$X509_SRV" --tls-creds=t0 --tls-authz=a0 base.qcow2
+cmdline --object authz-simple,id=a0,identity=x,bogus=1 base.qcow2
+cmdline --object authz-simple,id=a0,identity=x --tls-authz=a0 base.qcow2
+cmdline -L --object "$X509_SRV" --tls-creds=t0 --tls-authz=a0
+cmdline --object authz-simple,help
 cmdline --tls-hostname=h base.qcow2
 cmdline --object "$X509_SRV" --tls-creds=t0 --tls-hostname=h base.qcow2
 mkdir -p badca && cp srv/server-*.pem badca/ && echo garbage >badca/ca-cert.pem
