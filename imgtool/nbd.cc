@@ -12,7 +12,8 @@
 // --detect-zeroes, -l/--load-snapshot (read-only), -s/--snapshot (writes go
 // to a temporary overlay, gone at exit; imgtool/temp_overlay.h),
 // -L/--list (a client: the exports of a server, printed as qemu-nbd's
-// qemu_nbd_client_list, through libnbd's option mode; without TLS),
+// qemu_nbd_client_list, through libnbd's option mode; with --tls-creds of
+// a client endpoint over TLS),
 // --object (block/objects.h) and --tls-creds=ID (a tls-creds-x509 or
 // tls-creds-psk object with endpoint=server: TLS required of every client,
 // nbd_server/tls.h; a client's failed negotiation is printed as qemu-nbd's
@@ -51,6 +52,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -210,6 +212,11 @@ struct Args {
                                          // per client as qemu-nbd does
   std::unique_ptr<nbd_server::TlsServerCreds> tls;
   bool list = false;                 // -L
+  std::optional<std::string> tls_hostname;  // --tls-hostname
+  // -L with --tls-creds: the client's credentials, and the host name its
+  // certificate check uses.
+  std::optional<block::ObjectRegistry::TlsCreds> list_tls;
+  std::optional<std::string> list_hostname;
   // An option of the export given (-x, -D, -f, -l, -A, -B, --aio,
   // --discard, --cache, -n; also -o but 0): refused with -L.
   bool per_device = false;
@@ -218,6 +225,15 @@ struct Args {
 // A failure already printed (qemu-nbd's getopt lines): exit code 1, nothing
 // more from main.
 absl::Status Printed() { return WithExitCode(absl::CancelledError(), 1); }
+
+absl::Status CheckAddress(Args& a) {
+  if (a.socket_path.empty()) a.tcp = true;
+  if (!a.socket_path.empty() && a.tcp) {
+    return absl::InvalidArgumentError(
+        "--socket and --port/--bind are mutually exclusive");
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
                        Args& a) {
@@ -236,7 +252,6 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
                 << " --help' for more information.\n";
     return Printed();
   };
-  bool tls_hostname = false;  // --tls-hostname given
   int c;
   int long_index = -1;
   while ((c = getopt_long(static_cast<int>(argv.size() - 1), argv.data(),
@@ -410,8 +425,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
         a.tls_creds = arg;
         break;
       case kTlsHostname:
-        // Only for -L (a client), which imgtool does not have.
-        tls_hostname = true;
+        a.tls_hostname = arg;  // only for -L
         break;
       case kTlsAuthz:
         a.tls_authz = arg;
@@ -465,19 +479,27 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
       return absl::InvalidArgumentError(
           "TLS authorization is incompatible with export list");
     }
-    if (tls_hostname) {
+    if (a.tls_hostname.has_value() && !a.list) {
       return absl::InvalidArgumentError(
           "TLS hostname is only supported with export list");
     }
-    if (a.list) {
-      return absl::UnimplementedError(
-          "--tls-creds with -L is not supported by imgtool");
-    }
+    // nbd_get_tls_creds: a client's credentials for -L, else a server's.
     absl::StatusOr<block::ObjectRegistry::TlsCreds> creds =
         block::ObjectRegistry::Default().LookupTlsCreds(a.tls_creds);
-    if (creds.ok() && !creds->server) {
+    if (creds.ok() && creds->server == a.list) {
       creds = absl::InvalidArgumentError(
-          "Expected TLS credentials for a server endpoint");
+          a.list ? "Expected TLS credentials for a client endpoint"
+                 : "Expected TLS credentials for a server endpoint");
+    }
+    if (creds.ok() && a.list) {
+      a.list_tls = *creds;
+      // qemu-nbd: --tls-hostname, else the -b address (none for -k).
+      if (a.tls_hostname.has_value()) {
+        a.list_hostname = a.tls_hostname;
+      } else if (a.socket_path.empty()) {
+        a.list_hostname = a.bind;
+      }
+      return CheckAddress(a);
     }
     if (creds.ok()) {
       absl::StatusOr<std::unique_ptr<nbd_server::TlsServerCreds>> loaded =
@@ -497,16 +519,11 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
   } else if (a.tls_authz.has_value()) {
     return absl::InvalidArgumentError(
         "--tls-authz is not permitted without --tls-creds");
-  } else if (tls_hostname) {
+  } else if (a.tls_hostname.has_value()) {
     return absl::InvalidArgumentError(
         "--tls-hostname is not permitted without --tls-creds");
   }
-  if (a.socket_path.empty()) a.tcp = true;
-  if (!a.socket_path.empty() && a.tcp) {
-    return absl::InvalidArgumentError(
-        "--socket and --port/--bind are mutually exclusive");
-  }
-  return absl::OkStatus();
+  return CheckAddress(a);
 }
 
 // A listening socket (close-on-exec) for the address the options give.
@@ -787,9 +804,55 @@ absl::Status ListExports(const Args& a, Streams streams) {
     ~Closer() { nbd.nbd_close(h); }
   } closer{nbd, h};
   nbd.nbd_set_opt_mode(h, true);
+  if (a.list_tls.has_value()) {
+    if (!a.list_tls->psk && a.list_tls->verify_peer &&
+        !a.list_hostname.has_value()) {
+      // QEMU's client finds this after the handshake
+      // (qcrypto_tls_session_check_certificate).
+      return absl::InvalidArgumentError(
+          "No hostname for certificate validation");
+    }
+    if (!nbd_block::SetTlsCreds(nbd, h, *a.list_tls)) {
+      return absl::InternalError(nbd.nbd_get_error());
+    }
+  }
+  // The server's text of an option's error reply: libnbd 1.14 gives it only
+  // to its debug output (as in nbd_block/nbd_node.cc).
+  std::string server_message;
+  nbd.nbd_set_debug_callback(
+      h, nbd_debug_callback{
+             .callback = [](void* data, const char*, const char* msg) {
+               absl::string_view m(msg);
+               if (absl::ConsumePrefix(&m,
+                                       "handshake: server error message: ")) {
+                 *static_cast<std::string*>(data) = std::string(m);
+               }
+               return 0;
+             },
+             .user_data = &server_message,
+             .free = nullptr});
+  nbd.nbd_set_debug(h, true);
   const int rc = a.tcp ? nbd.nbd_connect_tcp(h, a.bind.c_str(), a.port.c_str())
                        : nbd.nbd_connect_unix(h, a.socket_path.c_str());
+  if (rc < 0 && a.list_tls.has_value() && !server_message.empty()) {
+    // NBD_REP_ERR_POLICY to STARTTLS, in QEMU's words.
+    return absl::UnavailableError(absl::StrCat(
+        "Denied by server for option 5 (starttls)\nserver reported: ",
+        server_message));
+  }
   if (rc < 0) {
+    // A failed TLS handshake as QEMU words it ("TLS handshake failed: E";
+    // libnbd: "nbd_connect_unix: gnutls_handshake: E (a/b)").
+    absl::string_view text = nbd.nbd_get_error();
+    if (const size_t at = text.find("gnutls_handshake: ");
+        at != absl::string_view::npos) {
+      text.remove_prefix(at + strlen("gnutls_handshake: "));
+      if (const size_t paren = text.rfind(" ("); paren != text.npos) {
+        text = text.substr(0, paren);
+      }
+      return absl::UnavailableError(
+          absl::StrCat("TLS handshake failed: ", text));
+    }
     const int e = nbd.nbd_get_errno();
     const std::string where =
         a.tcp ? absl::StrCat(a.bind, ":", a.port) : a.socket_path;
@@ -815,8 +878,19 @@ absl::Status ListExports(const Args& a, Streams streams) {
       .user_data = &exports,
       .free = nullptr};
   if (nbd.nbd_opt_list(h, list_cb) < 0) {
+    if (!a.list_tls.has_value() &&
+        absl::StrContains(server_message, "before TLS")) {
+      // NBD_REP_ERR_TLS_REQD (libnbd does not say which error reply it
+      // was; qemu-nbd's and imgtool's text for it names TLS): QEMU's
+      // nbd_handle_reply_err words.
+      return absl::UnavailableError(absl::StrCat(
+          "TLS negotiation required before option 3 (list)\n"
+          "Did you forget a valid tls-creds?\nserver reported: ",
+          server_message));
+    }
     return absl::UnavailableError(nbd.nbd_get_error());
   }
+  nbd.nbd_set_debug(h, false);
   for (Export& e : exports) {
     if (nbd.nbd_set_export_name(h, e.name.c_str()) < 0 ||
         nbd.nbd_opt_info(h) < 0) {

@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <string>
+
 #include "absl/strings/str_cat.h"
 
 namespace imgtool::nbd_block {
@@ -37,6 +39,20 @@ absl::StatusOr<const LibNbd *> LoadLibNbd() {
   if (!loaded->ok())
     return loaded->status();
   return &**loaded;
+}
+
+bool SetTlsCreds(const LibNbd &nbd, struct nbd_handle *h,
+                 const block::ObjectRegistry::TlsCreds &t) {
+  if (nbd.nbd_set_tls(h, LIBNBD_TLS_REQUIRE) != 0)
+    return false;
+  if (t.psk) {
+    const std::string file = absl::StrCat(t.dir, "/keys.psk");
+    const std::string user = t.username.empty() ? "qemu" : t.username;
+    return nbd.nbd_set_tls_psk_file(h, file.c_str()) == 0 &&
+           nbd.nbd_set_tls_username(h, user.c_str()) == 0;
+  }
+  return nbd.nbd_set_tls_certificates(h, t.dir.c_str()) == 0 &&
+         nbd.nbd_set_tls_verify_peer(h, t.verify_peer) == 0;
 }
 
 } // namespace imgtool::nbd_block

@@ -15,6 +15,7 @@
 #include <libnbd.h>
 
 #include "absl/status/statusor.h"
+#include "block/objects.h"
 
 namespace imgtool::nbd_block {
 
@@ -82,6 +83,14 @@ struct LibNbd {
 // kFailedPrecondition "Could not load libnbd.so.0: <dlerror>" when the
 // library or one of its functions is missing (package libnbd0).
 absl::StatusOr<const LibNbd *> LoadLibNbd();
+
+// Makes handle `h` require TLS with the client credentials `creds` (a
+// tls-creds-x509 or tls-creds-psk object, block/objects.h): x509 from
+// creds.dir (libnbd's ca-cert.pem, client-cert.pem, client-key.pem) with
+// verify-peer, psk from DIR/keys.psk with the username (default "qemu").
+// False when libnbd refused a setting (nbd_get_error says why).
+bool SetTlsCreds(const LibNbd &nbd, struct nbd_handle *h,
+                 const block::ObjectRegistry::TlsCreds &creds);
 
 } // namespace imgtool::nbd_block
 

@@ -483,17 +483,7 @@ absl::StatusOr<nbd_handle*> ConnectHandle(const NbdAddress& address,
       Nbd().nbd_close(h);
       return absl::UnavailableError("No hostname for certificate validation");
     }
-    tls_ok = Nbd().nbd_set_tls(h, LIBNBD_TLS_REQUIRE) == 0;
-    if (t.psk) {
-      const std::string file = absl::StrCat(t.dir, "/keys.psk");
-      const std::string user = t.username.empty() ? "qemu" : t.username;
-      tls_ok = tls_ok && Nbd().nbd_set_tls_psk_file(h, file.c_str()) == 0 &&
-               Nbd().nbd_set_tls_username(h, user.c_str()) == 0;
-    } else {
-      tls_ok = tls_ok &&
-               Nbd().nbd_set_tls_certificates(h, t.dir.c_str()) == 0 &&
-               Nbd().nbd_set_tls_verify_peer(h, t.verify_peer) == 0;
-    }
+    tls_ok = SetTlsCreds(Nbd(), h, t);
   } else if (address.tls_required) {
     // nbds://...tls-certificates=DIR without tls-creds: as libnbd's
     // nbd_connect_uri (x509 from DIR, the peer's chain verified).

@@ -347,6 +347,63 @@ stop o psk
 same_log psk
 same_files "psk export after the writes" q.qcow2 o.qcow2
 
+# --- -L with --tls-creds -------------------------------------------------------
+# listing ARGS...: qemu-nbd -L and imgtool nbd -L with ARGS (@S@: each
+# server's socket in turn) print the same (imgtool's name read as
+# qemu-nbd's), and the same for both servers.
+listing() {
+  local sock a q o args first=""
+  for sock in "$QS" "$OS"; do
+    checks=$((checks + 1))
+    args=()
+    for a in "$@"; do args+=("${a//@S@/$sock}"); done
+    q=$(timeout 60 qemu-nbd -L "${args[@]}" 2>&1; echo "rc=$?")
+    o=$(timeout 60 "$IMGTOOL" nbd -L "${args[@]}" 2>&1; echo "rc=$?")
+    o=${o//imgtool:/qemu-nbd:}
+    # A server refusing the handshake closes: push, pull or an unclean
+    # end, whichever the client meets first.
+    q=$(sed -E 's/^(qemu-nbd: TLS handshake failed: ).*/\1(the server closed the connection)/' <<<"$q")
+    o=$(sed -E 's/^(qemu-nbd: TLS handshake failed: ).*/\1(the server closed the connection)/' <<<"$o")
+    if [[ "$q" != "$o" ]]; then
+      fail "nbd -L $* on $sock: differs from qemu-nbd -L (< qemu-nbd, > imgtool)"
+      diff <(echo "$q") <(echo "$o") | head -10
+    fi
+    q=${q//$sock/@S@}
+    [[ -z "$first" ]] && first=$q
+    [[ "$q" == "$first" ]] || fail "nbd -L $*: qemu-nbd's and imgtool's servers list differently"
+  done
+  LAST_OUT=$q
+}
+serve q lx -t -r -x ex -D "a description" --object "$X509_SRV" --tls-creds=t0 q.qcow2
+serve o lx -t -r -x ex -D "a description" --object "$X509_SRV" --tls-creds=t0 o.qcow2
+QS=$SOCKDIR/q/lx.sock OS=$SOCKDIR/o/lx.sock
+listing -k @S@ --object "$X509_CLI" --tls-creds=c0 --tls-hostname=localhost
+checks=$((checks + 1))
+[[ "$LAST_OUT" == *"export: 'ex'"*"description: a description"*rc=0 ]] ||
+  fail "-L over TLS: $LAST_OUT"
+listing -k @S@ --object "$X509_CLI,verify-peer=off" --tls-creds=c0
+listing -k @S@ --object "$X509_CLI" --tls-creds=c0
+listing -k @S@
+listing -k @S@ --object "$X509_SRV" --tls-creds=t0
+listing -k @S@ --object "$X509_CLI" --tls-creds=c0 --tls-authz=a0
+listing -k @S@ --object "$X509_CLI" --tls-creds=zz
+stop q lx
+stop o lx
+serve q lp -t -r --object "$PSK_SRV" --tls-creds=t0 q.qcow2
+serve o lp -t -r --object "$PSK_SRV" --tls-creds=t0 o.qcow2
+QS=$SOCKDIR/q/lp.sock OS=$SOCKDIR/o/lp.sock
+listing -k @S@ --object "$PSK_CLI" --tls-creds=c0
+listing -k @S@ --object "$X509_CLI" --tls-creds=c0 --tls-hostname=localhost
+stop q lp
+stop o lp
+serve q ln -t -r q.qcow2
+serve o ln -t -r o.qcow2
+QS=$SOCKDIR/q/ln.sock OS=$SOCKDIR/o/ln.sock
+listing -k @S@ --object "$X509_CLI" --tls-creds=c0 --tls-hostname=localhost
+listing -k @S@ --object "$PSK_CLI" --tls-creds=c0
+stop q ln
+stop o ln
+
 # --- --tls-authz -------------------------------------------------------------
 # An authz-simple object allows one distinguished name (gnutls's order:
 # "O=imgtool test,CN=client"); another is refused after the handshake with
