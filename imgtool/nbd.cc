@@ -512,10 +512,6 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
                                       creds.status().message()));
     }
     a.export_options.tls = a.tls.get();
-    a.export_options.report = [name](const std::string& message) {
-      std::cerr << name << ": option negotiation failed: " << message
-                << std::endl;
-    };
   } else if (a.tls_authz.has_value()) {
     return absl::InvalidArgumentError(
         "--tls-authz is not permitted without --tls-creds");
@@ -523,6 +519,11 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
     return absl::InvalidArgumentError(
         "--tls-hostname is not permitted without --tls-creds");
   }
+  // Negotiation failures as qemu-nbd prints them (with or without TLS).
+  a.export_options.report = [name](const std::string& message) {
+    std::cerr << name << ": option negotiation failed: " << message
+              << std::endl;
+  };
   return CheckAddress(a);
 }
 

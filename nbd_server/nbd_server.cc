@@ -324,10 +324,20 @@ io::Task<size_t> Server::RecvSome(int fd, void* data, size_t length) {
     const ssize_t r = tls != nullptr ? tls->Recv(data, length)
                                      : recv(fd, data, length, MSG_DONTWAIT);
     if (r > 0) co_return static_cast<size_t>(r);
-    if (r == 0) co_return 0;
+    if (r == 0) {
+      read_error_ = tls != nullptr
+                        ? tls->ReadError()
+                        : "Unexpected end-of-file before all data were read";
+      co_return 0;
+    }
     if (tls != nullptr ? r == -1 : (errno == EAGAIN || errno == EWOULDBLOCK)) {
       co_await WaitFd(fd, POLLIN);
-    } else if (tls != nullptr || errno != EINTR) {
+    } else if (tls != nullptr) {
+      read_error_ = tls->ReadError();
+      co_return 0;
+    } else if (errno != EINTR) {
+      read_error_ = absl::StrCat("Unable to read from socket: ",
+                                 std::strerror(errno));
       co_return 0;
     }
   }
@@ -362,6 +372,12 @@ io::Task<bool> Server::ReadBuffered(Connection& conn, void* data,
     if (conn.rx_end == 0) co_return false;
   }
   co_return true;
+}
+
+void Server::ReportRead(const char* what) {
+  if (!options_.report) return;
+  options_.report(*what == '\0' ? read_error_
+                                : absl::StrCat(what, ": ", read_error_));
 }
 
 io::Task<bool> Server::WriteFull(int fd, const struct iovec* iov, int iovcnt) {
@@ -786,22 +802,42 @@ io::Task<bool> Server::Handshake(Connection& conn) {
   Put16(hello, kFlagFixedNewstyle | kFlagNoZeroes);
   const struct iovec iov = {hello.data(), hello.size()};
   if (!co_await WriteFull(conn.fd, &iov, 1)) co_return false;
+  auto report = [this](std::string text) {
+    if (options_.report) options_.report(text);
+  };
   uint8_t b[16];
-  if (!co_await ReadFull(conn.fd, b, 4)) co_return false;
+  if (!co_await ReadFull(conn.fd, b, 4)) {
+    ReportRead("Failed to read flags");
+    co_return false;
+  }
   const uint32_t client_flags = Get32(b);
-  if ((client_flags & ~uint32_t{kFlagFixedNewstyle | kFlagNoZeroes}) != 0) {
+  if (const uint32_t unknown =
+          client_flags & ~uint32_t{kFlagFixedNewstyle | kFlagNoZeroes};
+      unknown != 0) {
+    report(absl::StrFormat("Unknown client flags 0x%x received", unknown));
     co_return false;
   }
   conn.no_zeroes = (client_flags & kFlagNoZeroes) != 0;
   std::string data;
   while (true) {
-    if (!co_await ReadFull(conn.fd, b, 16)) {
-      if (conn.tls != nullptr && options_.report) {
-        options_.report("Failed to read opts magic: " + conn.tls->ReadError());
-      }
+    // Magic, option and length read one by one, as QEMU (its message
+    // names the field a closed stream cut).
+    if (!co_await ReadFull(conn.fd, b, 8)) {
+      ReportRead("Failed to read opts magic");
       co_return false;
     }
-    if (Get64(b) != kOptMagic) co_return false;
+    if (Get64(b) != kOptMagic) {
+      report("Bad magic received");
+      co_return false;
+    }
+    if (!co_await ReadFull(conn.fd, b + 8, 4)) {
+      ReportRead("Failed to read option");
+      co_return false;
+    }
+    if (!co_await ReadFull(conn.fd, b + 12, 4)) {
+      ReportRead("Failed to read option length");
+      co_return false;
+    }
     const uint32_t option = Get32(b + 8);
     const uint32_t length = Get32(b + 12);
     if (options_.tls != nullptr && conn.tls == nullptr) {
@@ -813,7 +849,10 @@ io::Task<bool> Server::Handshake(Connection& conn) {
         }
         co_return false;
       }
-      if (!co_await Drop(conn.fd, length)) co_return false;
+      if (!co_await Drop(conn.fd, length)) {
+        ReportRead("");
+        co_return false;
+      }
       if (option == kOptStartTls) {
         if (length != 0) {
           co_await SendOptionReply(conn, option, kRepErrInvalid,
@@ -841,7 +880,10 @@ io::Task<bool> Server::Handshake(Connection& conn) {
         option == kOptStructuredReply || option == kOptListMetaContext ||
         option == kOptSetMetaContext;
     if (!known) {
-      if (!co_await Drop(conn.fd, length)) co_return false;
+      if (!co_await Drop(conn.fd, length)) {
+        ReportRead("");
+        co_return false;
+      }
       uint32_t type = option == kOptStartTls ? kRepErrPolicy : kRepErrUnsup;
       std::string message;  // qemu's texts for STARTTLS
       if (option == kOptStartTls) {
@@ -856,21 +898,33 @@ io::Task<bool> Server::Handshake(Connection& conn) {
       }
       continue;
     }
-    if (option == kOptExportName && length > kMaxName) co_return false;
+    if (option == kOptExportName && length > kMaxName) {
+      report("Bad length received");
+      co_return false;
+    }
     if (length > kMaxOptionData) {
-      if (!co_await Drop(conn.fd, length)) co_return false;
+      if (!co_await Drop(conn.fd, length)) {
+        ReportRead("");
+        co_return false;
+      }
       if (!co_await SendOptionReply(conn, option, kRepErrInvalid, "")) {
         co_return false;
       }
       continue;
     }
     data.resize(length);
-    if (!co_await ReadFull(conn.fd, data.data(), length)) co_return false;
+    if (!co_await ReadFull(conn.fd, data.data(), length)) {
+      ReportRead(option == kOptExportName ? "Failed to read export name" : "");
+      co_return false;
+    }
     const auto* p = reinterpret_cast<const uint8_t*>(data.data());
     bool valid = true;
     switch (option) {
       case kOptExportName: {
-        if (data != options_.name) co_return false;
+        if (data != options_.name) {
+          report("export not found");
+          co_return false;
+        }
         std::string reply;
         Put64(reply, options_.size);
         Put16(reply, TransmissionFlags(conn));

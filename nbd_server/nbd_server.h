@@ -67,7 +67,8 @@
 // connection. Afterwards every byte of the connection goes through the
 // session's records (ReadFull / WriteFull pick the session by fd); a reply
 // is corked into one write. Negotiation failures that qemu-nbd prints
-// ("option negotiation failed: ...") go to ExportOptions::report.
+// ("option negotiation failed: ...") go to ExportOptions::report, with or
+// without TLS.
 //
 // Design: one process, one thread (the io engine's). Every socket is
 // non-blocking; a coroutine that would block registers itself as the
@@ -169,8 +170,16 @@ struct ExportOptions {
   // --tls-creds: TLS required of every client (not owned; outlives the
   // server). nullptr: no TLS.
   const TlsServerCreds* tls = nullptr;
-  // Receives the text of a negotiation failure qemu-nbd reports on stderr
-  // (TLS only, e.g. "TLS handshake failed: ..."); may be empty.
+  // Receives the text of a negotiation failure qemu-nbd 7.2 reports on
+  // stderr after "option negotiation failed: " (nbd_negotiate_options'
+  // errors, nbd/server.c): TLS ("TLS handshake failed: ..."), "Failed to
+  // read flags: E", "Unknown client flags 0xN received", "Failed to read
+  // opts magic: E", "Bad magic received", "Failed to read option: E",
+  // "Failed to read option length: E", "Failed to read export name: E",
+  // "Bad length received", "export not found", and E alone for an option's
+  // other data; E is "Unexpected end-of-file before all data were read" or
+  // "Unable to read from socket: <strerror>" (QEMU's channel words). Write
+  // failures are not reported. May be empty.
   std::function<void(const std::string&)> report;
 };
 
@@ -240,7 +249,13 @@ class Server {
   io::Task<size_t> RecvSome(int fd, void* data, size_t length);
 
   io::Task<void> WaitFd(int fd, int events);
+  // False when the stream ended or failed first; read_error_ then says
+  // why, in QEMU's words (read it before the next co_await).
   io::Task<bool> ReadFull(int fd, void* data, size_t length);
+  // Reports "`what`: <read_error_>" (or the error alone when `what` is
+  // empty) through ExportOptions::report.
+  void ReportRead(const char* what);
+  std::string read_error_;
   io::Task<bool> WriteFull(int fd, const struct iovec* iov, int iovcnt);
   io::Task<bool> Drop(int fd, uint64_t length);
   io::Task<bool> StartTls(Connection& conn);
