@@ -9,7 +9,12 @@
 // flight and closes. Settings byte: bit 0 read-only, bit 1 the
 // qemu:allocation-depth context, bit 2 a dirty bitmap "b0" (dirty
 // [64 KiB, 128 KiB) and [512 KiB, 516 KiB)), bit 3 detect-zeroes, bit 4
-// discard=unmap, bit 5 write-through. Neither may crash, leak (libFuzzer's leak check), hang
+// discard=unmap, bit 5 write-through, bit 6 TLS required (PSK credentials
+// written at the first run into a temporary directory, removed at exit:
+// options before STARTTLS get NBD_REP_ERR_TLS_REQD, STARTTLS is acknowledged
+// and the rest of the input is the client's side of the TLS handshake,
+// which GnuTLS refuses unless the fuzzer builds a ClientHello; the PSK key
+// is not in the input, so no input gets past the handshake). Neither may crash, leak (libFuzzer's leak check), hang
 // (libFuzzer's -timeout), write outside the export (the MemoryNode keeps
 // its 1 MiB: a write past it would fail and is checked after the run), or
 // take memory beyond what the server holds by design (kMaxRequests buffers
@@ -20,6 +25,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <string>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -28,7 +35,9 @@
 #include "absl/status/status.h"
 #include "io/engine.h"
 #include "io/testing/memory_node.h"
+#include "block/objects.h"
 #include "nbd_server/nbd_server.h"
+#include "nbd_server/tls.h"
 
 namespace imgtool::nbd_server {
 namespace {
@@ -49,6 +58,38 @@ io::Engine& FuzzEngine() {
     return e->release();
   }();
   return *engine;
+}
+
+// PSK server credentials from a keys.psk in a temporary directory made at
+// the first call; the directory is removed at exit (GnuTLS reads the file
+// at each handshake).
+const TlsServerCreds* FuzzTls() {
+  static const TlsServerCreds* creds = [] {
+    static std::string dir = "/tmp/server_fuzzer_tls.XXXXXX";
+    if (mkdtemp(dir.data()) == nullptr) {
+      std::perror("server_fuzzer: mkdtemp");
+      std::abort();
+    }
+    std::ofstream(dir + "/keys.psk")
+        << "qemu:00112233445566778899aabbccddeeff\n";
+    std::atexit([] {
+      unlink((dir + "/keys.psk").c_str());
+      rmdir(dir.c_str());
+    });
+    block::ObjectRegistry::TlsCreds c;
+    c.psk = true;
+    c.server = true;
+    c.dir = dir;
+    absl::StatusOr<std::unique_ptr<TlsServerCreds>> loaded =
+        TlsServerCreds::Load(c);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "server_fuzzer: %s\n",
+                   loaded.status().ToString().c_str());
+      std::abort();
+    }
+    return loaded->release();
+  }();
+  return creds;
 }
 
 std::vector<uint8_t> ExportBytes() {
@@ -78,6 +119,7 @@ void Run(const uint8_t* data, size_t size) {
   options.detect_zeroes_unmap = options.detect_zeroes;
   options.discard_unmap = (settings & 16) != 0;
   options.write_through = (settings & 32) != 0;
+  if ((settings & 64) != 0) options.tls = FuzzTls();
   options.max_connections = 1;
 
   int fds[2];

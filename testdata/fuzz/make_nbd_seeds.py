@@ -4,7 +4,7 @@
 Run from the repository root: python3 testdata/fuzz/make_nbd_seeds.py.
 Each seed is what server_fuzzer.cc takes: one settings byte (bit 0
 read-only, 1 allocation-depth, 2 bitmap "b0", 3 detect-zeroes, 4
-discard=unmap, 5 write-through), then the bytes a client sends: its 4
+discard=unmap, 5 write-through, 6 TLS required (PSK)), then the bytes a client sends: its 4
 handshake flags, options (doc/proto.md "Option haggling"), then requests
 ("Transmission").
 The export is 1 MiB, named "".
@@ -101,6 +101,21 @@ seeds = {
     # A WRITE announcing 32 MiB whose payload stops short.
     "write_short_payload": b"\x00" + HELLO + go() +
     req(WRITE, 0, 32 << 20, payload=b"\x22" * 5000),
+    # TLS required: options before STARTTLS (TLS_REQD), EXPORT_NAME
+    # before TLS (closes).
+    "tls_required_options": b"\x40" + HELLO + opt(OPT_LIST) +
+    opt(OPT_STRUCTURED) + go() + meta(OPT_LIST_META, [b"base:"]) +
+    opt(0x1234, b"x" * 10) + opt(OPT_ABORT),
+    "tls_export_name": b"\x40" + HELLO + opt(OPT_INFO, b"ab") +
+    opt(OPT_EXPORT_NAME),
+    # STARTTLS with data (refused), and STARTTLS then garbage, then a TLS
+    # record header with a truncated ClientHello.
+    "tls_starttls_data": b"\x40" + HELLO + opt(OPT_STARTTLS, b"zz"),
+    "tls_handshake_garbage": b"\x40" + HELLO + opt(OPT_STARTTLS) +
+    b"\x00garbage" * 8,
+    "tls_client_hello": b"\x40" + HELLO + opt(OPT_LIST) + opt(OPT_STARTTLS) +
+    b"\x16\x03\x01\x00\x40\x01\x00\x00\x3c\x03\x03" + bytes(32) +
+    b"\x00\x00\x04\x00\xa8\x00\xff\x01\x00",
     # A bad option magic right after the flags.
     "bad_option_magic": b"\x00" + HELLO + b"\x00" * 16,
 }
