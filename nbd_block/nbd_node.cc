@@ -195,12 +195,10 @@ int OnComplete(void* user_data, int* error) {
 int OnExtent(void* user_data, const char* context, uint64_t /*offset*/,
              uint32_t* entries, size_t nr_entries, int* /*error*/) {
   auto* command = static_cast<NbdNode::Command*>(user_data);
-  if (context != command->node->context()) return 0;
-  if (nr_entries >= 2 && !command->have_extent) {
-    command->have_extent = true;
-    command->extent_length = entries[0];
-    command->extent_flags = entries[1];
+  if (context != command->node->context() || !command->extents.empty()) {
+    return 0;
   }
+  command->extents.assign(entries, entries + (nr_entries & ~size_t{1}));
   return 0;
 }
 
@@ -786,6 +784,7 @@ io::Task<bool> NbdNode::Reconnect(Connection& c, uint64_t generation) {
     }
     if (h.ok()) {
       Adopt(c, *h);
+      ForgetStatus();  // the server may have started again on other data
       ++c.generation;
       ++reconnects_;
       c.lost_at_ms.reset();
@@ -840,12 +839,15 @@ io::Task<absl::Status> NbdNode::DoWrite(uint64_t offset, io::ConstIoVec data) {
   if (offset > size_ || data.size() > size_ - offset) {
     co_return ErrnoStatus(filename(), "write", EINVAL);
   }
-  co_return co_await InPieces(
+  ForgetStatus();
+  absl::Status st = co_await InPieces(
       data.size(), max_request_, "write", Effect::kWrites,
       [&](nbd_handle* h, uint64_t done, uint64_t n, Command* command) {
         return Nbd().nbd_aio_pwrite(h, data.data() + done, n, offset + done,
                                     Completion(command), 0);
       });
+  ForgetStatus();
+  co_return st;
 }
 
 io::Task<absl::Status> NbdNode::DoWriteZeroes(uint64_t offset, uint64_t length,
@@ -857,12 +859,14 @@ io::Task<absl::Status> NbdNode::DoWriteZeroes(uint64_t offset, uint64_t length,
   if (!flags.may_unmap) cmd_flags |= LIBNBD_CMD_FLAG_NO_HOLE;
   if (flags.no_fallback) cmd_flags |= LIBNBD_CMD_FLAG_FAST_ZERO;
   constexpr uint64_t kMaxZero = uint64_t{1} << 30;
+  ForgetStatus();
   absl::Status st = co_await InPieces(
       length, kMaxZero, "write zeroes", Effect::kWrites,
       [&](nbd_handle* h, uint64_t done, uint64_t n, Command* command) {
         return Nbd().nbd_aio_zero(h, n, offset + done, Completion(command),
                                   cmd_flags);
       });
+  ForgetStatus();
   if (!st.ok() && flags.no_fallback && StatusErrno(st) == ENOTSUP) {
     co_return absl::UnimplementedError("Operation not supported");
   }
@@ -872,11 +876,14 @@ io::Task<absl::Status> NbdNode::DoWriteZeroes(uint64_t offset, uint64_t length,
 io::Task<absl::Status> NbdNode::DoDiscard(uint64_t offset, uint64_t length) {
   if (!can_trim_) co_return absl::OkStatus();  // QEMU: nothing to do
   constexpr uint64_t kMaxTrim = uint64_t{1} << 30;
-  co_return co_await InPieces(
+  ForgetStatus();
+  absl::Status st = co_await InPieces(
       length, kMaxTrim, "discard", Effect::kWrites,
       [&](nbd_handle* h, uint64_t done, uint64_t n, Command* command) {
         return Nbd().nbd_aio_trim(h, n, offset + done, Completion(command), 0);
       });
+  ForgetStatus();
+  co_return st;
 }
 
 io::Task<absl::Status> NbdNode::DoFlush() {
@@ -924,16 +931,35 @@ io::Task<absl::StatusOr<io::BlockStatus>> NbdNode::DoGetBlockStatus(
     status.data = true;
     co_return status;
   }
+  // The extent holding `offset` as the status (flags as base:allocation's).
+  auto answer = [&](uint64_t extent_end, uint32_t flags) {
+    status.length = std::min(status.length, extent_end - offset);
+    // qemu:allocation-depth through x-dirty-bitmap: depths above 2 as 2.
+    if (allocation_depth_ && flags > 2) flags = 2;
+    status.data = (flags & LIBNBD_STATE_HOLE) == 0;
+    status.zero = (flags & LIBNBD_STATE_ZERO) != 0;
+    return status;
+  };
+  if (!held_.empty() && offset >= status_start_ &&
+      offset < held_.back().end) {
+    auto it = std::upper_bound(
+        held_.begin(), held_.end(), offset,
+        [](uint64_t o, const HeldExtent& e) { return o < e.end; });
+    co_return answer(it->end, it->flags);
+  }
+  // Everything to the end (see the header), within one request's length.
   constexpr uint64_t kMaxStatus = (uint64_t{INT_MAX} / 512) * 512;
-  const uint64_t asked = std::min(status.length, kMaxStatus);
+  const uint64_t asked = std::min(size_ - offset, kMaxStatus);
+  const uint64_t epoch = status_epoch_;
   Command command;
+  ++block_status_requests_;
   absl::Status st = co_await Run(
       "block status", command, [&](nbd_handle* h, Command* c) {
         return Nbd().nbd_aio_block_status(
             h, asked, offset,
             nbd_extent_callback{
                 .callback = OnExtent, .user_data = c, .free = nullptr},
-            Completion(c), LIBNBD_CMD_FLAG_REQ_ONE);
+            Completion(c), 0);
       });
   if (!st.ok()) {
     // QEMU's block status fails with the errno alone ("Could not read file
@@ -943,17 +969,24 @@ io::Task<absl::StatusOr<io::BlockStatus>> NbdNode::DoGetBlockStatus(
     }
     co_return st;
   }
-  if (!command.have_extent || command.extent_length == 0) {
-    status.length = asked;
+  // The extents up to the first empty one, cut at the export's end.
+  std::vector<HeldExtent> extents;
+  uint64_t end = offset;
+  for (size_t i = 0; i + 1 < command.extents.size() && end < size_; i += 2) {
+    if (command.extents[i] == 0) break;
+    end = std::min(end + command.extents[i], size_);
+    extents.push_back(HeldExtent{end, command.extents[i + 1]});
+  }
+  if (extents.empty()) {
+    status.length = std::min(status.length, asked);
     status.data = true;
     co_return status;
   }
-  status.length = std::min<uint64_t>(command.extent_length, asked);
-  // qemu:allocation-depth through x-dirty-bitmap: depths above 2 as 2.
-  if (allocation_depth_ && command.extent_flags > 2) command.extent_flags = 2;
-  status.data = (command.extent_flags & LIBNBD_STATE_HOLE) == 0;
-  status.zero = (command.extent_flags & LIBNBD_STATE_ZERO) != 0;
-  co_return status;
+  if (epoch == status_epoch_) {  // no write of this node's since it asked
+    status_start_ = offset;
+    held_ = extents;
+  }
+  co_return answer(extents.front().end, extents.front().flags);
 }
 
 io::Task<absl::Status> NbdNode::Close() {

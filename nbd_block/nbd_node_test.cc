@@ -3,11 +3,19 @@
 // displayed "image:" name, or the error text).
 #include "nbd_block/nbd_node.h"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "io/engine.h"
 
 namespace imgtool::nbd_block {
 namespace {
@@ -119,6 +127,106 @@ TEST(NbdNamesTest, OptionErrorsAsQemuImg) {
                    {"server.path", "/s"},
                    {"multi-conn", "16"}}),
             "nbd+unix://?socket=/s");
+}
+
+// An nbdkit memory export (8 MiB, sparse: unwritten ranges are holes that
+// read as zeroes) on a unix socket, killed at the end.
+class NbdkitMemory {
+ public:
+  NbdkitMemory() {
+    // Under /tmp: a unix socket path must stay under 108 bytes (Bazel's
+    // TEST_TMPDIR is longer).
+    dir_ = "/tmp/nbdkit.XXXXXX";
+    if (mkdtemp(dir_.data()) == nullptr) return;
+    // nbdkit forks into the background once it listens (-P: its pid).
+    started_ = std::system(absl::StrCat("nbdkit -U ", socket(), " -P ", dir_,
+                                        "/pid memory 8M")
+                               .c_str()) == 0;
+  }
+  ~NbdkitMemory() {
+    std::ifstream pid_file(dir_ + "/pid");
+    pid_t pid = 0;
+    if (pid_file >> pid && pid > 0) kill(pid, SIGTERM);
+    unlink((dir_ + "/pid").c_str());
+    unlink(socket().c_str());
+    rmdir(dir_.c_str());
+  }
+  bool started() const { return started_; }
+  std::string socket() const { return dir_ + "/s"; }
+
+ private:
+  std::string dir_;
+  bool started_ = false;
+};
+
+// The extents a BLOCK_STATUS reply gave answer the queries inside them
+// without another request, and are dropped by this node's writes, write
+// zeroes and discards (nbd_node.h, "Block status").
+TEST(NbdNodeTest, HeldExtentsAnswerQueriesUntilTheNodeWrites) {
+  if (std::system("command -v nbdkit >/dev/null") != 0) {
+    GTEST_SKIP() << "nbdkit not installed (tools/setup.sh)";
+  }
+  NbdkitMemory server;
+  ASSERT_TRUE(server.started());
+  auto engine = io::CreateEngine(io::EngineKind::kThreads, 16, nullptr);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  NbdAddress address;
+  address.is_unix = true;
+  address.path = server.socket();
+  auto node = NbdNode::Open("nbd", address, engine->get(), false);
+  ASSERT_TRUE(node.ok()) << node.status();
+  NbdNode& n = **node;
+  constexpr uint64_t kMiB = 1 << 20;
+  auto status = [&](uint64_t offset, uint64_t length) {
+    absl::StatusOr<io::BlockStatus> st =
+        io::RunSync(**engine, n.GetBlockStatus(offset, length));
+    EXPECT_TRUE(st.ok()) << st.status();
+    return st.ok() ? *st : io::BlockStatus{};
+  };
+  // All hole: one request, asked from 0 to the end; the next query is
+  // answered from it.
+  io::BlockStatus s = status(0, 8 * kMiB);
+  EXPECT_EQ(s.length, 8 * kMiB);
+  EXPECT_FALSE(s.data);
+  EXPECT_TRUE(s.zero);
+  s = status(4 * kMiB, kMiB);
+  EXPECT_EQ(s.length, kMiB);
+  EXPECT_FALSE(s.data);
+  EXPECT_EQ(n.block_status_requests(), 1u);
+  // A write: the held extents (a hole at 4 MiB) are no longer used.
+  std::vector<uint8_t> data(64 << 10, 0x5a);
+  ASSERT_TRUE(io::RunSync(**engine, n.Write(4 * kMiB, data)).ok());
+  s = status(4 * kMiB, kMiB);
+  EXPECT_TRUE(s.data);
+  EXPECT_EQ(s.length, 64u << 10);
+  EXPECT_EQ(n.block_status_requests(), 2u);
+  // From the reply at 4 MiB: the hole after the data, no request.
+  s = status(4 * kMiB + (64 << 10), kMiB);
+  EXPECT_FALSE(s.data);
+  EXPECT_EQ(n.block_status_requests(), 2u);
+  // Before 4 MiB: not held, asked.
+  s = status(0, 8 * kMiB);
+  EXPECT_EQ(s.length, 4 * kMiB);
+  EXPECT_FALSE(s.data);
+  EXPECT_EQ(n.block_status_requests(), 3u);
+  // Discard and write zeroes drop them too.
+  ASSERT_TRUE(io::RunSync(**engine, n.Discard(4 * kMiB, 64 << 10)).ok());
+  s = status(4 * kMiB, 8 * kMiB);
+  EXPECT_FALSE(s.data);
+  EXPECT_EQ(s.length, 4 * kMiB);
+  ASSERT_TRUE(io::RunSync(**engine, n.Write(kMiB, data)).ok());
+  s = status(0, 8 * kMiB);
+  EXPECT_EQ(s.length, kMiB);
+  EXPECT_FALSE(s.data);
+  ASSERT_TRUE(
+      io::RunSync(**engine, n.WriteZeroes(kMiB, 64 << 10,
+                                          io::WriteZeroesFlags{.may_unmap = true}))
+          .ok());
+  s = status(kMiB, kMiB);
+  EXPECT_FALSE(s.data);
+  EXPECT_TRUE(s.zero);
+  EXPECT_EQ(n.block_status_requests(), 6u);
+  ASSERT_TRUE(io::RunSync(**engine, n.Close()).ok());
 }
 
 }  // namespace
