@@ -825,12 +825,32 @@ io::Task<absl::Status> NbdNode::DoRead(uint64_t offset, io::IoVec buf) {
   if (readable < buf.size()) {
     std::memset(buf.data() + readable, 0, buf.size() - readable);
   }
-  co_return co_await InPieces(
-      readable, max_request_, "read", Effect::kNone,
-      [&](nbd_handle* h, uint64_t done, uint64_t n, Command* command) {
-        return Nbd().nbd_aio_pread(h, buf.data() + done, n, offset + done,
-                                   Completion(command), 0);
-      });
+  // Pieces of at most kReadPiece, all sent at once (see the header).
+  const uint64_t piece = std::min(kReadPiece, max_request_);
+  if (readable <= piece) {
+    co_return co_await ReadPiece(offset, io::IoVec(buf.data(), readable));
+  }
+  uint64_t running = (readable + piece - 1) / piece;
+  absl::Status first;
+  io::Event all_done;
+  for (uint64_t done = 0; done < readable; done += piece) {
+    const uint64_t n = std::min(piece, readable - done);
+    io::Spawn(ReadPiece(offset + done, io::IoVec(buf.data() + done, n)),
+              [&](absl::Status st) {
+                if (first.ok()) first = std::move(st);
+                if (--running == 0) all_done.Set();
+              });
+  }
+  co_await all_done.Wait();
+  co_return first;
+}
+
+io::Task<absl::Status> NbdNode::ReadPiece(uint64_t offset, io::IoVec buf) {
+  Command command;
+  co_return co_await Run("read", command, [&](nbd_handle* h, Command* c) {
+    return Nbd().nbd_aio_pread(h, buf.data(), buf.size(), offset,
+                               Completion(c), 0);
+  });
 }
 
 io::Task<absl::Status> NbdNode::DoWrite(uint64_t offset, io::ConstIoVec data) {
