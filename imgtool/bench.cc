@@ -20,7 +20,12 @@
 // Linux AIO (io::AioEngine) and, as in qemu-img, need -t none or
 // directsync; the default engine is io_uring (qemu-img's is threads).
 // Beyond qemu-img: --output=json prints a BenchResult (bench_result.proto)
-// with IOPS, bandwidth and latency percentiles, and nothing else.
+// with IOPS, bandwidth and latency percentiles, and nothing else; and
+// --random[=SEED] (an imgtool extension, issue 20; qemu-img bench has none)
+// sends each request at a pseudo-random offset instead of offset + step:
+// slot * SIZE with slot = SplitMix64(seed) % (image_size / SIZE), one
+// generator draw per request in the order requests are sent, so a seed
+// gives the same offsets on every run. -S and -o are refused with it.
 #include <getopt.h>
 
 #include <algorithm>
@@ -115,6 +120,15 @@ uint64_t NowNs() {
       .count();
 }
 
+// SplitMix64 (Steele, Lea, Flood, "Fast splittable pseudorandom number
+// generators", OOPSLA 2014): the next value of the sequence for `state`.
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 // Shared by the workers; owned by RunRequests until every worker returned.
 struct BenchState {
   io::BlockNode* node = nullptr;
@@ -122,6 +136,8 @@ struct BenchState {
   uint64_t image_size = 0;
   uint64_t request_size = 0;
   uint64_t step = 0;
+  bool random = false;       // --random: offsets from `rng`, not + step
+  uint64_t rng = 0;          // SplitMix64 state, starts at the seed
   uint64_t flush_interval = 0;
   bool drain = true;
   LatencyHistogram* latency = nullptr;  // only for --output=json
@@ -172,7 +188,13 @@ io::Task<void> Worker(BenchState* s, io::IoVec buf) {
       co_await Park{*s};
       continue;
     }
-    const uint64_t offset = s->next_offset;
+    uint64_t offset = s->next_offset;
+    if (s->random) {
+      // An image smaller than one request keeps offset 0: the range check
+      // below fails it as it fails a sequential run.
+      const uint64_t slots = s->image_size / s->request_size;
+      offset = slots == 0 ? 0 : (SplitMix64(s->rng) % slots) * s->request_size;
+    }
     ++s->in_flight;
     s->next_offset =
         s->image_size == 0 ? 0 : (offset + s->step) % s->image_size;
@@ -227,6 +249,10 @@ struct BenchArgs {
   bool drain = true;
   bool json = false;
   bool help = false;
+  bool random = false;  // --random
+  uint64_t seed = 1;    // --random=SEED
+  bool step_given = false;
+  bool offset_given = false;
 };
 
 // qemu_strtoul(text, NULL, 0) followed by a `<= max` check: strtoul's
@@ -273,6 +299,7 @@ enum LongOption {
   kNoDrain,
   kImageOpts,
   kOutput,
+  kRandom,
 };
 
 const struct option kLongOptions[] = {
@@ -283,6 +310,7 @@ const struct option kLongOptions[] = {
     {"flush-interval", required_argument, nullptr, kFlushInterval},
     {"force-share", no_argument, nullptr, 'U'},
     {"output", required_argument, nullptr, kOutput},
+    {"random", optional_argument, nullptr, kRandom},
     {nullptr, 0, nullptr, 0},
 };
 
@@ -291,7 +319,7 @@ constexpr char kHelp[] =
     "[--flush-interval=N] [-i AIO] [-n]\n"
     "        [--no-drain] [-o OFFSET] [--pattern=BYTE] [-q] [-s SIZE] "
     "[-S STEP] [-t CACHE] [-w]\n"
-    "        [-U] [--output=human|json] FILE\n"
+    "        [-U] [--output=human|json] [--random[=SEED]] FILE\n"
     "Sends COUNT requests of SIZE bytes to an image, DEPTH at a time, and "
     "times them.\n"
     "  -c COUNT              requests in all (default 75000)\n"
@@ -318,7 +346,12 @@ constexpr char kHelp[] =
     "directsync, unsafe\n"
     "  -w                    write instead of read\n"
     "  -U, --force-share     open read-only without taking the image locks\n"
-    "  --output=human|json   json: IOPS, bandwidth and latency percentiles\n";
+    "  --output=human|json   json: IOPS, bandwidth and latency percentiles\n"
+    "  --random[=SEED]       imgtool extension: each request at a "
+    "pseudo-random\n"
+    "                        multiple of SIZE within the image, the same for "
+    "a\n"
+    "                        SEED (default 1); not with -S or -o\n";
 
 absl::Status HandleOption(BenchArgs& a, int option, const std::string& arg) {
   const char* text = arg.c_str();
@@ -351,6 +384,7 @@ absl::Status HandleOption(BenchArgs& a, int option, const std::string& arg) {
     }
     case 'o': {
       ASSIGN_OR_RETURN(a.offset, ParseSizeArg("offset", text, kInt64Max));
+      a.offset_given = true;
       return absl::OkStatus();
     }
     case 'q':
@@ -361,6 +395,7 @@ absl::Status HandleOption(BenchArgs& a, int option, const std::string& arg) {
     }
     case 'S': {
       ASSIGN_OR_RETURN(a.step, ParseSizeArg("step_size", text, kIntMax));
+      a.step_given = true;
       return absl::OkStatus();
     }
     case 't': {
@@ -394,6 +429,14 @@ absl::Status HandleOption(BenchArgs& a, int option, const std::string& arg) {
       ASSIGN_OR_RETURN(a.json, ParseOutputFormat(arg));
       return absl::OkStatus();
     }
+    case kRandom: {
+      a.random = true;
+      if (!arg.empty()) {
+        ASSIGN_OR_RETURN(a.seed, ParseUnsigned(text, UINT64_MAX,
+                                               "Invalid random seed specified"));
+      }
+      return absl::OkStatus();
+    }
   }
   return absl::InternalError(absl::StrCat("bench: unhandled option ", option));
 }
@@ -420,6 +463,13 @@ absl::StatusOr<BenchArgs> ParseArgs(const std::vector<std::string>& args) {
     return absl::InvalidArgumentError(
         "Flush interval can't be smaller than depth");
   }
+  if (a.random && (a.step_given || a.offset_given)) {
+    return absl::InvalidArgumentError(
+        "--random can't be combined with -S or -o");
+  }
+  if (a.random && a.size == 0) {
+    return absl::InvalidArgumentError("--random needs a buffer size above 0");
+  }
   if (a.step == 0) a.step = a.size;
   a.spec.read_only = !a.write;
   a.spec.nbd_connections = kNbdCopyConnections;
@@ -441,6 +491,8 @@ absl::StatusOr<double> RunRequests(const BenchArgs& a, OpenedImage& image,
   s.image_size = VirtualSize(image);  // qemu-img: blk_getlength
   s.request_size = a.size;
   s.step = a.step;
+  s.random = a.random;
+  s.rng = a.seed;
   s.flush_interval = a.flush_interval;
   s.drain = a.drain;
   s.latency = latency;
@@ -503,11 +555,13 @@ absl::Status RunBench(const std::vector<std::string>& args, Streams streams) {
         "was not specified."));
   }
   if (!a.json) {
+    const std::string where =
+        a.random ? absl::StrFormat("random offsets, seed %d", a.seed)
+                 : absl::StrFormat("starting at offset %d, step size %d",
+                                   a.offset, a.step);
     streams.out << absl::StrFormat(
-        "Sending %d %s requests, %d bytes each, %d in parallel "
-        "(starting at offset %d, step size %d)\n",
-        a.count, a.write ? "write" : "read", a.size, a.depth, a.offset,
-        a.step);
+        "Sending %d %s requests, %d bytes each, %d in parallel (%s)\n",
+        a.count, a.write ? "write" : "read", a.size, a.depth, where);
     if (a.flush_interval != 0) {
       streams.out << absl::StrFormat("Sending flush every %d requests\n",
                                      a.flush_interval);
@@ -545,6 +599,8 @@ absl::Status RunBench(const std::vector<std::string>& args, Streams streams) {
   p->set_flush_interval(a.flush_interval);
   p->set_drain(a.drain);
   p->set_pattern(a.pattern);
+  p->set_random(a.random);
+  if (a.random) p->set_random_seed(a.seed);
   // Whole requests and bytes per second; times at nanosecond resolution.
   const double seconds = *elapsed;
   result.set_elapsed_seconds(std::round(seconds * 1e9) / 1e9);

@@ -113,6 +113,66 @@ TEST(BenchTest, WritesWrapAroundAtImageEndLikeQemuImg) {
   EXPECT_THAT(PagesWith(img, 0x00).size(), 16 - 7);
 }
 
+TEST(BenchTest, RandomOffsetsAreSplitMix64SlotsForTheSeed) {
+  // Slots SplitMix64(seed) % 16 of a 16-page image, one draw per request
+  // (computed independently in Python from the published algorithm):
+  // seed 1: 1 7 14 11 9 0; seed 7: 7 12 2 11 10 1. The image is 100 bytes
+  // longer than 16 pages: the tail is no slot, so nothing lands there.
+  struct Case {
+    std::vector<std::string> flag;
+    std::vector<int> pages;
+  };
+  for (const Case& c : {Case{{"--random"}, {0, 1, 7, 9, 11, 14}},
+                        Case{{"--random=1"}, {0, 1, 7, 9, 11, 14}},
+                        Case{{"--random=7"}, {1, 2, 7, 10, 11, 12}}}) {
+    SCOPED_TRACE(c.flag[0]);
+    const std::string img = MakeImage("random.raw", (64 << 10) + 100);
+    std::vector<std::string> args = {"-f", "raw", "-w", "-c", "6", "-d", "2",
+                                     "--pattern=0xaa"};
+    args.insert(args.end(), c.flag.begin(), c.flag.end());
+    args.push_back(img);
+    Result r = Bench(args);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_THAT(r.out, MatchesRegex("Sending 6 write requests, 4096 bytes "
+                                    "each, 2 in parallel \\(random offsets, "
+                                    "seed [17]\\)\nRun completed in "
+                                    "[0-9]+\\.[0-9]{3} seconds\\.\n"));
+    EXPECT_THAT(PagesWith(img, 0xaa), ::testing::ElementsAreArray(c.pages));
+    EXPECT_EQ(ReadFile(img).substr(16 * 4096), std::string(100, '\0'));
+  }
+}
+
+TEST(BenchTest, RandomOffsetsRefuseStepOffsetAndTooSmallImages) {
+  const std::string img = MakeImage("random-bad.raw", 64 << 10);
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"-S", "8k"},
+        std::vector<std::string>{"-o", "0"}}) {
+    std::vector<std::string> args = {"-f", "raw", "--random"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back(img);
+    Result r = Bench(args);
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status.message(), "--random can't be combined with -S or -o");
+  }
+  Result seed = Bench({"-f", "raw", "--random=x", img});
+  EXPECT_EQ(seed.status.message(), "Invalid random seed specified");
+  Result zero = Bench({"-f", "raw", "--random", "-s", "0", img});
+  EXPECT_EQ(zero.status.message(), "--random needs a buffer size above 0");
+  // Smaller than one request: the same I/O error as a sequential run.
+  const std::string tiny = MakeImage("random-tiny.raw", 512);
+  Result small = Bench({"-f", "raw", "--random", "-c", "1", tiny});
+  EXPECT_THAT(small.status.message(), HasSubstr("Failed request: "));
+}
+
+TEST(BenchTest, RandomOffsetsInJson) {
+  const std::string img = MakeImage("random-json.raw", 1 << 20);
+  Result r = Bench({"-f", "raw", "-c", "8", "--random=42", "--output=json",
+                    img});
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_THAT(r.out, HasSubstr("\"random\": true,"));
+  EXPECT_THAT(r.out, HasSubstr("\"random_seed\": 42"));
+}
+
 TEST(BenchTest, InterleavedWritesWithODirectFillEveryOtherPage) {
   const std::string img = MakeImage("interleave.raw", 256 << 10);
   Result r = Bench({"-f", "raw", "-w", "-t", "none", "-i", "threads", "-c",
@@ -302,6 +362,7 @@ TEST(BenchTest, HelpLooksLikeTheOtherCommands) {
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_THAT(r.out, ::testing::StartsWith("Usage: imgtool bench [-c COUNT] "));
   EXPECT_THAT(r.out, HasSubstr("\n  -t CACHE              none, writeback"));
+  EXPECT_THAT(r.out, HasSubstr("\n  --random[=SEED]       imgtool extension: "));
   EXPECT_EQ(Bench({"-h"}).out, r.out);
   EXPECT_EQ(r.err, "");
 }
