@@ -322,6 +322,23 @@ class DashboardTest(unittest.TestCase):
         self.assertRegex(dom.captions["chart-chain"],
                          r"^tool:imgtool / tool:qemu-img: rebase [0-9.]+, ")
 
+    def test_engine_lists_imgtool_against_the_ceiling(self):
+        # issue 20: per op and depth, imgtool io_uring / the best fio entry,
+        # under the engine chart, once per run (run1 and run2: 18 lines each)
+        lines = [l for run in dict(self.suites)["engine"]
+                 for l in results.target_lines("engine", run)]
+        self.assertEqual(len(lines), 36)
+        self.assertRegex(
+            lines[0], r"^randread depth 1, IOPS: imgtool io_uring [0-9,]+ / "
+            r"ceiling [0-9,]+ \(fio io_uring\), ratio [0-9]+\.[0-9]{2} "
+            r"\(target \u2265 0.95\): (met|MISSED)$")
+        block = "".join(
+            b.split("</ul>")[0] for b in self.page.split(
+                '<ul class="targets" data-suite="engine">')[1:])
+        items = block.split("</li>")[:-1]
+        self.assertEqual(len(items), 36)
+        self.assertIn(html.escape(lines[-1], quote=True), items[-1])
+
     def test_snapshot_lists_its_targets(self):
         # issue 18's targets under the snapshot chart, one line each, from
         # the medians of run2's file (results.target_lines), marked met or

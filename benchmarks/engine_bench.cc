@@ -1,16 +1,22 @@
-// Suite `engine`: the I/O engines under posix_file::FileNode (io_uring and the
-// thread pool) at queue depths 1..256, 4 KiB O_DIRECT random reads and writes
-// on a fully written raw file on an XFS loop mount, against fio (io_uring
-// engine, same file, request size and depth) as the ceiling.
+// Suite `engine`: the I/O engines under posix_file::FileNode (io_uring, Linux
+// AIO and the thread pool) at queue depths 1..256, 4 KiB O_DIRECT random
+// reads and writes on a fully written raw file on an XFS loop mount, against
+// fio's io_uring and libaio engines (same file, request size and depth). The
+// ceiling of a depth is the best of the fio entries (issue 20 part 1); the
+// report and dashboard derive it, the suite writes no entry of its own for it.
 //
-//   engine/fs:xfs/op:O/engine:E/depth:D/tool:imgtool
+//   engine/fs:xfs/op:O/engine:E/depth:D/tool:imgtool   E: io_uring, native
+//       (io::AioEngine, `-i native`), threads
 //       per iteration: a fresh engine (kind E, queue depth D) and FileNode
 //       (cache=none), then D workers issue 4 KiB requests at random aligned
 //       offsets for --seconds; open and close are not timed.
-//   engine/fs:xfs/op:O/engine:io_uring/depth:D/tool:fio
-//       per iteration: `fio --ioengine=io_uring --iodepth=D --direct=1
-//       --bs=4k --rw=randO --time_based --runtime=--seconds` as a subprocess,
-//       figures from its --output-format=json.
+//   engine/fs:xfs/op:O/engine:E/depth:D/tool:fio   E: io_uring,
+//       io_uring_fixedbufs, io_uring_registerfiles, io_uring_sqthread_poll
+//       (fio's io_uring options --fixedbufs, --registerfiles,
+//       --sqthread_poll=1), libaio
+//       per iteration: `fio --ioengine=io_uring|libaio [OPTION] --iodepth=D
+//       --direct=1 --bs=4k --rw=randO --time_based --runtime=--seconds` as a
+//       subprocess, figures from its --output-format=json.
 //   Counters: seconds (the measured run), IOPS, MiB_per_s.
 //
 // Result file contract: benchmarks/README.md ("Result files").
@@ -138,18 +144,21 @@ const google::protobuf::Value* Field(const google::protobuf::Value& v,
 }
 
 // fio on g_path; returns {seconds, requests} from its JSON output.
-absl::StatusOr<std::pair<double, uint64_t>> RunFio(int depth, bool write) {
+// `fio_engine` is --ioengine's value, `fio_option` one more option or "".
+absl::StatusOr<std::pair<double, uint64_t>> RunFio(
+    const std::string& fio_engine, const std::string& fio_option, int depth,
+    bool write) {
   const std::string ms = absl::StrCat(static_cast<int64_t>(g_seconds * 1000));
-  ASSIGN_OR_RETURN(
-      std::string out,
-      RunCommand({absl::GetFlag(FLAGS_fio), "--name=engine",
-                  "--filename=" + g_path, write ? "--rw=randwrite" : "--rw=randread",
-                  "--bs=4k", "--direct=1", "--ioengine=io_uring",
-                  absl::StrCat("--iodepth=", depth),
-                  absl::StrCat("--size=", g_file_size), "--time_based",
-                  "--runtime=" + ms + "ms", "--randrepeat=0", "--norandommap",
-                  "--output-format=json"},
-                 /*merge_stderr=*/false));
+  std::vector<std::string> argv = {
+      absl::GetFlag(FLAGS_fio), "--name=engine", "--filename=" + g_path,
+      write ? "--rw=randwrite" : "--rw=randread", "--bs=4k", "--direct=1",
+      "--ioengine=" + fio_engine, absl::StrCat("--iodepth=", depth),
+      absl::StrCat("--size=", g_file_size), "--time_based",
+      "--runtime=" + ms + "ms", "--randrepeat=0", "--norandommap",
+      "--output-format=json"};
+  if (!fio_option.empty()) argv.push_back(fio_option);
+  ASSIGN_OR_RETURN(std::string out,
+                   RunCommand(argv, /*merge_stderr=*/false));
   const size_t brace = out.find('{');
   google::protobuf::Value json;
   if (brace == std::string::npos ||
@@ -175,13 +184,38 @@ absl::StatusOr<std::pair<double, uint64_t>> RunFio(int depth, bool write) {
                         static_cast<uint64_t>(ios->number_value()));
 }
 
-void BM_Engine(benchmark::State& state, bool fio, io::EngineKind kind,
-               int depth, bool write) {
+// One series of the suite: imgtool's engine `kind`, or (fio_engine not
+// empty) fio with --ioengine=fio_engine and fio_option. `label` is the
+// benchmark name's engine label.
+struct Engine {
+  const char* label;
+  io::EngineKind kind;
+  const char* fio_engine;
+  const char* fio_option;
+};
+
+constexpr Engine kEngines[] = {
+    {"io_uring", io::EngineKind::kIoUring, "", ""},
+    {"native", io::EngineKind::kNative, "", ""},
+    {"threads", io::EngineKind::kThreads, "", ""},
+    {"io_uring", io::EngineKind::kIoUring, "io_uring", ""},
+    {"io_uring_fixedbufs", io::EngineKind::kIoUring, "io_uring",
+     "--fixedbufs"},
+    {"io_uring_registerfiles", io::EngineKind::kIoUring, "io_uring",
+     "--registerfiles"},
+    {"io_uring_sqthread_poll", io::EngineKind::kIoUring, "io_uring",
+     "--sqthread_poll=1"},
+    {"libaio", io::EngineKind::kIoUring, "libaio", ""},
+};
+
+void BM_Engine(benchmark::State& state, Engine e, int depth, bool write) {
+  const bool fio = e.fio_engine[0] != '\0';
   double seconds = 0;
   uint64_t requests = 0;
   for (auto _ : state) {
     absl::StatusOr<std::pair<double, uint64_t>> r =
-        fio ? RunFio(depth, write) : RunImgtool(kind, depth, write);
+        fio ? RunFio(e.fio_engine, e.fio_option, depth, write)
+            : RunImgtool(e.kind, depth, write);
     if (!r.ok()) {
       state.SkipWithError(std::string(r.status().ToString()).c_str());
       return;
@@ -200,10 +234,11 @@ void BM_Engine(benchmark::State& state, bool fio, io::EngineKind kind,
 
 int main(int argc, char** argv) {
   using namespace imgtool::benchmarks;
-  using imgtool::io::EngineKind;
   InitSuite(argc, argv,
-            "engine_bench: io_uring vs threads, queue depth 1..256, 4 KiB "
-            "random O_DIRECT reads/writes on a raw file, and fio (root). "
+            "engine_bench: io_uring, native (Linux AIO) and threads, queue "
+            "depth 1..256, 4 KiB random O_DIRECT reads/writes on a raw file, "
+            "and fio's io_uring (plain, fixedbufs, registerfiles, "
+            "sqthread_poll) and libaio engines, the ceiling (root). "
             "Result file contract: benchmarks/README.md");
   g_file_size = (Quick() ? 64 : absl::GetFlag(FLAGS_file_mib)) << 20;
   g_seconds = Quick() ? 0.1 : absl::GetFlag(FLAGS_seconds);
@@ -228,25 +263,18 @@ int main(int argc, char** argv) {
   const bool with_fio = !absl::GetFlag(FLAGS_fio).empty();
   for (bool write : {false, true}) {
     const char* op = write ? "randwrite" : "randread";
-    struct Engine {
-      bool fio;
-      EngineKind kind;
-      const char* engine;
-      const char* tool;
-    };
-    for (const Engine& e : {Engine{false, EngineKind::kIoUring, "io_uring", "imgtool"},
-                            Engine{false, EngineKind::kThreads, "threads", "imgtool"},
-                            Engine{true, EngineKind::kIoUring, "io_uring", "fio"}}) {
-      if (e.fio && !with_fio) continue;
+    for (const Engine& e : kEngines) {
+      const bool fio = e.fio_engine[0] != '\0';
+      if (fio && !with_fio) continue;
       for (int depth = 1; depth <= 256; depth *= 2) {
         benchmark::RegisterBenchmark(
             BenchName("engine", {{"fs", "xfs"},
                                  {"op", op},
-                                 {"engine", e.engine},
+                                 {"engine", e.label},
                                  {"depth", absl::StrCat(depth)},
-                                 {"tool", e.tool}})
+                                 {"tool", fio ? "fio" : "imgtool"}})
                 .c_str(),
-            BM_Engine, e.fio, e.kind, depth, write)
+            BM_Engine, e, depth, write)
             ->Unit(benchmark::kMillisecond);
       }
     }

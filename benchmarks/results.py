@@ -1063,6 +1063,8 @@ def target_lines(suite, run, metrics=None):
     with `metrics`, only the targets on those metrics."""
     if suite in SBS_TARGETS:
         return _sbs_target_lines(suite, run, metrics)
+    if suite == "engine":
+        return _engine_target_lines(run, metrics)
     lines = []
     for target in SUITE_TARGETS.get(suite, []):
         label, kind, case_name, metric, op, bound = target[:6]
@@ -1097,6 +1099,51 @@ def target_lines(suite, run, metrics=None):
                 if tool != "imgtool":  # the target is imgtool's
                     text = text.split(" (target")[0] + " (for comparison)"
                 lines.append(head + text)
+    return lines
+
+
+# The engine suite's target (issue 20 part 1): imgtool's default engine
+# (io_uring) at least ENGINE_TARGET of the ceiling at each op and depth. The
+# ceiling is derived here, not written by the suite: the highest median IOPS
+# of the run's fio entries (engine labels io_uring, io_uring_fixedbufs,
+# io_uring_registerfiles, io_uring_sqthread_poll, libaio) for that op and
+# depth; entries with an error are left out of it.
+ENGINE_DEFAULT = "io_uring"
+ENGINE_TARGET = 0.95
+
+
+def _engine_target_lines(run, metrics):
+    """`randread depth 64, IOPS: imgtool io_uring 88,709 / ceiling 95,000
+    (fio libaio), ratio 0.93 (target \u2265 0.95): MISSED` per op and depth
+    of an engine run, in the run's order."""
+    if metrics and "IOPS" not in metrics:
+        return []
+    cells, order = {}, []
+    for case in run.cases:
+        key = (case.value("op"), case.value("depth"))
+        if key not in cells:
+            cells[key] = {"ours": None, "ceiling": None, "by": None}
+            order.append(key)
+        value = (None if case.error is not None else
+                 case.medians.get("IOPS"))
+        cell = cells[key]
+        if case.value("tool") == "fio":
+            if value is not None and (cell["ceiling"] is None or
+                                      value > cell["ceiling"]):
+                cell["ceiling"], cell["by"] = value, case.value("engine")
+        elif (case.value("tool") == "imgtool" and
+              case.value("engine") == ENGINE_DEFAULT):
+            cell["ours"] = value
+    lines = []
+    for op, depth in order:
+        c = cells[(op, depth)]
+        value = (c["ours"] / c["ceiling"]
+                 if c["ours"] is not None and c["ceiling"] else None)
+        by = " (fio %s)" % c["by"] if c["by"] else ""
+        lines.append("%s depth %s, IOPS: imgtool %s %s / ceiling %s%s, %s" % (
+            op, depth, ENGINE_DEFAULT, _fmt(c["ours"], "IOPS"),
+            _fmt(c["ceiling"], "IOPS"), by,
+            _verdict("ratio", value, "%.2f", ">=", "%g" % ENGINE_TARGET)))
     return lines
 
 
