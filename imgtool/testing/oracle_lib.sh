@@ -85,33 +85,12 @@ same_error() {
     diff_text "$*" "exit status" "$a_rc" "$RC"
 }
 
-# state DIR: what qemu-img sees of every file in DIR (sizes, contents,
-# allocation map, info), with the directory name left out. The files'
-# allocation as qemu-img sees it depends on when ext4 allocates delayed
-# blocks: they are flushed before looking.
-state() {
-  sync -f "$1"/. 2>/dev/null
-  local dir=$1 f
-  (
-    cd "$dir" || exit 1
-    for f in $(ls -A | sort); do
-      [[ -f "$f" ]] || continue
-      echo "== $f $(stat -c %s -- "$f") $(md5sum <"$f")"
-      # Not "actual-size": st_blocks also counts the filesystem's own extent
-      # tree blocks, which depend on how fragmented the two writes happened
-      # to be (seen: 4 KiB apart on ext4 under load). Allocation itself is
-      # compared by the map below.
-      qemu-img info -U -f raw --output=json "./$f" 2>&1 | grep -v '"actual-size"'
-      # The file's cached pages dropped right before the map (clean since the
-      # sync above; md5sum has just read them all in): on ext4 SEEK_DATA
-      # reports an unwritten (fallocated) extent as data where its pages are
-      # cached, so without the drop the map showed what the page cache
-      # happened to hold (other tests' I/O evicts pages), not the file.
-      dd if="$f" iflag=nocache count=0 status=none 2>/dev/null
-      qemu-img map -U -f raw --output=json "./$f" 2>&1
-    done
-  )
-}
+# state DIR: sizes, contents (MD5) and allocation maps (SEEK_DATA/SEEK_HOLE,
+# what `qemu-img map -f raw` reads) of every file in DIR, with the directory
+# name left out; file_state.py says how (delayed allocation flushed, cached
+# pages dropped first), in one process per directory.
+ORACLE_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+state() { python3 "$ORACLE_LIB_DIR/file_state.py" "$@"; }
 
 # same_effect SETUP ARGS...: in two fresh directories prepared by the shell
 # function SETUP, runs imgtool ARGS in one and qemu-img ARGS in the other;

@@ -22,20 +22,9 @@ if ! command -v qemu-img >/dev/null; then
   exit 1
 fi
 
-# What qemu-img sees of every file under DIR, subdirectories included
-# (oracle_lib.sh's state looks at DIR's own files only).
-state() {
-  sync -f "$1"/. 2>/dev/null
-  (
-    cd "$1" || exit 1
-    local f
-    for f in $(find . -type f | sort); do
-      echo "== $f $(stat -c %s -- "$f") $(md5sum <"$f")"
-      qemu-img info -U -f raw --output=json "$f" 2>&1 | grep -v '"actual-size"'
-      qemu-img map -U -f raw --output=json "$f" 2>&1
-    done
-  )
-}
+# Every file under DIR, subdirectories included (oracle_lib.sh's state looks
+# at DIR's own files only).
+state() { python3 "$ORACLE_LIB_DIR/file_state.py" --recursive "$1"; }
 
 M="$WORK/masters"
 mkdir -p "$M"
