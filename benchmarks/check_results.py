@@ -53,6 +53,9 @@ SUITES = {
     "chain_side_by_side": (["fs", "case", "tool"],
                            lambda l: {"seconds", "max_rss_bytes",
                                       "bytes_read"}),
+    "startup_side_by_side": (["fs", "cmd", "tool"],
+                             lambda l: {"seconds", "peak_rss_kib",
+                                        "min_address_space_mib"}),
 }
 AGGREGATES = {"mean", "median", "stddev", "cv"}
 GB_FIELDS = {"name", "family_index", "per_family_instance_index", "run_name",

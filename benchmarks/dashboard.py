@@ -84,6 +84,10 @@ SUITE_CHARTS = {
     "chain_side_by_side": {"kind": "bar", "x": "case", "metric": "seconds",
                            "x_title": "command",
                            "ratio": ("tool", "qemu-img")},
+    # issue 20 part 2: one run's time from process start to exit
+    "startup_side_by_side": {"kind": "bar", "x": "cmd", "metric": "seconds",
+                             "x_title": "command",
+                             "ratio": ("tool", "qemu-img")},
 }
 
 # Shown first in the context table, then the others in file order.

@@ -58,13 +58,15 @@ EXPECTED = {
 # the 4 bench cases (its 2 map cases have seconds, not IOPS);
 # subcluster_side_by_side: one chart per extended_l2 value, 2 tools over
 # 64k and 2M; prealloc_side_by_side (xfs only): filter off/on x 2 tools
-# over the 2 write patterns; chain_side_by_side: 2 tools over 5 commands.
+# over the 2 write patterns; chain_side_by_side: 2 tools over 5 commands;
+# startup_side_by_side: 2 tools over 5 commands.
 SBS_EXPECTED = {
     "chart-side_by_side": ("IOPS", "2", "8"),
     "chart-subcluster_side_by_side-off": ("IOPS", "2", "4"),
     "chart-subcluster_side_by_side-on": ("IOPS", "2", "4"),
     "chart-prealloc_side_by_side": ("IOPS", "4", "8"),
     "chart-chain_side_by_side": ("seconds", "2", "10"),
+    "chart-startup_side_by_side": ("seconds", "2", "10"),
 }
 
 # Their captions: each bar's ratio to qemu-img's (means) and the U test of
@@ -94,6 +96,11 @@ SBS_CAPTIONS = {
         "tool:imgtool / tool:qemu-img: rebase 0.67 (p=0.69 not significant), "
         "flatten 0.63 (p=0.11 not significant), commit 0.94 (p=0.77 not "
         "significant), measure 0.86 (p=0.69 not significant), dd 0.48 "
+        "(p=0.029 significant)",
+    "chart-startup_side_by_side":
+        "tool:imgtool / tool:qemu-img: info 0.52 (p=0.029 significant), "
+        "info_json 0.40 (p=0.029 significant), map 0.48 (p=0.029 "
+        "significant), check 0.60 (p=0.029 significant), create 0.63 "
         "(p=0.029 significant)",
 }
 
@@ -561,7 +568,8 @@ class SideBySideTest(unittest.TestCase):
         self.assertEqual(self.dom.body.get("data-status"), "rendered")
         self.assertEqual([s for s, _ in self.suites], [
             "side_by_side", "subcluster_side_by_side",
-            "prealloc_side_by_side", "chain_side_by_side"])
+            "prealloc_side_by_side", "chain_side_by_side",
+            "startup_side_by_side"])
         assert_charts(self, self.dom, SBS_EXPECTED)
         for cid in SBS_EXPECTED:
             self.assertGreater(int(self.dom.figures[cid].get(
@@ -588,6 +596,13 @@ class SideBySideTest(unittest.TestCase):
                 self.suites)["subcluster_side_by_side"][0])[3],
             "cluster:2M/extended_l2:on, IOPS: imgtool 446 / qemu-img 306, "
             "ratio 1.46, p=0.029 significant (target \u2265 1): met")
+        # issue 20 part 2: start to exit at most qemu-img's time (medians)
+        lines = results.target_lines("startup_side_by_side", dict(
+            self.suites)["startup_side_by_side"][0])
+        self.assertEqual(len(lines), 5)
+        self.assertEqual(
+            lines[0], "cmd:info, seconds: imgtool 27.1 ms / qemu-img 51.3 ms, "
+            "ratio 0.53, p=0.029 significant (target \u2264 1): met")
 
     def test_one_ratio_by_hand(self):
         # the caption's figures are the files' means and results.utest of

@@ -341,12 +341,13 @@ def expand(paths, base_dir):
 SUITE_ORDER = ["hint", "create_prealloc", "prealloc_filter", "subcluster",
                "engine", "chain", "snapshot", "nbd", "side_by_side",
                "subcluster_side_by_side", "prealloc_side_by_side",
-               "chain_side_by_side"]
+               "chain_side_by_side", "startup_side_by_side"]
 
 # The side-by-side scripts' result files (sbs_results.py): imgtool against
 # qemu-img per configuration, compared as ratios to qemu-img.
 SIDE_BY_SIDE_SUITES = ["side_by_side", "subcluster_side_by_side",
-                       "prealloc_side_by_side", "chain_side_by_side"]
+                       "prealloc_side_by_side", "chain_side_by_side",
+                       "startup_side_by_side"]
 
 
 def load_all(paths, base_dir=None):
@@ -1022,6 +1023,8 @@ def _met(value, op, bound):
 SBS_TARGETS = {
     "subcluster_side_by_side": ("IOPS", ">=", 1.0),
     "prealloc_side_by_side": ("IOPS", ">=", 1.0),
+    # issue 20 part 2: start to exit at most qemu-img's
+    "startup_side_by_side": ("seconds", "<=", 1.0),
 }
 
 
