@@ -24,7 +24,7 @@ fi
 
 # Every file under DIR, subdirectories included (oracle_lib.sh's state looks
 # at DIR's own files only).
-state() { python3 "$ORACLE_LIB_DIR/file_state.py" --recursive "$1"; }
+state() { "$ORACLE_PYTHON" -S "$ORACLE_LIB_DIR/file_state.py" --recursive "$1"; }
 
 M="$WORK/masters"
 mkdir -p "$M"
