@@ -85,7 +85,7 @@ same_error() {
     diff_text "$*" "exit status" "$a_rc" "$RC"
 }
 
-# state DIR: sizes, contents (MD5) and allocation maps (SEEK_DATA/SEEK_HOLE,
+# state DIR: sizes, contents (BLAKE2b) and allocation maps (SEEK_DATA/SEEK_HOLE,
 # what `qemu-img map -f raw` reads) of every file in DIR, with the directory
 # name left out; file_state.py says how (delayed allocation flushed, cached
 # pages dropped first), in one process per directory.
