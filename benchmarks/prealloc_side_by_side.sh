@@ -181,13 +181,7 @@ for line in sys.stdin:
         order.append((fs, case))
 fses = sys.argv[1].split()
 order.sort(key=lambda k: (fses.index(k[0]), k[1]))
-def ms(v):
-    m = statistics.mean(v)
-    sd = statistics.stdev(v) if len(v) > 1 else 0.0
-    return m, sd
-def fmt(v):
-    m, sd = ms(v)
-    return f"{m:,.0f} ± {sd / m * 100:.0f}%"
+fmt = results.mean_rsd
 print("| case | tool | no-prealloc IOPS | prealloc IOPS | Δ |")
 print("|---|---|---:|---:|---:|")
 tools = ["imgtool", "qemu-img"] + sorted(
@@ -196,7 +190,7 @@ for fs, case in order:
     for tool in tools:
         off = runs[(fs, case, tool, "0")]
         on = runs[(fs, case, tool, "1")]
-        gain = ms(on)[0] / ms(off)[0] - 1
+        gain = statistics.mean(on) / statistics.mean(off) - 1
         print(f"| {fs}, {case} | {tool} | {fmt(off)} | {fmt(on)} | {gain * 100:+.0f}% |")
     for tool in tools:
         if tool == "qemu-img":
@@ -204,9 +198,7 @@ for fs, case in order:
         r, tests = [], []
         for flt in ("0", "1"):
             ours, theirs = runs[(fs, case, tool, flt)], runs[(fs, case, "qemu-img", flt)]
-            r.append(ms(ours)[0] / ms(theirs)[0])
-            p = (results.mann_whitney_u(ours, theirs)[1]
-                 if min(len(ours), len(theirs)) >= results.UTEST_MIN_REPETITIONS else None)
-            tests.append(results.UTest(len(ours), len(theirs), p).text())
+            r.append(statistics.mean(ours) / statistics.mean(theirs))
+            tests.append(results.utest_values(ours, theirs).text())
         print(f"| {fs}, {case} | {tool} / qemu-img | {r[0]:.2f} ({tests[0]}) | {r[1]:.2f} ({tests[1]}) | |")
 ' "$FSES"

@@ -437,6 +437,18 @@ class MannWhitneyTest(unittest.TestCase):
         self.assertEqual(results.format_p(0.000412295), "0.00041")
         self.assertEqual(results.format_p(3.2e-7), "3.2e-07")
 
+    def test_values_and_mean_rsd(self):
+        # the side-by-side scripts' tables: lists of values, not Cases
+        self.assertEqual(results.utest_values([1, 2, 3], [4, 5, 6]).text(),
+                         "too few reps (3 vs 3)")
+        self.assertEqual(
+            results.utest_values([1, 2, 3, 4], [5, 6, 7, 8]).text(),
+            "p=0.029 significant")
+        # mean 2,000, sample stddev 1,000: 50 %
+        self.assertEqual(results.mean_rsd([1000, 2000, 3000]), "2,000 ± 50%")
+        self.assertEqual(results.mean_rsd([1.5, 2.5], "{:.2f}"), "2.00 ± 35%")
+        self.assertEqual(results.mean_rsd([7]), "7 ± 0%")
+
 
 class ReportSignificanceTest(unittest.TestCase):
     maxDiff = None

@@ -596,14 +596,29 @@ def format_p(p):
     return text if "e" not in text else "%.1e" % p
 
 
-def utest(first, other, metric):
-    """UTest of one metric between two cases' repetitions (Case.samples)."""
-    a = first.samples.get(metric, []) if first is not None else []
-    b = other.samples.get(metric, []) if other is not None else []
+def utest_values(a, b):
+    """UTest between two lists of repetitions' values (p None when a side
+    has fewer than UTEST_MIN_REPETITIONS or a value is not finite)."""
+    a, b = list(a), list(b)
     if (min(len(a), len(b)) < UTEST_MIN_REPETITIONS or
             not all(math.isfinite(v) for v in a + b)):
         return UTest(len(a), len(b), None)
     return UTest(len(a), len(b), mann_whitney_u(a, b)[1])
+
+
+def utest(first, other, metric):
+    """UTest of one metric between two cases' repetitions (Case.samples)."""
+    a = first.samples.get(metric, []) if first is not None else []
+    b = other.samples.get(metric, []) if other is not None else []
+    return utest_values(a, b)
+
+
+def mean_rsd(values, number="{:,.0f}"):
+    """`MEAN ± RSD%` of repetitions' values (the side-by-side scripts'
+    table cells), MEAN formatted with `number`; RSD 0 for one value."""
+    m = statistics.mean(values)
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return "%s ± %.0f%%" % (number.format(m), sd / m * 100 if m else 0.0)
 
 
 class Table(object):

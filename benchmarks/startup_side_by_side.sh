@@ -135,16 +135,12 @@ for line in open(sys.argv[1]):
     if case not in order:
         order.append(case)
 def fmt(v):
-    m = statistics.mean(v)
-    sd = statistics.stdev(v) if len(v) > 1 else 0.0
-    return f"{m:.2f} ± {sd / m * 100:.0f}%"
+    return results.mean_rsd(v, "{:.2f}")
 print("| command | imgtool ms | qemu-img ms | imgtool / qemu-img (time) | peak RSS MiB (imgtool / qemu-img) | smallest --as MiB (imgtool / qemu-img) |")
 print("|---|---:|---:|---:|---:|---:|")
 for case in order:
     a, b = runs[(case, "imgtool")], runs[(case, "qemu-img")]
-    p = (results.mann_whitney_u(a, b)[1]
-         if min(len(a), len(b)) >= results.UTEST_MIN_REPETITIONS else None)
-    test = results.UTest(len(a), len(b), p).text()
+    test = results.utest_values(a, b).text()
     ra, rb = extra[(case, "imgtool")], extra[(case, "qemu-img")]
     print(f"| {case} | {fmt(a)} | {fmt(b)} | {statistics.mean(a) / statistics.mean(b):.2f} ({test}) "
           f"| {ra[0] / 1024:.1f} / {rb[0] / 1024:.1f} | {ra[1]} / {rb[1]} |")

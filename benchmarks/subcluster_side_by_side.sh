@@ -218,11 +218,7 @@ for r in sys.argv[8:]:
     theirs = [int(x) for x in qemu.split()]
     a = statistics.median(ours) if ours else None
     b = statistics.median(theirs)
-    if min(len(ours), len(theirs)) >= results.UTEST_MIN_REPETITIONS:
-        test = results.UTest(len(ours), len(theirs),
-                             results.mann_whitney_u(ours, theirs)[1]).text()
-    else:
-        test = results.UTest(len(ours), len(theirs), None).text()
+    test = results.utest_values(ours, theirs).text()
     rows.append((c, sub, int(count), a, b, test))
     by[(c, sub)] = (a, b)
 
