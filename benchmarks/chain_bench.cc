@@ -137,44 +137,10 @@ absl::StatusOr<Sample> Measure(const std::vector<std::string>& argv,
                                const std::string& dir,
                                const std::string& err_path) {
   ASSIGN_OR_RETURN(const uint64_t before, SectorsRead());
-  const auto start = std::chrono::steady_clock::now();
-  const pid_t pid = fork();
-  if (pid < 0) return ErrnoStatus(argv[0], "fork", errno);
-  if (pid == 0) {
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    const int null_fd = open("/dev/null", O_RDWR);
-    const int err_fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (null_fd < 0 || err_fd < 0 || chdir(dir.c_str()) != 0) _exit(126);
-    dup2(null_fd, STDIN_FILENO);
-    dup2(null_fd, STDOUT_FILENO);
-    dup2(err_fd, STDERR_FILENO);
-    // Under `bazel run` imgtool would chdir to the user's directory
-    // (imgtool/main.cc); the names here are relative to `dir`.
-    unsetenv("BUILD_WORKING_DIRECTORY");
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  int wstatus = 0;
-  struct rusage usage = {};
-  while (wait4(pid, &wstatus, 0, &usage) < 0 && errno == EINTR) {
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
+  ASSIGN_OR_RETURN(const CommandRun run,
+                   RunTimedCommand(argv, dir, /*out_path=*/"", err_path));
   ASSIGN_OR_RETURN(const uint64_t after, SectorsRead());
-  if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
-    std::ifstream in(err_path);
-    std::string line;
-    std::getline(in, line);
-    return absl::InternalError(absl::StrCat(
-        "`", absl::StrJoin(argv, " "), "` failed (",
-        WIFEXITED(wstatus) ? absl::StrCat("exit ", WEXITSTATUS(wstatus))
-                           : absl::StrCat("signal ", WTERMSIG(wstatus)),
-        "): ", line));
-  }
-  return Sample{seconds, static_cast<uint64_t>(usage.ru_maxrss) << 10,
+  return Sample{run.seconds, static_cast<uint64_t>(run.usage.ru_maxrss) << 10,
                 (after - before) * 512};
 }
 

@@ -146,13 +146,6 @@ void KillServer() {
   }
 }
 
-std::string FirstLine(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
 // Whether a connection to the server's address succeeds now.
 bool CanConnect(bool unix_socket, const std::string& sock, int port) {
   int fd;
@@ -204,22 +197,8 @@ absl::StatusOr<std::string> StartServer(const std::string& server,
   }
   argv.push_back(image);
   const std::string err_path = g_dir + "/server.err";
-  const pid_t pid = fork();
-  if (pid < 0) return ErrnoStatus(argv[0], "fork", errno);
-  if (pid == 0) {
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    const int null_fd = open("/dev/null", O_RDWR);
-    const int err_fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (null_fd < 0 || err_fd < 0) _exit(126);
-    dup2(null_fd, STDIN_FILENO);
-    dup2(null_fd, STDOUT_FILENO);
-    dup2(err_fd, STDERR_FILENO);
-    unsetenv("BUILD_WORKING_DIRECTORY");
-    execvp(args[0], args.data());
-    _exit(127);
-  }
+  ASSIGN_OR_RETURN(const pid_t pid,
+                   SpawnCommand(argv, /*dir=*/"", /*out_path=*/"", err_path));
   g_server = pid;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < deadline) {
@@ -292,57 +271,9 @@ absl::StatusOr<Sample> RunFio(const std::string& uri, const std::string& rw,
 // Runs argv; returns its wall time. kInternal with stderr's first line.
 absl::StatusOr<double> Timed(const std::vector<std::string>& argv,
                              const std::string& out_path) {
-  const std::string err_path = g_dir + "/client.err";
-  const auto start = std::chrono::steady_clock::now();
-  const pid_t pid = fork();
-  if (pid < 0) return ErrnoStatus(argv[0], "fork", errno);
-  if (pid == 0) {
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    const int null_fd = open("/dev/null", O_RDONLY);
-    const int out_fd = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err_fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (null_fd < 0 || out_fd < 0 || err_fd < 0 || chdir(g_dir.c_str()) != 0) {
-      _exit(126);
-    }
-    dup2(null_fd, STDIN_FILENO);
-    dup2(out_fd, STDOUT_FILENO);
-    dup2(err_fd, STDERR_FILENO);
-    unsetenv("BUILD_WORKING_DIRECTORY");
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  int wstatus = 0;
-  while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
-    return absl::InternalError(absl::StrCat(
-        "`", absl::StrJoin(argv, " "), "` failed (",
-        WIFEXITED(wstatus) ? absl::StrCat("exit ", WEXITSTATUS(wstatus))
-                           : absl::StrCat("signal ", WTERMSIG(wstatus)),
-        "): ", FirstLine(err_path)));
-  }
-  return seconds;
-}
-
-// The seconds of "Run completed in X seconds." in a bench output file.
-absl::StatusOr<double> BenchSeconds(const std::string& out_path) {
-  std::ifstream in(out_path);
-  std::string line;
-  while (std::getline(in, line)) {
-    absl::string_view rest = line;
-    if (absl::ConsumePrefix(&rest, "Run completed in ") &&
-        absl::ConsumeSuffix(&rest, " seconds.")) {
-      double t = 0;
-      if (absl::SimpleAtod(rest, &t) && t > 0) return t;
-    }
-  }
-  return absl::InternalError(
-      absl::StrCat(out_path, ": no 'Run completed in X seconds.' line"));
+  ASSIGN_OR_RETURN(const CommandRun run,
+                   RunTimedCommand(argv, g_dir, out_path, g_dir + "/client.err"));
+  return run.seconds;
 }
 
 absl::StatusOr<Sample> RunServerCase(const std::string& name,

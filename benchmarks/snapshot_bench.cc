@@ -187,69 +187,17 @@ absl::StatusOr<Sample> Measure(const std::vector<std::string>& argv,
                                const std::string& dir,
                                const std::string& out_path,
                                const std::string& err_path) {
-  const auto start = std::chrono::steady_clock::now();
-  const pid_t pid = fork();
-  if (pid < 0) return ErrnoStatus(argv[0], "fork", errno);
-  if (pid == 0) {
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    const int null_fd = open("/dev/null", O_RDONLY);
-    const int out_fd = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err_fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (null_fd < 0 || out_fd < 0 || err_fd < 0 || chdir(dir.c_str()) != 0) {
-      _exit(126);
-    }
-    dup2(null_fd, STDIN_FILENO);
-    dup2(out_fd, STDOUT_FILENO);
-    dup2(err_fd, STDERR_FILENO);
-    // Under `bazel run` imgtool would chdir to the user's directory
-    // (imgtool/main.cc); the names here are relative to `dir`.
-    unsetenv("BUILD_WORKING_DIRECTORY");
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  int wstatus = 0;
-  struct rusage usage = {};
-  while (wait4(pid, &wstatus, 0, &usage) < 0 && errno == EINTR) {
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
-    std::ifstream in(err_path);
-    std::string line;
-    std::getline(in, line);
-    return absl::InternalError(absl::StrCat(
-        "`", absl::StrJoin(argv, " "), "` failed (",
-        WIFEXITED(wstatus) ? absl::StrCat("exit ", WEXITSTATUS(wstatus))
-                           : absl::StrCat("signal ", WTERMSIG(wstatus)),
-        "): ", line));
-  }
+  ASSIGN_OR_RETURN(const CommandRun run,
+                   RunTimedCommand(argv, dir, out_path, err_path));
+  const struct rusage& usage = run.usage;
   Sample s;
-  s.seconds = seconds;
+  s.seconds = run.seconds;
   // Linux fills ru_oublock from the task's I/O accounting: write_bytes / 512.
   s.bytes_written = static_cast<uint64_t>(usage.ru_oublock) * 512;
   s.max_rss_bytes = static_cast<uint64_t>(usage.ru_maxrss) << 10;
   s.cpu_seconds = usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
                   (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
   return s;
-}
-
-// The seconds of "Run completed in X seconds." in a bench output file.
-absl::StatusOr<double> BenchSeconds(const std::string& out_path) {
-  std::ifstream in(out_path);
-  std::string line;
-  while (std::getline(in, line)) {
-    absl::string_view rest = line;
-    if (absl::ConsumePrefix(&rest, "Run completed in ") &&
-        absl::ConsumeSuffix(&rest, " seconds.")) {
-      double t = 0;
-      if (absl::SimpleAtod(rest, &t) && t > 0) return t;
-    }
-  }
-  return absl::InternalError(
-      absl::StrCat(out_path, ": no 'Run completed in X seconds.' line"));
 }
 
 // One run of `tool` on `case_name` from a fresh copy of its file; with

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -26,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "base/errno_status.h"
+#include "base/status_macros.h"
 
 ABSL_FLAG(bool, quick, false, "smoke-run sizes (about 10 s per suite)");
 ABSL_FLAG(std::string, imgtool_commit, "unknown",
@@ -140,6 +142,81 @@ absl::StatusOr<uint64_t> AllocatedBytes(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return ErrnoStatus(path, "stat", errno);
   return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+absl::StatusOr<pid_t> SpawnCommand(const std::vector<std::string>& argv,
+                                   const std::string& dir,
+                                   const std::string& out_path,
+                                   const std::string& err_path) {
+  const pid_t pid = fork();
+  if (pid < 0) return ErrnoStatus(argv[0], "fork", errno);
+  if (pid > 0) return pid;
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const auto open_out = [](const std::string& path) {
+    return path.empty() ? open("/dev/null", O_WRONLY)
+                        : open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  };
+  const int in_fd = open("/dev/null", O_RDONLY);
+  const int out_fd = open_out(out_path);
+  const int err_fd = open_out(err_path);
+  if (in_fd < 0 || out_fd < 0 || err_fd < 0 ||
+      (!dir.empty() && chdir(dir.c_str()) != 0)) {
+    _exit(126);
+  }
+  dup2(in_fd, STDIN_FILENO);
+  dup2(out_fd, STDOUT_FILENO);
+  dup2(err_fd, STDERR_FILENO);
+  unsetenv("BUILD_WORKING_DIRECTORY");
+  execvp(args[0], args.data());
+  _exit(127);
+}
+
+absl::StatusOr<CommandRun> RunTimedCommand(const std::vector<std::string>& argv,
+                                           const std::string& dir,
+                                           const std::string& out_path,
+                                           const std::string& err_path) {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(const pid_t pid,
+                   SpawnCommand(argv, dir, out_path, err_path));
+  int wstatus = 0;
+  CommandRun run;
+  while (wait4(pid, &wstatus, 0, &run.usage) < 0 && errno == EINTR) {
+  }
+  run.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
+    return absl::InternalError(absl::StrCat(
+        "`", absl::StrJoin(argv, " "), "` failed (",
+        WIFEXITED(wstatus) ? absl::StrCat("exit ", WEXITSTATUS(wstatus))
+                           : absl::StrCat("signal ", WTERMSIG(wstatus)),
+        "): ", err_path.empty() ? std::string() : FirstLine(err_path)));
+  }
+  return run;
+}
+
+std::string FirstLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+absl::StatusOr<double> BenchSeconds(const std::string& out_path) {
+  std::ifstream in(out_path);
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::string_view rest = line;
+    if (absl::ConsumePrefix(&rest, "Run completed in ") &&
+        absl::ConsumeSuffix(&rest, " seconds.")) {
+      double t = 0;
+      if (absl::SimpleAtod(rest, &t) && t > 0) return t;
+    }
+  }
+  return absl::InternalError(
+      absl::StrCat(out_path, ": no 'Run completed in X seconds.' line"));
 }
 
 absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv,

@@ -7,6 +7,9 @@
 #ifndef IMGTOOL_BENCHMARKS_SUITE_H_
 #define IMGTOOL_BENCHMARKS_SUITE_H_
 
+#include <sys/resource.h>
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -67,6 +70,41 @@ absl::StatusOr<uint64_t> AllocatedBytes(const std::string& path);
 // `merge_stderr`). kInternal with the output when it exits non-zero or dies.
 absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv,
                                        bool merge_stderr = false);
+
+// Starts `argv` (PATH searched) as a child process in `dir` (empty: this
+// process's directory), stdin from /dev/null, stdout to `out_path` and
+// stderr to `err_path` (each truncated or created; empty: /dev/null), with
+// BUILD_WORKING_DIRECTORY unset (under `bazel run` imgtool would chdir to
+// the user's directory, imgtool/main.cc, and the suites' names are relative
+// to `dir`). Returns its pid; the caller waits for it. kInternal (errno)
+// when fork fails; a child that cannot open its files or chdir exits 126,
+// one that cannot exec 127.
+absl::StatusOr<pid_t> SpawnCommand(const std::vector<std::string>& argv,
+                                   const std::string& dir,
+                                   const std::string& out_path,
+                                   const std::string& err_path);
+
+// A finished run of RunTimedCommand: wall seconds from the spawn to the
+// child's exit, and the child's rusage (wait4).
+struct CommandRun {
+  double seconds = 0;
+  struct rusage usage = {};
+};
+
+// SpawnCommand, then waits for the child. kInternal "`ARGV` failed (exit
+// N|signal N): FIRST LINE OF err_path" when it does not exit 0.
+absl::StatusOr<CommandRun> RunTimedCommand(const std::vector<std::string>& argv,
+                                           const std::string& dir,
+                                           const std::string& out_path,
+                                           const std::string& err_path);
+
+// The first line of the file at `path` ("" if it cannot be read).
+std::string FirstLine(const std::string& path);
+
+// The seconds of "Run completed in X seconds." (qemu-img bench and imgtool
+// bench print it) in the output file at `out_path`. kInternal if there is
+// no such line with X > 0.
+absl::StatusOr<double> BenchSeconds(const std::string& out_path);
 
 // The imgtool binary a suite runs: `flag_value` if not empty, else
 // imgtool/imgtool in the runfiles (RUNFILES_DIR, or "<program>.runfiles").
