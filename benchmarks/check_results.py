@@ -16,7 +16,8 @@ import sys
 
 CONTEXT_KEYS = ["suite", "machine", "kernel", "filesystems", "imgtool_commit",
                 "build", "quick", "load_avg_start"]
-FILESYSTEMS = {"xfs", "ext4", "ext4_noextents"}
+# (advise runs on any directory: also tmpfs, btrfs and other)
+FILESYSTEMS = {"xfs", "ext4", "ext4_noextents", "tmpfs", "btrfs", "other"}
 # suite -> (label keys in order, function(labels) -> required counters)
 SUITES = {
     "hint": (["fs", "hint", "op"],
@@ -56,6 +57,12 @@ SUITES = {
     "startup_side_by_side": (["fs", "cmd", "tool"],
                              lambda l: {"seconds", "peak_rss_kib",
                                         "min_address_space_mib"}),
+    # `imgtool advise DIR --output=json` (issue 20 part 4): the create
+    # table and the bench workloads' configurations on DIR's filesystem
+    "advise": (["fs", "workload", "config"],
+               lambda l: {"seconds", "extents", "allocated_bytes"} |
+               (set() if l["workload"] == "create" else
+                {"IOPS", "MiB_per_s", "create_seconds", "writes"})),
 }
 AGGREGATES = {"mean", "median", "stddev", "cv"}
 GB_FIELDS = {"name", "family_index", "per_family_instance_index", "run_name",

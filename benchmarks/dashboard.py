@@ -88,6 +88,10 @@ SUITE_CHARTS = {
     "startup_side_by_side": {"kind": "bar", "x": "cmd", "metric": "seconds",
                              "x_title": "command",
                              "ratio": ("tool", "qemu-img")},
+    # issue 20 part 4: `imgtool advise --output=json`, one chart per
+    # workload (the create table's charts show seconds and space)
+    "advise": {"kind": "bar", "x": "config", "facet": "workload",
+               "metric": "IOPS", "x_title": "configuration"},
 }
 
 # Shown first in the context table, then the others in file order.

@@ -51,6 +51,7 @@ _METRICS = {
     "max_rss_bytes": ("MiB", 1 << 20, False),
     "bytes_read": ("MiB", 1 << 20, False),
     "bytes_written": ("MiB", 1 << 20, False),
+    "create_seconds": ("s", 1, False),
 }
 
 
@@ -647,6 +648,9 @@ SUITE_COLUMN_KEY = {
     "chain": "tool",
     "snapshot": "tool",
     "nbd": "tool",
+    # advise: one column per filesystem (a file per run), rows the
+    # workload's configurations
+    "advise": "fs",
 }
 SUITE_COLUMN_KEY.update((s, "tool") for s in SIDE_BY_SIDE_SUITES)
 

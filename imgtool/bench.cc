@@ -49,6 +49,7 @@
 #include "base/json_printer.h"
 #include "base/size.h"
 #include "base/status_macros.h"
+#include "imgtool/bench.h"
 #include "imgtool/bench_result.pb.h"
 #include "imgtool/command.h"
 #include "imgtool/image.h"
@@ -535,14 +536,16 @@ absl::StatusOr<double> RunRequests(const BenchArgs& a, OpenedImage& image,
 
 }  // namespace
 
-absl::Status RunBench(const std::vector<std::string>& args, Streams streams) {
-  ASSIGN_OR_RETURN(BenchArgs a, ParseArgs(args));
-  if (a.help) {
-    streams.out << kHelp;
-    return absl::OkStatus();
-  }
+namespace {
 
-  ASSIGN_OR_RETURN(OpenedImage image, OpenImage(a.spec, streams.err));
+// One bench run of parsed arguments: opens the image, prints qemu-img's
+// first line(s) to `first_lines` (human mode; null: nothing), runs the
+// requests and closes the image. The result has every field but the
+// latency when `latency` is null.
+absl::StatusOr<BenchResult> Measure(const BenchArgs& a, std::ostream& err,
+                                    std::ostream* first_lines,
+                                    LatencyHistogram* latency) {
+  ASSIGN_OR_RETURN(OpenedImage image, OpenImage(a.spec, err));
   // qemu-img checks this once the file is open (file-posix's open).
   // The engine, not -n: an aio= option of the image (file.aio=threads)
   // overrides -n, as in QEMU.
@@ -554,35 +557,28 @@ absl::Status RunBench(const std::vector<std::string>& args, Streams streams) {
         "': aio=native was specified, but it requires cache.direct=on, which "
         "was not specified."));
   }
-  if (!a.json) {
+  if (first_lines != nullptr) {
     const std::string where =
         a.random ? absl::StrFormat("random offsets, seed %d", a.seed)
                  : absl::StrFormat("starting at offset %d, step size %d",
                                    a.offset, a.step);
-    streams.out << absl::StrFormat(
+    *first_lines << absl::StrFormat(
         "Sending %d %s requests, %d bytes each, %d in parallel (%s)\n",
         a.count, a.write ? "write" : "read", a.size, a.depth, where);
     if (a.flush_interval != 0) {
-      streams.out << absl::StrFormat("Sending flush every %d requests\n",
-                                     a.flush_interval);
+      *first_lines << absl::StrFormat("Sending flush every %d requests\n",
+                                      a.flush_interval);
     }
-    streams.out.flush();
+    first_lines->flush();
   }
 
   const uint64_t image_size = VirtualSize(image);
   const std::string aio = image.engine->name();
-  LatencyHistogram latency;
-  absl::StatusOr<double> elapsed =
-      RunRequests(a, image, a.json ? &latency : nullptr);
+  absl::StatusOr<double> elapsed = RunRequests(a, image, latency);
   absl::Status closed = CloseImage(image);
   RETURN_IF_ERROR(elapsed.status());
   RETURN_IF_ERROR(closed);
 
-  if (!a.json) {
-    streams.out << absl::StrFormat("Run completed in %.3f seconds.\n",
-                                   *elapsed);
-    return absl::OkStatus();
-  }
   BenchResult result;
   BenchParameters* p = result.mutable_parameters();
   p->set_filename(a.spec.filename);
@@ -609,13 +605,42 @@ absl::Status RunBench(const std::vector<std::string>& args, Streams streams) {
     result.set_bytes_per_second(
         std::round(static_cast<double>(a.count * a.size) / seconds));
   }
-  auto us = [](double ns) { return std::round(ns) / 1000; };
-  BenchLatency* l = result.mutable_latency();
-  l->set_p50_us(us(latency.Percentile(50)));
-  l->set_p90_us(us(latency.Percentile(90)));
-  l->set_p99_us(us(latency.Percentile(99)));
-  l->set_p99_9_us(us(latency.Percentile(99.9)));
-  l->set_max_us(us(static_cast<double>(latency.max())));
+  if (latency != nullptr) {
+    auto us = [](double ns) { return std::round(ns) / 1000; };
+    BenchLatency* l = result.mutable_latency();
+    l->set_p50_us(us(latency->Percentile(50)));
+    l->set_p90_us(us(latency->Percentile(90)));
+    l->set_p99_us(us(latency->Percentile(99)));
+    l->set_p99_9_us(us(latency->Percentile(99.9)));
+    l->set_max_us(us(static_cast<double>(latency->max())));
+  }
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<BenchResult> BenchForResult(
+    const std::vector<std::string>& args, std::ostream& err) {
+  ASSIGN_OR_RETURN(BenchArgs a, ParseArgs(args));
+  if (a.help) return absl::InvalidArgumentError("bench: --help has no result");
+  return Measure(a, err, /*first_lines=*/nullptr, /*latency=*/nullptr);
+}
+
+absl::Status RunBench(const std::vector<std::string>& args, Streams streams) {
+  ASSIGN_OR_RETURN(BenchArgs a, ParseArgs(args));
+  if (a.help) {
+    streams.out << kHelp;
+    return absl::OkStatus();
+  }
+  LatencyHistogram latency;
+  ASSIGN_OR_RETURN(BenchResult result,
+                   Measure(a, streams.err, a.json ? nullptr : &streams.out,
+                           a.json ? &latency : nullptr));
+  if (!a.json) {
+    streams.out << absl::StrFormat("Run completed in %.3f seconds.\n",
+                                   result.elapsed_seconds());
+    return absl::OkStatus();
+  }
   streams.out << PrintJson(result) << "\n";
   return absl::OkStatus();
 }

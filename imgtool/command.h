@@ -197,6 +197,9 @@ absl::Status RunAmend(const std::vector<std::string>& args, Streams streams);
 // errors are printed by the command (qemu-nbd's form); the status then has
 // an empty message (exit code 1).
 absl::Status RunNbd(const std::vector<std::string>& args, Streams streams);
+// advise (advise.cc): measures image configurations on a directory's
+// filesystem and prints the best per workload (an imgtool extension).
+absl::Status RunAdvise(const std::vector<std::string>& args, Streams streams);
 
 }  // namespace imgtool::cli
 

@@ -34,6 +34,7 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
+    {"advise", imgtool::cli::RunAdvise},
     {"amend", imgtool::cli::RunAmend},
     {"bench", imgtool::cli::RunBench},
     {"check", imgtool::cli::RunCheck},
@@ -61,6 +62,9 @@ constexpr char kHelp[] =
     "usage: imgtool [-h | --help | --version] COMMAND [COMMAND OPTIONS]\n"
     "\n"
     "Commands:\n"
+    "  advise [--size SIZE] [--time SECONDS] [--workload random-4k|sequential|"
+    "overlay|all]\n"
+    "        [--output=human|json] DIR\n"
     "  amend [-f FMT] [-t CACHE] [-p] [-q] [--force] [--image-opts] -o OPTIONS "
     "FILE\n"
     "  bench [-c COUNT] [-d DEPTH] [-f FMT] [--flush-interval=N] [-i AIO] "

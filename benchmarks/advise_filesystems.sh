@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# `imgtool advise` (issue 20 part 4) on the three filesystems the issue
+# names, each a fresh loop mount (a sparse file under $WORKDIR): XFS, ext4,
+# and ext4 without extents (mkfs.ext4 -O ^extent). Each run's JSON goes to
+# $OUT/<fs>/advise-<host>.json (suite `advise`, benchmarks/README.md);
+# each file is checked with check_results.py and its verdicts printed.
+#
+#   sudo benchmarks/advise_filesystems.sh
+#
+# Environment:
+#   IMGTOOL  path of an imgtool binary (default: bazel build //imgtool)
+#   BAZEL    bazel command used to build it (default "bazel")
+#   SIZE     advise --size (default 1G)
+#   TIME     advise --time per filesystem (default 60)
+#   FSES     filesystems (default "xfs ext4 ext4_noextents")
+#   OUT      result directory (default bench-results/advise, relative to the
+#            directory the script was started from)
+#   WORKDIR  where the loop files go (default /var/tmp)
+set -euo pipefail
+CALLER_PWD=$PWD
+cd "$(dirname "$0")/.."
+SIZE=${SIZE:-1G}
+TIME=${TIME:-60}
+FSES=${FSES:-xfs ext4 ext4_noextents}
+OUT=${OUT:-bench-results/advise}
+[[ $OUT == /* ]] || OUT="$CALLER_PWD/$OUT"
+if [[ -z ${IMGTOOL:-} ]]; then
+  ${BAZEL:-bazel} build //imgtool >&2
+  IMGTOOL=$PWD/bazel-bin/imgtool/imgtool
+fi
+BASE=$(mktemp -d "${WORKDIR:-/var/tmp}/advise_fs.XXXXXX")
+MNT=""
+cleanup() {
+  [[ -z $MNT ]] || umount "$MNT" 2>/dev/null || umount -l "$MNT" 2>/dev/null || true
+  rm -rf "$BASE"
+}
+trap cleanup EXIT
+HOST=$(hostname)
+for fs in $FSES; do
+  img="$BASE/$fs.img"
+  truncate -s 4G "$img"
+  case $fs in
+    xfs) mkfs.xfs -q "$img" ;;
+    ext4) mkfs.ext4 -q "$img" ;;
+    ext4_noextents) mkfs.ext4 -q -O ^extent "$img" ;;
+    *) echo "unknown filesystem $fs" >&2; exit 1 ;;
+  esac
+  MNT="$BASE/$fs"
+  mkdir -p "$MNT" "$OUT/$fs"
+  mount -o loop "$img" "$MNT"
+  echo "== $fs (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+  "$IMGTOOL" advise --size "$SIZE" --time "$TIME" --output=json "$MNT" \
+    >"$OUT/$fs/advise-$HOST.json"
+  umount "$MNT"
+  MNT=""
+  rm -f "$img"
+  python3 benchmarks/check_results.py "$OUT/$fs/advise-$HOST.json"
+  python3 - "$OUT/$fs/advise-$HOST.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))["context"]
+for w in ("random-4k", "sequential", "overlay"):
+    if "winner_" + w in c:
+        print("%s %s: %s" % (c["filesystems"], w, c.get("winner_%s_verdict" % w, c["winner_" + w])))
+print("notes:", c["notes"])
+PY
+done

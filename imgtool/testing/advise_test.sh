@@ -1,0 +1,294 @@
+#!/usr/bin/env bash
+# imgtool advise (issue 20 part 4): option errors, refusals (missing DIR, a
+# file, a read-only mount, a tmpfs too small for the matrix), cleanup (DIR's
+# listing identical after a run and after SIGTERM mid-run), the JSON passing
+# check_results.py with the structure the command promises, the human
+# table's columns, and the advice's create lines run as printed giving the
+# images they describe (qemu-img info). Never which configuration wins: the
+# machine is shared. Needs root for the mounts ("local").
+# Usage: advise_test.sh PATH_TO_IMGTOOL PATH_TO_CHECK_RESULTS
+set -u
+IMGTOOL=$(realpath "$1")
+CHECK=$(realpath "$2")
+if [[ -n "${TEST_SRCDIR:-}" ]]; then
+  source "$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing/oracle_lib.sh" || exit 1
+else
+  source "$(dirname "$0")/oracle_lib.sh" || exit 1
+fi
+PY=/usr/bin/python3
+[[ -x $PY ]] || PY=python3
+
+BASE=$(mktemp -d "${TEST_TMPDIR:-/tmp}/advise.XXXXXX")
+MOUNTS=()
+cleanup() {
+  local m
+  for m in "${MOUNTS[@]}"; do
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
+  done
+  rm -rf "$BASE"
+}
+trap cleanup EXIT
+WORK="$BASE/work"
+SCRATCH="$BASE"
+mkdir -p "$WORK"
+
+# expect_error WHAT WANT_STDERR ARGS...: exit 1, nothing on stdout, stderr
+# exactly WANT_STDERR.
+expect_error() {
+  local what=$1 want=$2
+  shift 2
+  checks=$((checks + 1))
+  local out err rc
+  out=$("$IMGTOOL" advise "$@" 2>"$BASE/err")
+  rc=$?
+  err=$(cat "$BASE/err")
+  [[ $rc -eq 1 ]] || fail "$what: exit $rc, want 1"
+  [[ -z "$out" ]] || fail "$what: stdout not empty: $out"
+  [[ "$err" == "$want" ]] || fail "$what: stderr
+  got:  $err
+  want: $want"
+}
+
+# listing DIR: every name (hidden too), type, size and content hash.
+listing() {
+  (cd "$1" && find . -printf '%p %y %s\n' | sort &&
+    find . -type f -exec md5sum {} + | sort)
+}
+
+echo "== option errors"
+D="$BASE/dir"
+mkdir -p "$D"
+expect_error "--size abc" "imgtool: Invalid --size 'abc': a multiple of 2 MiB from 16M to 1P is needed" --size abc "$D"
+expect_error "--size 1M" "imgtool: Invalid --size '1M': a multiple of 2 MiB from 16M to 1P is needed" --size 1M "$D"
+expect_error "--size 17M" "imgtool: Invalid --size '17M': a multiple of 2 MiB from 16M to 1P is needed" --size 17M "$D"
+expect_error "--time 4" "imgtool: Invalid --time '4': whole seconds from 5 to 86400" --time 4 "$D"
+expect_error "--time 1.5" "imgtool: Invalid --time '1.5': whole seconds from 5 to 86400" --time 1.5 "$D"
+expect_error "--workload" "imgtool: Invalid --workload 'random': random-4k, sequential, overlay or all" --workload random "$D"
+expect_error "--output" "imgtool: --output must be used with human or json as argument." --output=xml "$D"
+USAGE="Usage: imgtool advise [--size SIZE] [--time SECONDS] [--workload random-4k|sequential|overlay|all] [--output=human|json] DIR"
+expect_error "no DIR" "imgtool: Expecting one directory
+$USAGE
+Try 'imgtool --help' for more information" --time 5
+expect_error "two DIRs" "imgtool: Expecting one directory
+$USAGE
+Try 'imgtool --help' for more information" "$D" "$D"
+checks=$((checks + 1))
+"$IMGTOOL" advise --help >"$BASE/help" 2>&1 && grep -q "^  --workload W" "$BASE/help" ||
+  fail "advise --help: $(cat "$BASE/help")"
+
+echo "== refusals"
+expect_error "missing DIR" "imgtool: $BASE/nope: No such file or directory" "$BASE/nope"
+: >"$BASE/afile"
+expect_error "a file" "imgtool: $BASE/afile: Not a directory" "$BASE/afile"
+mkdir -p "$BASE/ro" "$BASE/small"
+if mount -t tmpfs -o ro,size=64m tmpfs "$BASE/ro"; then
+  MOUNTS+=("$BASE/ro")
+  expect_error "read-only DIR" "imgtool: $BASE/ro: not writable: Read-only file system" --size 16M "$BASE/ro"
+else
+  fail "cannot mount a read-only tmpfs"
+fi
+if mount -t tmpfs -o size=40m tmpfs "$BASE/small"; then
+  MOUNTS+=("$BASE/small")
+  echo keep >"$BASE/small/existing"
+  before=$(listing "$BASE/small")
+  expect_error "small DIR" "imgtool: $BASE/small: not enough free space for the planned matrix: it needs 132.0 MiB (images of 32M and the overlay's backing file), the filesystem has 40.0 MiB free; use a smaller --size" --size 32M "$BASE/small"
+  expect_error "small DIR, no overlay" "imgtool: $BASE/small: not enough free space for the planned matrix: it needs 168.0 MiB (images of 64M), the filesystem has 40.0 MiB free; use a smaller --size" --size 64M --workload random-4k "$BASE/small"
+  checks=$((checks + 1))
+  [[ "$(listing "$BASE/small")" == "$before" ]] || fail "small DIR changed"
+else
+  fail "cannot mount a small tmpfs"
+fi
+
+# The runs go to an ext4 loop mount (FIEMAP; tmpfs has none).
+R="$BASE/run"
+mkdir -p "$R"
+truncate -s 400M "$BASE/run.img"
+if ! mkfs.ext4 -q "$BASE/run.img" || ! mount -o loop "$BASE/run.img" "$R"; then
+  fail "cannot make the ext4 loop mount"
+  finish
+  exit 1
+fi
+MOUNTS+=("$R")
+mkdir -p "$R/sub"
+head -c 100000 /dev/urandom >"$R/sub/data.bin"
+echo hello >"$R/.hidden"
+before=$(listing "$R")
+
+echo "== a JSON run (all workloads, 10 s)"
+OUTDIR="$BASE/results"
+mkdir -p "$OUTDIR"
+JSON="$OUTDIR/advise-$(hostname).json"
+checks=$((checks + 1))
+"$IMGTOOL" advise --size 32M --time 10 --output=json "$R" >"$JSON" 2>"$BASE/err"
+rc=$?
+[[ $rc -eq 0 ]] || fail "json run: exit $rc: $(cat "$BASE/err")"
+[[ ! -s "$BASE/err" ]] || fail "json run: stderr not empty: $(cat "$BASE/err")"
+checks=$((checks + 1))
+[[ "$(listing "$R")" == "$before" ]] || fail "json run changed DIR:
+$(diff <(echo "$before") <(listing "$R"))"
+checks=$((checks + 1))
+"$PY" "$CHECK" "$JSON" >"$BASE/check.out" 2>&1 ||
+  fail "check_results.py: $(cat "$BASE/check.out")"
+checks=$((checks + 1))
+"$PY" - "$JSON" "$BASE/lines" <<'EOF' || fail "json structure"
+import json, sys
+d = json.load(open(sys.argv[1]))
+ctx, benches = d["context"], d["benchmarks"]
+problems = []
+if ctx["suite"] != "advise" or ctx["filesystems"] != "ext4":
+    problems.append("suite/filesystems: %s %s" % (ctx["suite"], ctx["filesystems"]))
+reps = {}
+for b in benches:
+    if b["run_type"] == "iteration":
+        reps[b["run_name"]] = reps.get(b["run_name"], 0) + 1
+want = {"create": 7}
+configs = {}
+for name, n in reps.items():
+    _, fs, w, c = name.split("/")
+    configs.setdefault(w.split(":")[1], []).append(c.split(":")[1])
+    if n < 3:
+        problems.append("%s: %d repetitions" % (name, n))
+if sorted(configs) != ["create", "overlay", "random-4k", "sequential"]:
+    problems.append("workloads %s" % sorted(configs))
+if sorted(configs.get("create", [])) != sorted(
+        ["raw_off", "raw_falloc", "raw_full", "qcow2_off", "qcow2_metadata",
+         "qcow2_falloc", "qcow2_full"]):
+    problems.append("create configs %s" % configs.get("create"))
+for w in ("random-4k", "sequential"):
+    c = configs.get(w, [])
+    for must in ("raw_hint0", "raw_hint1M", "raw_hint8M", "qcow2_64k",
+                 "qcow2_64k_subclusters", "qcow2_2M_prealloc-filter",
+                 "qcow2_2M_subclusters_prealloc-filter"):
+        if must not in c:
+            problems.append("%s: no %s" % (w, must))
+if any(c.startswith("raw") for c in configs.get("overlay", [])):
+    problems.append("overlay has raw configs")
+lines = []
+for w in ("random-4k", "sequential", "overlay"):
+    win = ctx.get("winner_" + w)
+    line = ctx.get("winner_%s_create" % w, "")
+    if win not in configs.get(w, []):
+        problems.append("winner_%s %r" % (w, win))
+    if not line.startswith("imgtool create -f "):
+        problems.append("winner_%s_create %r" % (w, line))
+    if ctx.get("winner_%s_decided" % w) not in ("true", "false"):
+        problems.append("winner_%s_decided" % w)
+    lines.append("%s|%s|%s" % (win, line, ctx.get("winner_%s_image_opts" % w, "")))
+open(sys.argv[2], "w").write("\n".join(lines) + "\n")
+for p in problems:
+    print(p)
+sys.exit(1 if problems else 0)
+EOF
+
+echo "== a human run (random-4k, 6 s)"
+checks=$((checks + 1))
+"$IMGTOOL" advise --size 32M --time 6 --workload random-4k "$R" >"$BASE/human" 2>"$BASE/err"
+rc=$?
+[[ $rc -eq 0 ]] || fail "human run: exit $rc: $(cat "$BASE/err")"
+[[ ! -s "$BASE/err" ]] || fail "human run: stderr not empty: $(cat "$BASE/err")"
+checks=$((checks + 1))
+[[ "$(listing "$R")" == "$before" ]] || fail "human run changed DIR"
+checks=$((checks + 1))
+"$PY" - "$BASE/human" "$R" <<'EOF' || fail "human table: $(cat "$BASE/human")"
+import re, sys
+text = open(sys.argv[1]).read().split("\n")
+problems = []
+if not text[0].startswith("imgtool advise: %s (ext4), images of 32M, budget 6 s, took " % sys.argv[2]):
+    problems.append("first line %r" % text[0])
+heads = [l for l in text if l.startswith("rank") or l.startswith("configuration")]
+want_bench = ["rank", "configuration", "IOPS", "MiB/s", "spread", "extents",
+              "space", "MiB", "create", "ms"]
+want_create = ["configuration", "create", "ms", "extents", "space", "MiB"]
+if [h.split() for h in heads] != [want_create, want_bench]:
+    problems.append("headers %r" % heads)
+i = text.index(next(h for h in heads if h.startswith("rank")))
+rows = []
+for l in text[i + 1:]:
+    if not re.match(r"^ +\d+  ", l):
+        break
+    rows.append(l.split())
+if [int(r[0]) for r in rows] != list(range(1, len(rows) + 1)) or len(rows) < 11:
+    problems.append("ranks %r" % [r[0] for r in rows])
+for r in rows:
+    if len(r) != 8 or not r[1].startswith(("raw_", "qcow2_")):
+        problems.append("row %r" % r)
+iops = [float(r[2].replace(",", "")) for r in rows]
+if iops != sorted(iops, reverse=True):
+    problems.append("not ranked by IOPS: %r" % iops)
+if not any(l.startswith("Winner: " + rows[0][1] + ": median ") for l in text):
+    problems.append("no winner line for %s" % rows[0][1])
+if not any(re.match(r"^  (TIE: tie with|better than) ", l) for l in text):
+    problems.append("no verdict line")
+if not any(l.startswith("  imgtool create -f ") for l in text):
+    problems.append("no create line")
+for p in problems:
+    print(p)
+sys.exit(1 if problems else 0)
+EOF
+
+echo "== the advice's lines, run as printed"
+# label -> what qemu-img info must say
+check_image() {  # LABEL FILE IMAGE_OPTS
+  local label=$1 file=$2 opts=$3 info want_cluster want_l2 fmt
+  checks=$((checks + 1))
+  if [[ $label == raw_* ]]; then
+    info=$(qemu-img info --output=json "$file") || { fail "$label: qemu-img info"; return; }
+    fmt=$(printf '%s' "$info" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["format"])')
+    [[ $fmt == raw ]] || fail "$label: format $fmt"
+    return
+  fi
+  local c=${label#qcow2_}
+  c=${c%%_*}
+  case $c in
+    *k) want_cluster=$(( ${c%k} * 1024 )) ;;
+    *M) want_cluster=$(( ${c%M} * 1048576 )) ;;
+  esac
+  want_l2=false
+  [[ $label == *_subclusters* ]] && want_l2=true
+  if [[ -n $opts ]]; then
+    info=$(cd "$(dirname "$file")" && qemu-img info --output=json --image-opts "$opts") ||
+      { fail "$label: qemu-img info --image-opts $opts"; return; }
+  else
+    info=$(qemu-img info --output=json "$file") || { fail "$label: qemu-img info"; return; }
+  fi
+  got=$(printf '%s' "$info" | "$PY" -c '
+import json, sys
+d = json.load(sys.stdin)
+s = d.get("format-specific", {}).get("data", {})
+print(d["format"], d["cluster-size"], str(s.get("extended-l2", False)).lower(), d["virtual-size"])')
+  [[ $got == "qcow2 $want_cluster $want_l2 33554432" ]] ||
+    fail "$label: qemu-img info says '$got', want 'qcow2 $want_cluster $want_l2 33554432'"
+}
+while IFS='|' read -r label line opts; do
+  [[ -n $label ]] || continue
+  L="$BASE/lines.$RANDOM"
+  mkdir -p "$L"
+  args=${line#imgtool create }
+  if [[ $args == *" -b base.raw "* ]]; then
+    qemu-img create -q -f raw "$L/base.raw" 32M
+  fi
+  (cd "$L" && eval "\"$IMGTOOL\" create $args" >/dev/null) || { fail "$line failed"; continue; }
+  file=$(ls -t "$L" | grep -v base.raw | head -1)
+  check_image "$label" "$L/$file" "$opts"
+done <"$BASE/lines"
+
+echo "== SIGTERM mid-run"
+checks=$((checks + 1))
+"$IMGTOOL" advise --size 32M --time 60 --output=json "$R" >"$BASE/term.out" 2>"$BASE/term.err" &
+pid=$!
+# wait until its directory exists, then a little longer
+for _ in $(seq 100); do
+  ls -a "$R" | grep -q '^\.imgtool-advise-' && break
+  sleep 0.1
+done
+sleep 2
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+[[ $rc -eq 143 ]] || fail "SIGTERM: exit $rc, want 143 (killed by SIGTERM); $(cat "$BASE/term.err")"
+[[ ! -s "$BASE/term.out" ]] || fail "SIGTERM: printed $(head -c 200 "$BASE/term.out")"
+checks=$((checks + 1))
+[[ "$(listing "$R")" == "$before" ]] || fail "SIGTERM left DIR changed:
+$(diff <(echo "$before") <(listing "$R"))"
+
+finish
