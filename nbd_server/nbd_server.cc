@@ -1522,14 +1522,13 @@ io::Task<void> Server::HandleRequest(Connection* conn, Request* request) {
     }
   }
   if (!sent) {
-    if (error != 0) {
-      ok = co_await SendError(*conn, r.handle, error, message);
-    } else if (conn->structured) {
-      ok = co_await SendChunk(*conn, r.handle, kReplyFlagDone, kReplyNone, "",
-                              nullptr, 0);
-    } else {
-      ok = co_await SendSimpleReply(*conn, r.handle, 0, nullptr, 0);
-    }
+    // Success of a command without data: a simple reply also when
+    // structured replies were negotiated (the protocol allows both; qemu 7.2
+    // nbd_send_generic_reply sends the 16-byte simple reply, which a client
+    // reads in one piece).
+    ok = error != 0
+             ? co_await SendError(*conn, r.handle, error, message)
+             : co_await SendSimpleReply(*conn, r.handle, 0, nullptr, 0);
   }
   // A reply that could not be sent: the client is gone; wake the reader.
   if (!ok) shutdown(conn->fd, SHUT_RDWR);

@@ -29,7 +29,10 @@
 // past the end of a shorter backing node the range counts as allocated in
 // that node) and qemu:dirty-bitmap:NAME (NBD_STATE_DIRTY = 1 on the set
 // ranges), one chunk per selected context in that order, the last with
-// DONE; DISC. Simple replies unless the client negotiated structured replies.
+// DONE; DISC. Simple replies unless the client negotiated structured replies;
+// with them, READ and BLOCK_STATUS answer in chunks and errors in an ERROR
+// chunk, while the success of any other command is a simple reply (qemu
+// 7.2's nbd_send_generic_reply).
 // Transmission flags as qemu-nbd 7.2: HAS_FLAGS, SEND_FLUSH, SEND_FUA,
 // SEND_CACHE always; READ_ONLY, or SEND_TRIM | SEND_WRITE_ZEROES |
 // SEND_FAST_ZERO when writable; SEND_DF with structured replies;
