@@ -707,5 +707,39 @@ class FindChartjsTest(unittest.TestCase):
                          "/nonexistent/chart.umd.js: Chart.js file not found")
 
 
+class AdviseTest(unittest.TestCase):
+    """`imgtool advise --output=json` on XFS, ext4 and ext4 without
+    extents (testdata/benchmarks/advise, benchmarks/advise_filesystems.sh):
+    one chart per workload, a series per file (filesystem), a bar per
+    configuration the runs measured; the create table's chart shows
+    seconds (it has no IOPS)."""
+
+    @classmethod
+    def setUpClass(cls):
+        render_and_read(cls, [
+            "testdata/benchmarks/advise/%s/advise-vm.json" % fs
+            for fs in ("xfs", "ext4", "ext4_noextents")])
+
+    def test_one_chart_per_workload(self):
+        self.assertEqual(self.dom.errors, [])
+        self.assertEqual(self.dom.body.get("data-status"), "rendered")
+        self.assertEqual([s for s, _ in self.suites], ["advise"])
+        runs = dict(self.suites)["advise"]
+        self.assertEqual(sorted(r.context["filesystems"] for r in runs),
+                         ["ext4", "ext4_noextents", "xfs"])
+        expected = {}
+        for w in ("create", "random-4k", "sequential", "overlay"):
+            configs = set()
+            points = 0
+            for r in runs:
+                cases = [c for c in r.cases if c.value("workload") == w and
+                         c.error is None]
+                configs |= set(c.value("config") for c in cases)
+                points += len(cases)
+            expected["chart-advise-" + w] = (
+                "seconds" if w == "create" else "IOPS", "3", str(points))
+        assert_charts(self, self.dom, expected)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -217,7 +217,7 @@ if iops != sorted(iops, reverse=True):
     problems.append("not ranked by IOPS: %r" % iops)
 if not any(l.startswith("Winner: " + rows[0][1] + ": median ") for l in text):
     problems.append("no winner line for %s" % rows[0][1])
-if not any(re.match(r"^  (TIE: tie with|better than) ", l) for l in text):
+if not any(re.match(r"^  (TIE: tie with|better than) [a-z0-9_A-Z-]+ \(median [0-9,]+ IOPS\): [-+]", l) for l in text):
     problems.append("no verdict line")
 if not any(l.startswith("  imgtool create -f ") for l in text):
     problems.append("no create line")
