@@ -21,6 +21,7 @@
 #define IMGTOOL_IO_TASK_H_
 
 #include <coroutine>
+#include <cstddef>
 #include <cstdlib>
 #include <exception>
 #include <optional>
@@ -79,7 +80,32 @@ inline void Resume(std::coroutine_handle<> h) {
 
 namespace internal {
 
-struct PromiseBase {
+// Coroutine frames of Task and Detached (one or more per request on every
+// I/O path: a raw image's write is eight nested tasks) come from per-thread
+// free lists by size class (64-byte steps up to kMaxPooledFrame bytes, at
+// most kMaxPooledPerClass kept per class) instead of malloc and free on each
+// request. A frame freed on another thread goes to that thread's lists.
+// Larger frames, and every frame in sanitizer builds (so that ASan still
+// sees a use after free), go to operator new and delete.
+inline constexpr std::size_t kMaxPooledFrame = 2048;
+inline constexpr std::size_t kMaxPooledPerClass = 4096;
+void* AllocateFrame(std::size_t bytes);
+void FreeFrame(void* frame, std::size_t bytes) noexcept;
+// Frames this thread holds in its free lists, and whether frames are
+// pooled in this build (for tests).
+std::size_t PooledFrames();
+bool FramePoolingEnabled();
+
+// Allocation of coroutine frames through AllocateFrame/FreeFrame; promise
+// types derive from it.
+struct PooledFrame {
+  static void* operator new(std::size_t bytes) { return AllocateFrame(bytes); }
+  static void operator delete(void* frame, std::size_t bytes) noexcept {
+    FreeFrame(frame, bytes);
+  }
+};
+
+struct PromiseBase : PooledFrame {
   // The coroutine awaiting this task (none for a task that was never
   // awaited).
   std::coroutine_handle<> continuation;
@@ -202,7 +228,7 @@ class [[nodiscard]] Task<void> {
 // A fire-and-forget coroutine that starts at once and frees itself when it
 // finishes. Use through Spawn().
 struct Detached {
-  struct promise_type {
+  struct promise_type : internal::PooledFrame {
     Detached get_return_object() { return {}; }
     std::suspend_never initial_suspend() noexcept { return {}; }
     std::suspend_never final_suspend() noexcept { return {}; }

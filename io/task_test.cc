@@ -32,6 +32,39 @@ TEST(TaskTest, LoopOverFinishedTasksRunsOnASmallStack) {
   });
 }
 
+// Stores the address of the coroutine frame that awaits it.
+struct RecordFrame {
+  void** out;
+  bool await_ready() const { return false; }
+  bool await_suspend(std::coroutine_handle<> h) {
+    *out = h.address();
+    return false;  // go on at once
+  }
+  void await_resume() {}
+};
+
+Task<void> FrameOf(void** out) { co_await RecordFrame{out}; }
+
+Task<void> TwoTasksInTurn(void** first, void** second) {
+  co_await FrameOf(first);
+  co_await FrameOf(second);
+}
+
+// The second task's frame is the first's, taken back from this thread's
+// free list instead of from malloc (not in sanitizer builds, which use
+// operator new and delete for every frame).
+TEST(TaskTest, FrameOfAFinishedTaskIsReused) {
+  if (!internal::FramePoolingEnabled()) GTEST_SKIP() << "sanitizer build";
+  void* first = nullptr;
+  void* second = nullptr;
+  bool done = false;
+  Spawn(TwoTasksInTurn(&first, &second), [&] { done = true; });
+  ASSERT_TRUE(done);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(first, second);
+  EXPECT_GE(internal::PooledFrames(), 2u);  // TwoTasksInTurn's and Spawn's
+}
+
 // A coroutine suspended on a handle the test resumes. (Await a local
 // reference to it: GCC 12 copies an awaiter that `co_await v[i]` names.)
 struct Parked {

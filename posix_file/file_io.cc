@@ -444,14 +444,30 @@ absl::Status FileIo::CutToSize() {
 }
 
 bool FileIo::Conflicts(uint64_t start, uint64_t end, bool rmw) const {
-  for (const InflightWrite& w : inflight_) {
-    if (w.start < end && start < w.end && (rmw || w.rmw)) return true;
+  if (!rmw && rmw_in_flight_ == 0) return false;
+  for (const InflightWrite* w = inflight_; w != nullptr; w = w->next) {
+    if (w->start < end && start < w->end && (rmw || w->rmw)) return true;
   }
   return false;
 }
 
-void FileIo::EndWrite(std::list<InflightWrite>::iterator it) {
-  inflight_.erase(it);
+void FileIo::BeginWrite(InflightWrite& w) {
+  w.prev = nullptr;
+  w.next = inflight_;
+  if (inflight_ != nullptr) inflight_->prev = &w;
+  inflight_ = &w;
+  if (w.rmw) ++rmw_in_flight_;
+}
+
+void FileIo::EndWrite(InflightWrite& w) {
+  if (w.prev != nullptr) {
+    w.prev->next = w.next;
+  } else {
+    inflight_ = w.next;
+  }
+  if (w.next != nullptr) w.next->prev = w.prev;
+  if (w.rmw) --rmw_in_flight_;
+  if (waiters_.empty()) return;
   std::vector<std::coroutine_handle<>> waiters;
   waiters.swap(waiters_);
   for (std::coroutine_handle<> h : waiters) io::Resume(h);
@@ -461,7 +477,9 @@ absl::Status FileIo::TrimPadding(uint64_t written_end) {
   // An aligned write may have grown the file past the caller's data: cut it
   // back to the furthest end any finished or pending write wants.
   uint64_t wanted = size_;
-  for (const InflightWrite& w : inflight_) wanted = std::max(wanted, w.wanted_end);
+  for (const InflightWrite* w = inflight_; w != nullptr; w = w->next) {
+    wanted = std::max(wanted, w->wanted_end);
+  }
   if (written_end <= wanted) return absl::OkStatus();
   // Padding inside the length grown ahead: CutToSize removes it.
   if (growth_step_ != 0 && length_ > written_end) {
@@ -484,10 +502,10 @@ io::Task<absl::Status> FileIo::WriteDirect(uint64_t offset, const uint8_t* data,
   const uint64_t end = offset + length;
   if (!NeedsBounce(offset, length, data)) {
     while (Conflicts(offset, end, /*rmw=*/false)) co_await WaitForWrites{*this};
-    auto it = inflight_.insert(inflight_.end(),
-                               InflightWrite{offset, end, false, end});
+    InflightWrite w{offset, end, false, end};
+    BeginWrite(w);
     absl::Status st = co_await WritePlain(offset, data, length);
-    EndWrite(it);
+    EndWrite(w);
     co_return st;
   }
   const uint64_t ra = config_.alignment.request;
@@ -502,8 +520,8 @@ io::Task<absl::Status> FileIo::WriteDirect(uint64_t offset, const uint8_t* data,
     const uint64_t data_end = std::min(stop, end);
     const bool rmw = cur != start || data_end != stop;
     while (Conflicts(start, stop, rmw)) co_await WaitForWrites{*this};
-    auto it = inflight_.insert(inflight_.end(),
-                               InflightWrite{start, stop, rmw, data_end});
+    InflightWrite w{start, stop, rmw, data_end};
+    BeginWrite(w);
     absl::Status st;
     if (cur != start) {  // head padding
       st = co_await ReadPlain(start, bounce.data(), ra);
@@ -519,11 +537,11 @@ io::Task<absl::Status> FileIo::WriteDirect(uint64_t offset, const uint8_t* data,
     if (st.ok()) {
       NoteWritten(cur, data_end);
       if (stop != data_end) {
-        it->wanted_end = 0;  // our own padding does not count
+        w.wanted_end = 0;  // our own padding does not count
         st = TrimPadding(stop);
       }
     }
-    EndWrite(it);
+    EndWrite(w);
     CO_RETURN_IF_ERROR(st);
     cur = data_end;
   }

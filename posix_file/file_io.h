@@ -15,7 +15,6 @@
 #include <coroutine>
 #include <cstdint>
 #include <cstdlib>
-#include <list>
 #include <map>
 #include <memory>
 #include <set>
@@ -225,11 +224,16 @@ class FileIo {
                                   bool exact);
 
  private:
+  // An O_DIRECT write in flight. Lives in the writing coroutine's frame
+  // (no allocation per write) and is linked into inflight_ from BeginWrite
+  // to EndWrite.
   struct InflightWrite {
     uint64_t start;        // range the syscall covers (aligned)
     uint64_t end;
     bool rmw;              // writes padding read before
     uint64_t wanted_end;   // end of the caller's data
+    InflightWrite* prev = nullptr;
+    InflightWrite* next = nullptr;
   };
   struct WaitForWrites;
 
@@ -245,8 +249,13 @@ class FileIo {
                                      uint64_t length);
   io::Task<absl::Status> WriteZeroBuffers(uint64_t start, uint64_t end);
   io::Task<void> WriteFirstBlock(uint64_t new_size);
+  // Whether [start, end) overlaps a write in flight that must not run
+  // beside it: one of the two reads and writes padding (`rmw`). Without an
+  // rmw write in flight, a plain write never conflicts (no scan).
   bool Conflicts(uint64_t start, uint64_t end, bool rmw) const;
-  void EndWrite(std::list<InflightWrite>::iterator it);
+  // Links `w` into inflight_ / unlinks it and wakes the writes waiting.
+  void BeginWrite(InflightWrite& w);
+  void EndWrite(InflightWrite& w);
   absl::Status ExtendTo(uint64_t end);
   // Grows the file ahead of a write ending at `end` (see set_growth_step),
   // never past RLIMIT_FSIZE (SIGXFSZ would kill the process). A failed
@@ -297,7 +306,10 @@ class FileIo {
   // Known holes below size_, start -> end, disjoint (see MayAllocate). At
   // most kMaxKnownHoles; more are not recorded (a hint only).
   std::map<uint64_t, uint64_t> holes_;
-  std::list<InflightWrite> inflight_;  // O_DIRECT only
+  // O_DIRECT writes in flight (intrusive, newest first), and how many of
+  // them are rmw.
+  InflightWrite* inflight_ = nullptr;
+  uint64_t rmw_in_flight_ = 0;
   std::vector<std::coroutine_handle<>> waiters_;
 };
 
