@@ -63,6 +63,9 @@ SUITES = {
                lambda l: {"seconds", "extents", "allocated_bytes"} |
                (set() if l["workload"] == "create" else
                 {"IOPS", "MiB_per_s", "create_seconds", "writes"})),
+    # issue 20 part 1: per-request cost, imgtool / qemu-img / fio per engine
+    "reqcost_side_by_side": (["fs", "case", "depth", "engine", "tool"],
+                             lambda l: {"seconds", "IOPS", "requests"}),
 }
 AGGREGATES = {"mean", "median", "stddev", "cv"}
 GB_FIELDS = {"name", "family_index", "per_family_instance_index", "run_name",

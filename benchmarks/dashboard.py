@@ -92,6 +92,13 @@ SUITE_CHARTS = {
     # workload (the create table's charts show seconds and space)
     "advise": {"kind": "bar", "x": "config", "facet": "workload",
                "metric": "IOPS", "x_title": "configuration"},
+    # issue 20 part 1: IOPS over queue depth per case, one line per tool
+    # and engine, fio's engines dashed (the ceiling is the best of them);
+    # the caption gives imgtool's ratio to qemu-img's same engine
+    "reqcost_side_by_side": {"kind": "line", "x": "depth", "facet": "case",
+                             "metric": "IOPS", "x_title": "queue depth",
+                             "ceiling": ("tool", "fio"),
+                             "ratio": ("tool", "qemu-img")},
 }
 
 # Shown first in the context table, then the others in file order.

@@ -67,6 +67,13 @@ SBS_EXPECTED = {
     "chart-prealloc_side_by_side": ("IOPS", "4", "8"),
     "chart-chain_side_by_side": ("seconds", "2", "10"),
     "chart-startup_side_by_side": ("seconds", "2", "10"),
+    # reqcost_side_by_side (depths 1 and 64): one chart per case; the 12 KiB
+    # step cases have 3 engines x (imgtool, qemu-img) + fio's 2 engines,
+    # the random ones no qemu-img (its bench has no random mode)
+    "chart-reqcost_side_by_side-write_step12k": ("IOPS", "8", "16"),
+    "chart-reqcost_side_by_side-read_step12k": ("IOPS", "8", "16"),
+    "chart-reqcost_side_by_side-randwrite": ("IOPS", "5", "10"),
+    "chart-reqcost_side_by_side-randread": ("IOPS", "5", "10"),
 }
 
 # Their captions: each bar's ratio to qemu-img's (means) and the U test of
@@ -569,7 +576,7 @@ class SideBySideTest(unittest.TestCase):
         self.assertEqual([s for s, _ in self.suites], [
             "side_by_side", "subcluster_side_by_side",
             "prealloc_side_by_side", "chain_side_by_side",
-            "startup_side_by_side"])
+            "startup_side_by_side", "reqcost_side_by_side"])
         assert_charts(self, self.dom, SBS_EXPECTED)
         for cid in SBS_EXPECTED:
             self.assertGreater(int(self.dom.figures[cid].get(
@@ -603,6 +610,27 @@ class SideBySideTest(unittest.TestCase):
         self.assertEqual(
             lines[0], "cmd:info, seconds: imgtool 27.1 ms / qemu-img 51.3 ms, "
             "ratio 0.53, p=0.029 significant (target \u2264 1): met")
+
+    def test_reqcost_targets_per_engine_and_against_the_ceiling(self):
+        # issue 20 part 1: imgtool >= qemu-img with the same engine, and
+        # imgtool's default engine >= 0.95 of the best fio median of the
+        # cell (the ceiling, derived from the fio entries)
+        run = dict(self.suites)["reqcost_side_by_side"][0]
+        lines = results.target_lines("reqcost_side_by_side", run)
+        # (3 engines + ceiling) x 2 depths x 2 step cases, ceiling only x
+        # 2 depths x 2 random cases
+        self.assertEqual(len(lines), 20)
+        self.assertEqual(
+            lines[4], "case:write_step12k/depth:64, engine native, IOPS: "
+            "imgtool 66,972 / qemu-img 26,470, ratio 2.53, p=0.029 "
+            "significant (target \u2265 1): met")
+        self.assertEqual(
+            lines[19], "case:randread/depth:64, IOPS: imgtool io_uring "
+            "48,822 / ceiling 56,573 (fio io_uring), ratio 0.86 (target "
+            "\u2265 0.95): MISSED")
+        block = self.page.split(
+            '<ul class="targets" data-suite="reqcost_side_by_side">')[1]
+        self.assertEqual(block.count("<li "), 20)
 
     def test_one_ratio_by_hand(self):
         # the caption's figures are the files' means and results.utest of
