@@ -25,6 +25,7 @@
 #include "base/errno_status.h"
 #include "base/options.h"
 #include "nbd_block/libnbd.h"
+#include "nbd_block/oldstyle.h"
 
 namespace imgtool::nbd_block {
 namespace {
@@ -452,19 +453,18 @@ namespace {
 absl::StatusOr<nbd_handle*> ConnectHandle(const NbdAddress& address,
                                           const std::string& context,
                                           int greeting_ms = -1) {
-  const int fd = ConnectSocket(address);
+  int fd = ConnectSocket(address);
   if (fd < 0) {
     return absl::UnavailableError(absl::StrCat("Failed to connect to '",
                                                AddressText(address), "': ",
                                                std::strerror(-fd)));
   }
-  if (greeting_ms >= 0) {
-    pollfd p = {.fd = fd, .events = POLLIN, .revents = 0};
-    if (poll(&p, 1, greeting_ms) != 1) {
-      close(fd);
-      return absl::UnavailableError("no greeting from the server");
-    }
-  }
+  // An oldstyle server with transmission flags 0 (libnbd refuses it, QEMU
+  // takes it) is relayed with NBD_FLAG_HAS_FLAGS set (oldstyle.h); any
+  // other gets `fd` unread.
+  absl::StatusOr<int> adapted = AdaptOldstyle(fd, greeting_ms);
+  if (!adapted.ok()) return adapted.status();
+  fd = *adapted;
   nbd_handle* h = Nbd().nbd_create();
   if (h == nullptr) {
     close(fd);

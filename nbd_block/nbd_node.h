@@ -163,6 +163,17 @@
 // were what made it slower than nbdcopy out of qemu-nbd (README, nbd
 // client). The read's status is the first failing piece's.
 //
+// Oldstyle servers (the NBD protocol, "Oldstyle negotiation"): libnbd
+// speaks it, but refuses transmission flags 0 ("invalid eflags == 0 from
+// server"), which QEMU 7.2's client takes as no flush, trim, zeroes or FUA
+// on a writable export (nbd/client.c nbd_negotiate_finish_oldstyle; iotest
+// 277's nbd-fault-injector.py sends them). Each connection peeks at the
+// server's greeting before libnbd reads it; for that one greeting libnbd
+// is given a socketpair with NBD_FLAG_HAS_FLAGS set and a relay thread
+// copies the bytes to and from the server (nbd_block/oldstyle.h: one
+// connection to the server, its close seen by libnbd, so reconnect-delay
+// works through it). Every other server is read by libnbd directly.
+//
 // Not in this slice: FUA (BlockNode has no FUA flag yet).
 //
 // Units: bytes. Errors: kInvalidArgument for names and options; kUnavailable

@@ -4,18 +4,25 @@
 #include "nbd_block/nbd_node.h"
 
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/errno_status.h"
 #include "gtest/gtest.h"
 #include "io/engine.h"
+#include "nbd_block/oldstyle.h"
 
 namespace imgtool::nbd_block {
 namespace {
@@ -227,6 +234,293 @@ TEST(NbdNodeTest, HeldExtentsAnswerQueriesUntilTheNodeWrites) {
   EXPECT_TRUE(s.zero);
   EXPECT_EQ(n.block_status_requests(), 6u);
   ASSERT_TRUE(io::RunSync(**engine, n.Close()).ok());
+}
+
+// An oldstyle NBD server (doc/proto.md, "Oldstyle negotiation") in a
+// thread, as QEMU's nbd-fault-injector.py --classic-negotiation: greeting
+// with the given 32-bit flags, then simple replies to READ, WRITE and DISC
+// over a 1 MiB memory disk, one connection at a time on a unix socket.
+// drop_writes: the first that many WRITEs close the connection once their
+// data is read, without a reply (the injector's event=data when=after).
+class OldstyleServer {
+ public:
+  static constexpr uint64_t kSize = 1 << 20;
+  OldstyleServer(uint32_t flags, int drop_writes)
+      : flags_(flags), drop_writes_(drop_writes), disk_(kSize, 0) {
+    dir_ = "/tmp/oldstyle.XXXXXX";
+    if (mkdtemp(dir_.data()) == nullptr) return;
+    listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un sun = {};
+    sun.sun_family = AF_UNIX;
+    std::strcpy(sun.sun_path, socket_path().c_str());
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&sun), sizeof sun) != 0 ||
+        listen(listen_fd_, 4) != 0) {
+      return;
+    }
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~OldstyleServer() {
+    stop_ = true;
+    shutdown(listen_fd_, SHUT_RDWR);
+    if (thread_.joinable()) thread_.join();
+    close(listen_fd_);
+    unlink(socket_path().c_str());
+    rmdir(dir_.c_str());
+  }
+  std::string socket_path() const { return dir_ + "/s"; }
+  bool listening() const { return thread_.joinable(); }
+  const std::vector<uint8_t>& disk() const { return disk_; }
+  int connections() const { return connections_; }
+  int disconnects() const { return disconnects_; }
+
+ private:
+  static void Put(uint8_t* p, uint64_t v, int bytes) {
+    for (int i = bytes - 1; i >= 0; --i, v >>= 8) p[i] = v & 0xff;
+  }
+  static uint64_t Get(const uint8_t* p, int bytes) {
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) v = v << 8 | p[i];
+    return v;
+  }
+  static bool ReadAll(int fd, uint8_t* p, size_t n) {
+    return recv(fd, p, n, MSG_WAITALL) == static_cast<ssize_t>(n);
+  }
+  void Serve() {
+    while (!stop_) {
+      const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) return;
+      ++connections_;
+      ServeOne(fd);
+      close(fd);
+    }
+  }
+  void ServeOne(int fd) {
+    uint8_t greeting[152] = {'N', 'B', 'D', 'M', 'A', 'G', 'I', 'C',
+                             0,   0,   0x42, 0x02, 0x81, 0x86, 0x12, 0x53};
+    Put(greeting + 16, kSize, 8);
+    Put(greeting + 24, flags_, 4);
+    if (send(fd, greeting, sizeof greeting, MSG_NOSIGNAL) != 152) return;
+    for (;;) {
+      uint8_t req[28];
+      if (!ReadAll(fd, req, sizeof req) || Get(req, 4) != 0x25609513) return;
+      const uint64_t type = Get(req + 6, 2);
+      const uint64_t offset = Get(req + 16, 8);
+      const uint64_t length = Get(req + 24, 4);
+      uint8_t reply[16] = {};
+      Put(reply, 0x67446698, 4);
+      std::memcpy(reply + 8, req + 8, 8);
+      if (type == 2) {  // NBD_CMD_DISC
+        ++disconnects_;
+        return;
+      }
+      if (offset > kSize || length > kSize - offset) return;
+      if (type == 0) {  // NBD_CMD_READ
+        if (send(fd, reply, sizeof reply, MSG_NOSIGNAL) != 16 ||
+            send(fd, disk_.data() + offset, length, MSG_NOSIGNAL) !=
+                static_cast<ssize_t>(length)) {
+          return;
+        }
+      } else if (type == 1) {  // NBD_CMD_WRITE
+        std::vector<uint8_t> data(length);
+        if (!ReadAll(fd, data.data(), length)) return;
+        if (drop_writes_ > 0) {
+          --drop_writes_;
+          return;
+        }
+        std::memcpy(disk_.data() + offset, data.data(), length);
+        if (send(fd, reply, sizeof reply, MSG_NOSIGNAL) != 16) return;
+      } else {
+        Put(reply + 4, 22, 4);  // EINVAL
+        if (send(fd, reply, sizeof reply, MSG_NOSIGNAL) != 16) return;
+      }
+    }
+  }
+
+  const uint32_t flags_;
+  int drop_writes_;
+  std::vector<uint8_t> disk_;
+  std::string dir_;
+  int listen_fd_ = -1;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+  std::atomic<int> disconnects_{0};
+};
+
+NbdAddress UnixAddress(const std::string& path) {
+  NbdAddress address;
+  address.is_unix = true;
+  address.path = path;
+  return address;
+}
+
+// Transmission flags 0 (libnbd alone: "invalid eflags == 0 from server"):
+// opened as QEMU opens it (writable; no flush, trim or zeroes), and data
+// written and read back through the relay; DISC reaches the server.
+TEST(NbdNodeTest, OldstyleServerWithoutFlags) {
+  OldstyleServer server(0, 0);
+  ASSERT_TRUE(server.listening());
+  auto engine = io::CreateEngine(io::EngineKind::kThreads, 16, nullptr);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto node = NbdNode::Open("nbd", UnixAddress(server.socket_path()),
+                            engine->get(), false);
+  ASSERT_TRUE(node.ok()) << node.status();
+  NbdNode& n = **node;
+  EXPECT_EQ(n.size(), OldstyleServer::kSize);
+  EXPECT_FALSE(n.can_flush());
+  EXPECT_FALSE(n.can_trim());
+  EXPECT_FALSE(n.can_zero());
+  EXPECT_FALSE(n.has_base_allocation());
+  std::vector<uint8_t> data(300 << 10);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7);
+  ASSERT_TRUE(io::RunSync(**engine, n.Write(4096, data)).ok());
+  std::vector<uint8_t> back(data.size());
+  ASSERT_TRUE(io::RunSync(**engine, n.Read(4096, io::IoVec(back))).ok());
+  EXPECT_EQ(back, data);
+  EXPECT_TRUE(io::RunSync(**engine, n.Flush()).ok());  // no-op: no flush
+  ASSERT_TRUE(io::RunSync(**engine, n.Close()).ok());
+  node->reset();
+  for (int i = 0; i < 500 && server.disconnects() == 0; ++i) usleep(10000);
+  EXPECT_EQ(server.disconnects(), 1);
+  EXPECT_EQ(server.connections(), 1);
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), server.disk().begin() + 4096));
+}
+
+// The server closes the connection after a write's data (iotest 277's
+// first server): libnbd sees the close through the relay, and with
+// reconnect-delay the write is sent again on a new connection.
+TEST(NbdNodeTest, OldstyleServerWithoutFlagsReconnects) {
+  OldstyleServer server(0, 1);
+  ASSERT_TRUE(server.listening());
+  auto engine = io::CreateEngine(io::EngineKind::kThreads, 16, nullptr);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  NbdAddress address = UnixAddress(server.socket_path());
+  address.reconnect_delay = 5;
+  auto node = NbdNode::Open("nbd", address, engine->get(), false);
+  ASSERT_TRUE(node.ok()) << node.status();
+  std::vector<uint8_t> data(3 << 20 >> 2, 0x07);
+  ASSERT_TRUE(io::RunSync(**engine, (*node)->Write(0, data)).ok());
+  EXPECT_EQ((*node)->reconnects(), 1u);
+  EXPECT_EQ(server.connections(), 2);
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), server.disk().begin()));
+  ASSERT_TRUE(io::RunSync(**engine, (*node)->Close()).ok());
+}
+
+// Without reconnect-delay the lost connection fails the write with EIO, as
+// QEMU's client.
+TEST(NbdNodeTest, OldstyleServerWithoutFlagsLost) {
+  OldstyleServer server(0, 1);
+  ASSERT_TRUE(server.listening());
+  auto engine = io::CreateEngine(io::EngineKind::kThreads, 16, nullptr);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto node = NbdNode::Open("nbd", UnixAddress(server.socket_path()),
+                            engine->get(), false);
+  ASSERT_TRUE(node.ok()) << node.status();
+  std::vector<uint8_t> data(4096, 0x07);
+  absl::Status st = io::RunSync(**engine, (*node)->Write(0, data));
+  EXPECT_EQ(StatusErrno(st), EIO) << st;
+}
+
+// Oldstyle with NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH: libnbd reads the
+// greeting itself (no relay) and the server's flags count.
+TEST(NbdNodeTest, OldstyleServerWithFlags) {
+  OldstyleServer server(0x1 | 0x4, 0);
+  ASSERT_TRUE(server.listening());
+  auto engine = io::CreateEngine(io::EngineKind::kThreads, 16, nullptr);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto node = NbdNode::Open("nbd", UnixAddress(server.socket_path()),
+                            engine->get(), false);
+  ASSERT_TRUE(node.ok()) << node.status();
+  EXPECT_TRUE((*node)->can_flush());
+  EXPECT_FALSE((*node)->can_trim());
+  ASSERT_TRUE(io::RunSync(**engine, (*node)->Close()).ok());
+}
+
+// AdaptOldstyle on one end of a socketpair, `sent` written to the other
+// first (then closed when `close_after`): the descriptor it returns and
+// the bytes that one then reads (up to 152).
+struct Adapted {
+  absl::StatusOr<int> fd;
+  bool same_fd = false;
+  std::vector<uint8_t> bytes;
+};
+Adapted Adapt(const std::vector<uint8_t>& sent, bool close_after, int wait_ms) {
+  int sv[2];
+  EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  EXPECT_EQ(send(sv[1], sent.data(), sent.size(), 0),
+            static_cast<ssize_t>(sent.size()));
+  if (close_after) close(sv[1]);
+  Adapted a;
+  a.fd = AdaptOldstyle(sv[0], wait_ms);
+  if (a.fd.ok()) {
+    a.same_fd = *a.fd == sv[0];
+    if (!close_after) shutdown(sv[1], SHUT_WR);
+    uint8_t buf[152];
+    const ssize_t n = recv(*a.fd, buf, sizeof buf, MSG_WAITALL);
+    if (n > 0) a.bytes.assign(buf, buf + n);
+    close(*a.fd);
+  }
+  if (!close_after) close(sv[1]);
+  return a;
+}
+
+std::vector<uint8_t> OldGreeting(uint32_t flags) {
+  std::vector<uint8_t> g = {'N', 'B', 'D', 'M', 'A', 'G', 'I', 'C',
+                            0,   0,   0x42, 0x02, 0x81, 0x86, 0x12, 0x53};
+  g.resize(152, 0);
+  g[23] = 0x10;  // size 4096
+  g[24] = flags >> 24;
+  g[25] = flags >> 16;
+  g[26] = flags >> 8;
+  g[27] = flags;
+  return g;
+}
+
+TEST(OldstyleTest, RelaysOnlyOldstyleWithoutTransmissionFlags) {
+  // Flags 0: a new descriptor, the greeting with NBD_FLAG_HAS_FLAGS.
+  Adapted a = Adapt(OldGreeting(0), false, 1000);
+  ASSERT_TRUE(a.fd.ok()) << a.fd.status();
+  EXPECT_FALSE(a.same_fd);
+  EXPECT_EQ(a.bytes, OldGreeting(1));
+  // Only the low 16 bits are transmission flags: 0x10000 is relayed too.
+  a = Adapt(OldGreeting(0x10000), false, 1000);
+  EXPECT_FALSE(a.same_fd);
+  EXPECT_EQ(a.bytes, OldGreeting(0x10001));
+  // Flags: untouched, nothing read.
+  for (uint32_t flags : {0x1u, 0x2u, 0x5u}) {
+    a = Adapt(OldGreeting(flags), false, 1000);
+    ASSERT_TRUE(a.fd.ok()) << a.fd.status();
+    EXPECT_TRUE(a.same_fd) << flags;
+    EXPECT_EQ(a.bytes, OldGreeting(flags)) << flags;
+  }
+  // Newstyle ("IHAVEOPT", 18 bytes): untouched.
+  std::vector<uint8_t> newstyle = {'N', 'B', 'D', 'M', 'A', 'G', 'I', 'C',
+                                   'I', 'H', 'A', 'V', 'E', 'O', 'P', 'T', 0, 3};
+  a = Adapt(newstyle, false, 1000);
+  EXPECT_TRUE(a.same_fd);
+  EXPECT_EQ(a.bytes, newstyle);
+  // A greeting cut short by the server's close: untouched (libnbd reports
+  // it).
+  const std::vector<uint8_t> greeting = OldGreeting(0);
+  std::vector<uint8_t> cut(greeting.begin(), greeting.begin() + 40);
+  a = Adapt(cut, true, 1000);
+  EXPECT_TRUE(a.same_fd);
+  EXPECT_EQ(a.bytes, cut);
+  a = Adapt({}, true, 1000);
+  EXPECT_TRUE(a.same_fd);
+  EXPECT_TRUE(a.bytes.empty());
+}
+
+TEST(OldstyleTest, NoGreetingInTime) {
+  // Nothing, or part of a greeting, within the wait: kUnavailable.
+  const std::vector<uint8_t> greeting = OldGreeting(0);
+  for (size_t n : {size_t{0}, size_t{20}, size_t{100}}) {
+    std::vector<uint8_t> part(greeting.begin(), greeting.begin() + n);
+    Adapted a = Adapt(part, false, 50);
+    EXPECT_EQ(a.fd.status(),
+              absl::UnavailableError("no greeting from the server"))
+        << n;
+  }
 }
 
 }  // namespace
