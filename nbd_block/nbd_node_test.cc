@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -347,93 +348,90 @@ class OldstyleServer {
   std::atomic<int> disconnects_{0};
 };
 
-NbdAddress UnixAddress(const std::string& path) {
-  NbdAddress address;
-  address.is_unix = true;
-  address.path = path;
-  return address;
-}
+// An OldstyleServer and an NbdNode opened on it (thread-pool engine).
+class OldstyleNodeTest : public ::testing::Test {
+ protected:
+  // Starts the server (flags, drop_writes) and opens the node with
+  // `reconnect_delay` (seconds).
+  void Open(uint32_t flags, int drop_writes, uint32_t reconnect_delay = 0) {
+    server_ = std::make_unique<OldstyleServer>(flags, drop_writes);
+    ASSERT_TRUE(server_->listening());
+    auto engine = io::CreateEngine(io::EngineKind::kThreads, 16, nullptr);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+    NbdAddress address;
+    address.is_unix = true;
+    address.path = server_->socket_path();
+    address.reconnect_delay = reconnect_delay;
+    auto node = NbdNode::Open("nbd", address, engine_.get(), false);
+    ASSERT_TRUE(node.ok()) << node.status();
+    node_ = std::move(*node);
+  }
+  template <typename T>
+  T Run(io::Task<T> task) {
+    return io::RunSync(*engine_, std::move(task));
+  }
+
+  std::unique_ptr<OldstyleServer> server_;
+  std::unique_ptr<io::Engine> engine_;
+  std::unique_ptr<NbdNode> node_;
+};
 
 // Transmission flags 0 (libnbd alone: "invalid eflags == 0 from server"):
 // opened as QEMU opens it (writable; no flush, trim or zeroes), and data
 // written and read back through the relay; DISC reaches the server.
-TEST(NbdNodeTest, OldstyleServerWithoutFlags) {
-  OldstyleServer server(0, 0);
-  ASSERT_TRUE(server.listening());
-  auto engine = io::CreateEngine(io::EngineKind::kThreads, 16, nullptr);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  auto node = NbdNode::Open("nbd", UnixAddress(server.socket_path()),
-                            engine->get(), false);
-  ASSERT_TRUE(node.ok()) << node.status();
-  NbdNode& n = **node;
-  EXPECT_EQ(n.size(), OldstyleServer::kSize);
-  EXPECT_FALSE(n.can_flush());
-  EXPECT_FALSE(n.can_trim());
-  EXPECT_FALSE(n.can_zero());
-  EXPECT_FALSE(n.has_base_allocation());
+TEST_F(OldstyleNodeTest, ServerWithoutFlags) {
+  ASSERT_NO_FATAL_FAILURE(Open(0, 0));
+  EXPECT_EQ(node_->size(), OldstyleServer::kSize);
+  EXPECT_FALSE(node_->can_flush());
+  EXPECT_FALSE(node_->can_trim());
+  EXPECT_FALSE(node_->can_zero());
+  EXPECT_FALSE(node_->has_base_allocation());
   std::vector<uint8_t> data(300 << 10);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7);
-  ASSERT_TRUE(io::RunSync(**engine, n.Write(4096, data)).ok());
+  ASSERT_TRUE(Run(node_->Write(4096, data)).ok());
   std::vector<uint8_t> back(data.size());
-  ASSERT_TRUE(io::RunSync(**engine, n.Read(4096, io::IoVec(back))).ok());
+  ASSERT_TRUE(Run(node_->Read(4096, io::IoVec(back))).ok());
   EXPECT_EQ(back, data);
-  EXPECT_TRUE(io::RunSync(**engine, n.Flush()).ok());  // no-op: no flush
-  ASSERT_TRUE(io::RunSync(**engine, n.Close()).ok());
-  node->reset();
-  for (int i = 0; i < 500 && server.disconnects() == 0; ++i) usleep(10000);
-  EXPECT_EQ(server.disconnects(), 1);
-  EXPECT_EQ(server.connections(), 1);
-  EXPECT_TRUE(std::equal(data.begin(), data.end(), server.disk().begin() + 4096));
+  EXPECT_TRUE(Run(node_->Flush()).ok());  // no-op: no flush
+  ASSERT_TRUE(Run(node_->Close()).ok());
+  node_.reset();
+  for (int i = 0; i < 500 && server_->disconnects() == 0; ++i) usleep(10000);
+  EXPECT_EQ(server_->disconnects(), 1);
+  EXPECT_EQ(server_->connections(), 1);
+  EXPECT_TRUE(
+      std::equal(data.begin(), data.end(), server_->disk().begin() + 4096));
 }
 
 // The server closes the connection after a write's data (iotest 277's
 // first server): libnbd sees the close through the relay, and with
 // reconnect-delay the write is sent again on a new connection.
-TEST(NbdNodeTest, OldstyleServerWithoutFlagsReconnects) {
-  OldstyleServer server(0, 1);
-  ASSERT_TRUE(server.listening());
-  auto engine = io::CreateEngine(io::EngineKind::kThreads, 16, nullptr);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  NbdAddress address = UnixAddress(server.socket_path());
-  address.reconnect_delay = 5;
-  auto node = NbdNode::Open("nbd", address, engine->get(), false);
-  ASSERT_TRUE(node.ok()) << node.status();
+TEST_F(OldstyleNodeTest, ServerWithoutFlagsReconnects) {
+  ASSERT_NO_FATAL_FAILURE(Open(0, 1, 5));
   std::vector<uint8_t> data(3 << 20 >> 2, 0x07);
-  ASSERT_TRUE(io::RunSync(**engine, (*node)->Write(0, data)).ok());
-  EXPECT_EQ((*node)->reconnects(), 1u);
-  EXPECT_EQ(server.connections(), 2);
-  EXPECT_TRUE(std::equal(data.begin(), data.end(), server.disk().begin()));
-  ASSERT_TRUE(io::RunSync(**engine, (*node)->Close()).ok());
+  ASSERT_TRUE(Run(node_->Write(0, data)).ok());
+  EXPECT_EQ(node_->reconnects(), 1u);
+  EXPECT_EQ(server_->connections(), 2);
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), server_->disk().begin()));
+  ASSERT_TRUE(Run(node_->Close()).ok());
 }
 
 // Without reconnect-delay the lost connection fails the write with EIO, as
 // QEMU's client.
-TEST(NbdNodeTest, OldstyleServerWithoutFlagsLost) {
-  OldstyleServer server(0, 1);
-  ASSERT_TRUE(server.listening());
-  auto engine = io::CreateEngine(io::EngineKind::kThreads, 16, nullptr);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  auto node = NbdNode::Open("nbd", UnixAddress(server.socket_path()),
-                            engine->get(), false);
-  ASSERT_TRUE(node.ok()) << node.status();
+TEST_F(OldstyleNodeTest, ServerWithoutFlagsLost) {
+  ASSERT_NO_FATAL_FAILURE(Open(0, 1));
   std::vector<uint8_t> data(4096, 0x07);
-  absl::Status st = io::RunSync(**engine, (*node)->Write(0, data));
+  absl::Status st = Run(node_->Write(0, data));
   EXPECT_EQ(StatusErrno(st), EIO) << st;
 }
 
 // Oldstyle with NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH: libnbd reads the
 // greeting itself (no relay) and the server's flags count.
-TEST(NbdNodeTest, OldstyleServerWithFlags) {
-  OldstyleServer server(0x1 | 0x4, 0);
-  ASSERT_TRUE(server.listening());
-  auto engine = io::CreateEngine(io::EngineKind::kThreads, 16, nullptr);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  auto node = NbdNode::Open("nbd", UnixAddress(server.socket_path()),
-                            engine->get(), false);
-  ASSERT_TRUE(node.ok()) << node.status();
-  EXPECT_TRUE((*node)->can_flush());
-  EXPECT_FALSE((*node)->can_trim());
-  ASSERT_TRUE(io::RunSync(**engine, (*node)->Close()).ok());
+TEST_F(OldstyleNodeTest, ServerWithFlags) {
+  ASSERT_NO_FATAL_FAILURE(Open(0x1 | 0x4, 0));
+  EXPECT_TRUE(node_->can_flush());
+  EXPECT_FALSE(node_->can_trim());
+  ASSERT_TRUE(Run(node_->Close()).ok());
 }
 
 // AdaptOldstyle on one end of a socketpair, `sent` written to the other
