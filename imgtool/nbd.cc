@@ -524,6 +524,11 @@ absl::Status ParseArgs(const std::vector<std::string>& args, Streams streams,
     std::cerr << name << ": option negotiation failed: " << message
               << std::endl;
   };
+  // Clients dropped in the transmission phase, as qemu-nbd prints them.
+  a.export_options.report_disconnect = [name](const std::string& message) {
+    std::cerr << name << ": Disconnect client, due to: " << message
+              << std::endl;
+  };
   return CheckAddress(a);
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
@@ -355,8 +356,9 @@ io::Task<bool> Server::ReadFull(int fd, void* data, size_t length) {
 }
 
 io::Task<bool> Server::ReadBuffered(Connection& conn, void* data,
-                                    size_t length) {
+                                    size_t length, size_t* copied) {
   auto* p = static_cast<uint8_t*>(data);
+  if (copied != nullptr) *copied = 0;
   while (length > 0) {
     if (conn.rx_begin < conn.rx_end) {
       const size_t n = std::min(conn.rx_end - conn.rx_begin, length);
@@ -364,6 +366,7 @@ io::Task<bool> Server::ReadBuffered(Connection& conn, void* data,
       conn.rx_begin += n;
       p += n;
       length -= n;
+      if (copied != nullptr) *copied += n;
       continue;
     }
     conn.rx_begin = conn.rx_end = 0;
@@ -372,6 +375,10 @@ io::Task<bool> Server::ReadBuffered(Connection& conn, void* data,
     if (conn.rx_end == 0) co_return false;
   }
   co_return true;
+}
+
+void Server::ReportDisconnect(const std::string& why) {
+  if (options_.report_disconnect) options_.report_disconnect(why);
 }
 
 void Server::ReportRead(const char* what) {
@@ -1140,7 +1147,16 @@ io::Task<void> Server::RunConnection(Connection* conn) {
         };
         co_await SlotAwaiter{*conn};
       }
-      if (!co_await ReadBuffered(*conn, h, sizeof h)) break;
+      size_t got = 0;
+      if (!co_await ReadBuffered(*conn, h, sizeof h, &got)) {
+        // qemu 7.2's nbd_read_eof: nothing at a clean end of the stream.
+        if (!absl::StartsWith(read_error_, "Unexpected end-of-file")) {
+          ReportDisconnect(read_error_);
+        } else if (got > 0) {
+          ReportDisconnect("Unexpected end-of-file before all bytes were read");
+        }
+        break;
+      }
       auto request = std::make_unique<Request>();
       request->flags = Get16(h + 4);
       request->type = Get16(h + 6);
@@ -1164,13 +1180,18 @@ io::Task<void> Server::RunConnection(Connection* conn) {
         } else if (request->type == kCmdWrite) {
           if (!co_await ReadPayload(*conn, request->data,
                                     request->length)) {
+            ReportDisconnect(
+                absl::StrCat("Failed to read CMD_WRITE data: ", read_error_));
             break;
           }
         }
       }
       ++conn->in_flight;
       io::Spawn(HandleRequest(conn, request.release()));
-      if (close_after) break;
+      if (close_after) {
+        ReportDisconnect("Request handling failed in intermediate state");
+        break;
+      }
     }
   }
   // Requests in flight still reply (the client may be reading), then close.

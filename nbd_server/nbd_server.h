@@ -184,6 +184,16 @@ struct ExportOptions {
   // "Unable to read from socket: <strerror>" (QEMU's channel words). Write
   // failures are not reported. May be empty.
   std::function<void(const std::string&)> report;
+  // Receives the text qemu-nbd 7.2 prints after "Disconnect client, due
+  // to: " when it drops a client in the transmission phase (nbd/server.c
+  // nbd_trip, nbd_read_eof, nbd_co_receive_request): "Unexpected
+  // end-of-file before all bytes were read" (a request header cut short),
+  // "Unable to read from socket: <strerror>", "Failed to read CMD_WRITE
+  // data: E" (a WRITE's payload cut short; E as for `report`), "Request
+  // handling failed in intermediate state" (a bad request magic, a WRITE
+  // over 32 MiB: answered with EINVAL, then the stream cannot be
+  // followed). Reply writes that fail are not reported. May be empty.
+  std::function<void(const std::string&)> report_disconnect;
 };
 
 class Server {
@@ -244,8 +254,11 @@ class Server {
   // up, one recv() of up to 64 KiB refills it, so the requests (headers and
   // small WRITE payloads) a client pipelines cost one recv() per 64 KiB,
   // not one per header and one per payload. Pieces of 64 KiB or more are
-  // received straight into `data`. False when the stream ended first.
-  io::Task<bool> ReadBuffered(Connection& conn, void* data, size_t length);
+  // received straight into `data`. False when the stream ended first
+  // (read_error_ says why; `*copied`, when given, how many bytes of
+  // `data` it filled before).
+  io::Task<bool> ReadBuffered(Connection& conn, void* data, size_t length,
+                              size_t* copied = nullptr);
   // One recv() (or TLS record read) of at most `length` bytes into `data`,
   // waiting for the socket while none are ready: the bytes received, 0 at
   // the end of the stream or on an error.
@@ -258,6 +271,8 @@ class Server {
   // Reports "`what`: <read_error_>" (or the error alone when `what` is
   // empty) through ExportOptions::report.
   void ReportRead(const char* what);
+  // Reports `why` through ExportOptions::report_disconnect.
+  void ReportDisconnect(const std::string& why);
   std::string read_error_;
   io::Task<bool> WriteFull(int fd, const struct iovec* iov, int iovcnt);
   io::Task<bool> Drop(int fd, uint64_t length);

@@ -506,6 +506,70 @@ checks=$((checks + 1))
 [[ $(grep -c 'option negotiation failed' "$SOCKDIR/o/hs.log") == 13 ]] ||
   fail "handshake failures: $(cat "$SOCKDIR/o/hs.log")"
 
+# --- Clients dropped in the transmission phase: what the servers print -----------
+# qemu-nbd prints "Disconnect client, due to: ..." for a request header cut
+# short, a WRITE's payload cut short, a bad request magic and a WRITE over
+# 32 MiB (both answered with EINVAL, then dropped); nothing for a READ over
+# 32 MiB, an unknown command or a clean end of the stream (EINVAL replies
+# or nothing, the connection kept). (Not compared: a WRITE followed by the
+# end of the stream, where qemu-nbd closes the channel at the end of the
+# stream while the write is in flight and prints "Failed to send reply:
+# Unable to write to socket: Broken pipe"; imgtool nbd sends the reply.)
+# Each client negotiates with
+# NBD_OPT_EXPORT_NAME, sends its request, reads the replies until the
+# server closes, and waits for its server's line before the next one
+# connects.
+cat >tx.py <<'PYEOF'
+import socket, struct, sys, time
+sock, log = sys.argv[1], sys.argv[2]
+M, R = 0x49484156454F5054, 0x25609513
+def req(t, length, magic=R):
+    return struct.pack(">IHHQQI", magic, 0, t, 1, 0, length)
+cases = [  # (bytes sent after the handshake, whether the server prints)
+    (req(0, 512, 0x12345678), 1), (req(1, 33 << 20), 1),
+    (req(1, 4096) + b"x" * 100, 1), (req(0, 512)[:14], 1),
+    (req(0, 33 << 20), 0), (req(99, 512), 0), (b"", 0),
+]
+lines = 0
+for data, prints in cases:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sock)
+    s.recv(18)
+    s.sendall(struct.pack(">IQII", 1, M, 1, 0))
+    got = b""
+    while len(got) < 134:
+        got += s.recv(200)
+    s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+    # Every reply read until the server closes (a client gone before its
+    # reply is a failed send, which qemu-nbd prints too).
+    s.settimeout(20)
+    try:
+        while s.recv(65536):
+            pass
+    except OSError:
+        pass
+    lines += prints
+    for _ in range(1000):
+        if open(log, "rb").read().count(b"Disconnect client") >= lines:
+            break
+        time.sleep(0.02)
+    s.close()
+PYEOF
+qemu-img create -q -f raw q.tx.raw 1M
+cp q.tx.raw o.tx.raw
+serve q tx -t -f raw q.tx.raw
+serve o tx -t -f raw o.tx.raw
+for who in q o; do
+  python3 tx.py "$SOCKDIR/$who/tx.sock" "$SOCKDIR/$who/tx.log"
+done
+stop q tx
+stop o tx
+same_log tx
+checks=$((checks + 1))
+[[ $(grep -c 'Disconnect client, due to: ' "$SOCKDIR/o/tx.log") == 4 ]] ||
+  fail "transmission failures: $(cat "$SOCKDIR/o/tx.log")"
+
 # --- The command line ---------------------------------------------------------
 # cmdline ARGS...: qemu-nbd and imgtool nbd refuse ARGS alike (stderr with
 # the program's name, exit status).
