@@ -14,23 +14,16 @@
 # Usage: nbd_oldstyle_oracle_test.sh PATH_TO_IMGTOOL
 set -u
 IMGTOOL=$(realpath "$1")
-WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/nbd_oldstyle_oracle.XXXXXX")
-# Unix socket paths must stay under 108 bytes (Bazel's TEST_TMPDIR is long).
-SOCKDIR=$(mktemp -d /tmp/nbdos.XXXXXX)
-cleanup() {
-  stop_servers
-  rm -rf "$WORK" "$SOCKDIR"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
 if [[ -n "${TEST_SRCDIR:-}" ]]; then
   LIBDIR="$TEST_SRCDIR/$TEST_WORKSPACE/imgtool/testing"
 else
   LIBDIR=$(cd "$(dirname "$0")" && pwd)
 fi
 source "$LIBDIR/oracle_lib.sh" || exit 1
-# stop_pid_file (its other functions are replaced below or not used).
+# nbd_setup (WORK, SOCKDIR, the exit trap) and stop_pid_file; the servers'
+# pid files are $SOCKDIR/NAME.pid here.
 source "$LIBDIR/nbd_lib.sh" || exit 1
+nbd_setup nbd_oldstyle_oracle
 stop_servers() {
   local f
   for f in "$SOCKDIR"/*.pid; do stop_pid_file "$f"; done
