@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -270,7 +271,10 @@ class OldstyleServer {
   }
   std::string socket_path() const { return dir_ + "/s"; }
   bool listening() const { return thread_.joinable(); }
-  const std::vector<uint8_t>& disk() const { return disk_; }
+  std::vector<uint8_t> disk() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return disk_;
+  }
   int connections() const { return connections_; }
   int disconnects() const { return disconnects_; }
 
@@ -316,8 +320,9 @@ class OldstyleServer {
       }
       if (offset > kSize || length > kSize - offset) return;
       if (type == 0) {  // NBD_CMD_READ
+        const std::vector<uint8_t> data = disk();
         if (send(fd, reply, sizeof reply, MSG_NOSIGNAL) != 16 ||
-            send(fd, disk_.data() + offset, length, MSG_NOSIGNAL) !=
+            send(fd, data.data() + offset, length, MSG_NOSIGNAL) !=
                 static_cast<ssize_t>(length)) {
           return;
         }
@@ -328,7 +333,10 @@ class OldstyleServer {
           --drop_writes_;
           return;
         }
-        std::memcpy(disk_.data() + offset, data.data(), length);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          std::memcpy(disk_.data() + offset, data.data(), length);
+        }
         if (send(fd, reply, sizeof reply, MSG_NOSIGNAL) != 16) return;
       } else {
         Put(reply + 4, 22, 4);  // EINVAL
@@ -339,7 +347,8 @@ class OldstyleServer {
 
   const uint32_t flags_;
   int drop_writes_;
-  std::vector<uint8_t> disk_;
+  mutable std::mutex mu_;
+  std::vector<uint8_t> disk_;  // guarded by mu_
   std::string dir_;
   int listen_fd_ = -1;
   std::thread thread_;
@@ -399,8 +408,8 @@ TEST_F(OldstyleNodeTest, ServerWithoutFlags) {
   for (int i = 0; i < 500 && server_->disconnects() == 0; ++i) usleep(10000);
   EXPECT_EQ(server_->disconnects(), 1);
   EXPECT_EQ(server_->connections(), 1);
-  EXPECT_TRUE(
-      std::equal(data.begin(), data.end(), server_->disk().begin() + 4096));
+  const std::vector<uint8_t> disk = server_->disk();
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), disk.begin() + 4096));
 }
 
 // The server closes the connection after a write's data (iotest 277's
@@ -412,7 +421,8 @@ TEST_F(OldstyleNodeTest, ServerWithoutFlagsReconnects) {
   ASSERT_TRUE(Run(node_->Write(0, data)).ok());
   EXPECT_EQ(node_->reconnects(), 1u);
   EXPECT_EQ(server_->connections(), 2);
-  EXPECT_TRUE(std::equal(data.begin(), data.end(), server_->disk().begin()));
+  const std::vector<uint8_t> disk = server_->disk();
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), disk.begin()));
   ASSERT_TRUE(Run(node_->Close()).ok());
 }
 
