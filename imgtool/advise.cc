@@ -40,7 +40,6 @@
 // non-overlapping ranges): undecided is printed as a tie.
 #include <fcntl.h>
 #include <getopt.h>
-#include <linux/fiemap.h>
 #include <linux/fs.h>
 #include <signal.h>
 #include <sys/ioctl.h>
@@ -75,11 +74,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "base/errno_status.h"
 #include "base/size.h"
 #include "base/status_macros.h"
 #include "imgtool/advise_stats.h"
 #include "imgtool/bench.h"
 #include "imgtool/command.h"
+#include "posix_file/file_node.h"
 
 namespace imgtool::cli {
 namespace {
@@ -291,29 +292,20 @@ struct Sample {
   uint64_t writes = 0;
 };
 
-absl::Status ErrnoError(const std::string& path, const char* what, int err) {
-  return absl::InternalError(
-      absl::StrCat(path, ": ", what, ": ", std::strerror(err)));
-}
-
 // Extents (FIEMAP, after a sync) and allocated bytes of `path`.
 absl::Status FileFacts(const std::string& path, Sample& s) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(path, "open", errno);
+  if (fd < 0) return ErrnoStatus(path, "open", errno);
   struct stat st;
-  struct fiemap fm = {};
-  fm.fm_length = FIEMAP_MAX_OFFSET;
-  fm.fm_flags = FIEMAP_FLAG_SYNC;
-  int err = 0;
-  const char* what = "";
+  absl::StatusOr<uint64_t> extents;
   if (fstat(fd, &st) != 0) {
-    err = errno, what = "stat";
-  } else if (ioctl(fd, FS_IOC_FIEMAP, &fm) != 0) {
-    err = errno, what = "FIEMAP";
+    extents = ErrnoStatus(path, "stat", errno);
+  } else {
+    extents = posix_file::FiemapExtentCount(fd, path);
   }
   close(fd);
-  if (err != 0) return ErrnoError(path, what, err);
-  s.extents = fm.fm_mapped_extents;
+  RETURN_IF_ERROR(extents.status());
+  s.extents = *extents;
   s.allocated = static_cast<uint64_t>(st.st_blocks) * 512;
   return absl::OkStatus();
 }
@@ -1161,7 +1153,7 @@ absl::Status CheckDir(const AdviseArgs& a) {
   }
   struct statvfs vfs;
   if (statvfs(a.dir.c_str(), &vfs) != 0) {
-    return ErrnoError(a.dir, "statvfs", errno);
+    return ErrnoStatus(a.dir, "statvfs", errno);
   }
   const bool overlay = std::find(a.workloads.begin(), a.workloads.end(),
                                  Workload::kOverlay) != a.workloads.end();

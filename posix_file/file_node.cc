@@ -424,16 +424,20 @@ std::optional<uint64_t> FileNode::ExtentSizeHint() const {
   return attr.fsx_extsize;
 }
 
-absl::StatusOr<uint64_t> FileNode::ExtentCount() const {
+absl::StatusOr<uint64_t> FiemapExtentCount(int fd, const std::string& name) {
   struct fiemap fm = {};
   fm.fm_start = 0;
   fm.fm_length = FIEMAP_MAX_OFFSET;
   fm.fm_flags = FIEMAP_FLAG_SYNC;
   fm.fm_extent_count = 0;  // count only
-  if (ioctl(state_->fd, FS_IOC_FIEMAP, &fm) != 0) {
-    return ErrnoStatus(filename(), "FIEMAP", errno);
+  if (ioctl(fd, FS_IOC_FIEMAP, &fm) != 0) {
+    return ErrnoStatus(name, "FIEMAP", errno);
   }
   return fm.fm_mapped_extents;
+}
+
+absl::StatusOr<uint64_t> FileNode::ExtentCount() const {
+  return FiemapExtentCount(state_->fd, filename());
 }
 
 int FileNode::fd() const { return state_->fd; }

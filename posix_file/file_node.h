@@ -183,6 +183,11 @@ class FileNode : public io::BlockNode {
   std::unique_ptr<State> state_;
 };
 
+// Number of extents of the open file `fd` according to FIEMAP (after
+// FIEMAP_FLAG_SYNC: delayed allocations are counted). Errors: the ioctl's
+// errno as ErrnoStatus naming `name` ("NAME: FIEMAP: ...").
+absl::StatusOr<uint64_t> FiemapExtentCount(int fd, const std::string& name);
+
 namespace internal {
 // Test hook: CreateFile calls `hook(path)` after opening (and maybe
 // creating) the file and before taking its locks, so that a test can play
