@@ -130,6 +130,13 @@ void AioEngine::Submit(Op* op) {
   side_->Submit(op);
 }
 
+void AioEngine::Flush() {
+  if (queued_.empty() || free_iocbs_.empty()) return;
+  // Requests the kernel refuses at once finish in the next Poll(), which
+  // starts from completed_; a stuck queue is reported there as well.
+  [[maybe_unused]] absl::Status st = SubmitQueued(completed_);
+}
+
 absl::Status AioEngine::SubmitQueued(std::vector<Op*>& done) {
   batch_.clear();
   while (!queued_.empty() && !free_iocbs_.empty()) {
@@ -214,6 +221,7 @@ void AioEngine::Reap(std::vector<Op*>& done) {
     const int n = GetEvents(context_, 0, static_cast<long>(events_.size()),
                             events_.data(), &zero);
     if (n > 0) TakeEvents(events_.data(), n, done);
+    NoteTaken(n > 0);
     return;
   }
   // Single consumer (this thread): read the events between head and tail,
@@ -221,6 +229,7 @@ void AioEngine::Reap(std::vector<Op*>& done) {
   const auto* events = reinterpret_cast<const struct io_event*>(ring + 1);
   unsigned head = ring->head;
   const unsigned tail = __atomic_load_n(&ring->tail, __ATOMIC_ACQUIRE);
+  NoteTaken(head != tail);
   if (head == tail) return;
   if (head > tail) {  // wrapped: head..nr first
     TakeEvents(events + head, ring->nr - head, done);
@@ -228,6 +237,23 @@ void AioEngine::Reap(std::vector<Op*>& done) {
   }
   TakeEvents(events + head, tail - head, done);
   __atomic_store_n(&ring->head, tail, __ATOMIC_RELEASE);
+}
+
+void AioEngine::NoteTaken(bool took) {
+  // Events taken right after the eventfd was read were (but for a race
+  // that costs one early wakeup) counted by that read.
+  if (took && !eventfd_just_read_) eventfd_stale_ = true;
+  eventfd_just_read_ = false;
+}
+
+absl::Status AioEngine::ReadEventFd() {
+  uint64_t count;
+  if (read(event_fd_, &count, sizeof(count)) < 0 && errno != EAGAIN) {
+    return SyscallError("read eventfd", errno);
+  }
+  eventfd_stale_ = false;
+  eventfd_just_read_ = true;
+  return absl::OkStatus();
 }
 
 absl::Status AioEngine::CheckPolls(int timeout_ms, bool with_eventfd,
@@ -247,10 +273,8 @@ absl::Status AioEngine::CheckPolls(int timeout_ms, bool with_eventfd,
   if (r < 0) return SyscallError("poll", errno);
   if (r == 0) return absl::OkStatus();
   if (with_eventfd && pollfds_.back().revents != 0) {
-    uint64_t count;
-    if (read(event_fd_, &count, sizeof(count)) < 0 && errno != EAGAIN) {
-      return SyscallError("read eventfd", errno);
-    }
+    absl::Status st = ReadEventFd();
+    if (!st.ok()) return st;
   }
   size_t kept = 0;
   for (size_t i = 0; i < polls_.size(); ++i) {
@@ -266,7 +290,20 @@ absl::Status AioEngine::CheckPolls(int timeout_ms, bool with_eventfd,
 }
 
 absl::Status AioEngine::Wait(std::vector<Op*>& done) {
-  if (!polls_.empty()) return CheckPolls(-1, /*with_eventfd=*/true, done);
+  if (!polls_.empty()) {
+    if (eventfd_stale_) {
+      // The eventfd still counts events Reap took from the ring: the poll
+      // below would return at once for them. Read the count now, then look
+      // at the ring once more for events the read also counted.
+      absl::Status st = ReadEventFd();
+      if (!st.ok()) return st;
+      Reap(done);
+      if (!done.empty() || (side_busy() && side_->HasFinished())) {
+        return absl::OkStatus();
+      }
+    }
+    return CheckPolls(-1, /*with_eventfd=*/true, done);
+  }
   if (!side_busy()) {
     // Only AIO requests: sleep in io_getevents, which returns their events.
     int n;
@@ -276,6 +313,7 @@ absl::Status AioEngine::Wait(std::vector<Op*>& done) {
     } while (n == -EINTR);
     if (n < 0) return SyscallError("io_getevents", -n);
     TakeEvents(events_.data(), n, done);
+    NoteTaken(n > 0);
     return absl::OkStatus();
   }
   // Requests in the side pool: every completion signals the eventfd. A
@@ -287,11 +325,7 @@ absl::Status AioEngine::Wait(std::vector<Op*>& done) {
     r = poll(&p, 1, -1);
   } while (r < 0 && errno == EINTR);
   if (r < 0) return SyscallError("poll", errno);
-  uint64_t count;
-  if (read(event_fd_, &count, sizeof(count)) < 0 && errno != EAGAIN) {
-    return SyscallError("read eventfd", errno);
-  }
-  return absl::OkStatus();
+  return ReadEventFd();
 }
 
 absl::Status AioEngine::Poll(bool wait) {
@@ -300,8 +334,13 @@ absl::Status AioEngine::Poll(bool wait) {
   absl::Status st = SubmitQueued(done);
   if (st.ok()) {
     Reap(done);
-    if (!polls_.empty()) st = CheckPolls(0, /*with_eventfd=*/false, done);
     bool side_ready = side_busy() && side_->HasFinished();
+    // A look at the polled fds without sleeping, unless this call is about
+    // to sleep: Wait's poll(2) looks at them too.
+    const bool will_sleep = wait && done.empty() && !side_ready;
+    if (!polls_.empty() && !will_sleep) {
+      st = CheckPolls(0, /*with_eventfd=*/false, done);
+    }
     while (st.ok() && wait && done.empty() && !side_ready &&
            (in_kernel_ > 0 || side_busy() || !polls_.empty())) {
       st = Wait(done);
@@ -318,7 +357,11 @@ absl::Status AioEngine::Poll(bool wait) {
   }
   RunCallbacks(done, rw_in_flight_);
   done.clear();
-  if (completed_.capacity() < done.capacity()) completed_.swap(done);
+  // Keep the larger buffer, unless a Flush() from a callback left requests
+  // in completed_ for the next Poll().
+  if (completed_.empty() && completed_.capacity() < done.capacity()) {
+    completed_.swap(done);
+  }
   if (side_busy()) {
     absl::Status side = side_->Poll(/*wait=*/false);
     if (st.ok()) st = side;

@@ -82,6 +82,7 @@ class AioEngine : public Engine {
   // a per-request one; kUnavailable when io_submit reports EAGAIN (kernel
   // short of resources) with nothing in flight to wait for.
   absl::Status Poll(bool wait) override;
+  void Flush() override;
   uint64_t in_flight() const override;
   const char* name() const override { return "native"; }
 
@@ -120,6 +121,10 @@ class AioEngine : public Engine {
   absl::Status CheckPolls(int timeout_ms, bool with_eventfd,
                           std::vector<Op*>& done);
   bool side_busy() const { return side_ != nullptr && side_->in_flight() > 0; }
+  // Reads (drains) the eventfd; EAGAIN (nothing counted) is no error.
+  absl::Status ReadEventFd();
+  // Called by Reap: `took` events from the kernel.
+  void NoteTaken(bool took);
 
   io_context_t context_ = nullptr;
   int event_fd_ = -1;
@@ -139,6 +144,14 @@ class AioEngine : public Engine {
   std::vector<struct iocb*> batch_;      // scratch for io_submit
   std::vector<struct io_event> events_;  // scratch for io_getevents
   std::vector<Op*> completed_;           // scratch for Poll()
+  // Every iocb signals the eventfd, which only Wait's poll(2) needs (with
+  // kPoll requests pending). Events Reap takes from the mapped ring leave
+  // their counts behind: eventfd_stale_ says so, and Wait reads them before
+  // it polls (one read(2) instead of a poll(2) that returns at once and a
+  // read). eventfd_just_read_: the last thing done was reading the
+  // eventfd, so the events Reap takes next were counted by that read.
+  bool eventfd_stale_ = false;
+  bool eventfd_just_read_ = false;
   // fsync, fdatasync, fallocate; null until the first one.
   std::unique_ptr<ThreadPoolEngine> side_;
 };

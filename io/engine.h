@@ -101,6 +101,14 @@ class Engine {
   // failed request, which reports -errno in Op::result.
   virtual absl::Status Poll(bool wait) = 0;
 
+  // Hands the requests Submit() queued to the kernel now instead of in the
+  // next Poll(), without waiting and without running callbacks (those run
+  // in Poll(), also for a request the kernel refuses at once). For a caller
+  // that has queued requests and is about to do slower work of its own
+  // first: the NBD server before it reads the next request from a socket.
+  // Default: nothing (AioEngine overrides it).
+  virtual void Flush() {}
+
   // Requests submitted whose `done` has not run yet.
   virtual uint64_t in_flight() const = 0;
 
