@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -289,7 +290,41 @@ absl::Status AioEngine::CheckPolls(int timeout_ms, bool with_eventfd,
   return absl::OkStatus();
 }
 
+uint64_t AioEngine::NextSpinNs(uint64_t spin_ns, uint64_t slept_ns) {
+  if (slept_ns > kMaxSpinNs) return 0;
+  return spin_ns == 0 ? kFirstSpinNs : std::min(spin_ns * 2, kMaxSpinNs);
+}
+
+bool AioEngine::Spin(std::vector<Op*>& done) {
+  if (in_kernel_ == 0 || spin_ns_ == 0 || MappedRing(context_) == nullptr) {
+    return false;
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns_);
+  do {
+    Reap(done);
+    if (!done.empty()) return true;
+    __builtin_ia32_pause();
+  } while (std::chrono::steady_clock::now() < deadline);
+  return false;
+}
+
 absl::Status AioEngine::Wait(std::vector<Op*>& done) {
+  if (Spin(done)) return absl::OkStatus();
+  // Only a sleep with requests in the kernel says how long they take.
+  const bool timed = in_kernel_ > 0;
+  const auto start = timed ? std::chrono::steady_clock::now()
+                           : std::chrono::steady_clock::time_point();
+  absl::Status st = Sleep(done);
+  if (timed) {
+    const auto slept = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now() - start);
+    spin_ns_ = NextSpinNs(spin_ns_, static_cast<uint64_t>(slept.count()));
+  }
+  return st;
+}
+
+absl::Status AioEngine::Sleep(std::vector<Op*>& done) {
   if (!polls_.empty()) {
     if (eventfd_stale_) {
       // The eventfd still counts events Reap took from the ring: the poll

@@ -36,7 +36,20 @@
 // Poll(wait) with only reads and writes in flight sleeps in io_getevents,
 // which returns their completions (no eventfd read); with side requests or
 // polls in flight it sleeps in poll(2) on the eventfd (and the polled fds)
-// until either kind finishes. No busy loop in any case.
+// until either kind finishes.
+//
+// Before it sleeps with reads or writes in the kernel, a Poll(wait) spins
+// on the mapped completion ring (no syscall) for up to spin_ns(), adapted
+// as QEMU adapts its event loop's polling time (util/aio-posix.c,
+// adjust_polling_time; poll-max-ns, 32 us by default for its iothreads):
+// it grows (doubling from 4 us up to kMaxSpinNs) while the sleeps that
+// follow a fruitless spin are short, and drops to 0 after a sleep longer
+// than kMaxSpinNs, so slow storage and an idle engine do not spin. A
+// completion found while spinning keeps it. Sockets (kPoll) are not looked
+// at while spinning: a request arriving then waits at most spin_ns(). At
+// depth 1 this saves the sleep and the wakeup of every request (the NBD
+// server's depth-1 writes over TCP: 1.16x the IOPS with 20 us, 1.24x with
+// 50 us, same CPU per request; README, "Serving images over NBD").
 //
 // Thread model: like every engine, used from one thread (see io/engine.h);
 // the side threads only run the blocking syscalls and never callbacks.
@@ -94,6 +107,16 @@ class AioEngine : public Engine {
   // for tests and benchmarks. Ops submitted minus this is what merging
   // saved.
   uint64_t requests_submitted() const { return requests_submitted_; }
+  // The current spin time in nanoseconds (0..kMaxSpinNs).
+  uint64_t spin_ns() const { return spin_ns_; }
+
+  // The longest spin, and the first one after a drop to 0 (nanoseconds).
+  static constexpr uint64_t kMaxSpinNs = 50'000;
+  static constexpr uint64_t kFirstSpinNs = 4'000;
+  // The spin time after a spin of `spin_ns` found nothing and the sleep
+  // that followed took `slept_ns`: doubled (kFirstSpinNs from 0, at most
+  // kMaxSpinNs) if slept_ns <= kMaxSpinNs, else 0.
+  static uint64_t NextSpinNs(uint64_t spin_ns, uint64_t slept_ns);
 
  private:
   AioEngine(io_context_t context, int event_fd, unsigned max_in_kernel);
@@ -111,16 +134,21 @@ class AioEngine : public Engine {
   // Takes the kernel's events (from either source) into `done`.
   void TakeEvents(const struct io_event* events, long count,
                   std::vector<Op*>& done);
+  // Spin(), then Sleep() if that found nothing; adapts spin_ns_.
+  absl::Status Wait(std::vector<Op*>& done);
   // Sleeps until a request in the kernel or in the side pool may have
   // finished, or a polled fd is ready; events io_getevents returns and
   // finished polls go to `done`.
-  absl::Status Wait(std::vector<Op*>& done);
+  absl::Status Sleep(std::vector<Op*>& done);
   // poll(2) on the pending kPoll requests (and the eventfd when
   // `with_eventfd`, which is then drained) for up to `timeout_ms`; those
   // ready finish (result: revents) into `done`.
   absl::Status CheckPolls(int timeout_ms, bool with_eventfd,
                           std::vector<Op*>& done);
   bool side_busy() const { return side_ != nullptr && side_->in_flight() > 0; }
+  // Spins on the mapped ring for up to spin_ns_ while requests are in the
+  // kernel; true if that moved completions to `done`.
+  bool Spin(std::vector<Op*>& done);
   // Reads (drains) the eventfd; EAGAIN (nothing counted) is no error.
   absl::Status ReadEventFd();
   // Called by Reap: `took` events from the kernel.
@@ -151,6 +179,7 @@ class AioEngine : public Engine {
   // read). eventfd_just_read_: the last thing done was reading the
   // eventfd, so the events Reap takes next were counted by that read.
   bool eventfd_stale_ = false;
+  uint64_t spin_ns_ = 0;  // see the file comment
   bool eventfd_just_read_ = false;
   // fsync, fdatasync, fallocate; null until the first one.
   std::unique_ptr<ThreadPoolEngine> side_;

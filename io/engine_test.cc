@@ -1030,6 +1030,17 @@ TEST(AioEngineTest, KeepsTwiceTheQueueDepthInTheKernel) {
   EXPECT_EQ(static_cast<AioEngine&>(**engine).max_in_kernel(), 16u);
 }
 
+// The spin before a sleep (io/aio_engine.h): doubled from 4 us up to 50 us
+// while the sleeps after a fruitless spin are short, 0 after a long one.
+TEST(AioEngineTest, SpinTimeAdaptsToHowLongSleepsTake) {
+  EXPECT_EQ(AioEngine::NextSpinNs(0, 20'000), 4'000u);
+  EXPECT_EQ(AioEngine::NextSpinNs(4'000, 20'000), 8'000u);
+  EXPECT_EQ(AioEngine::NextSpinNs(32'000, 50'000), 50'000u);
+  EXPECT_EQ(AioEngine::NextSpinNs(50'000, 1'000), 50'000u);
+  EXPECT_EQ(AioEngine::NextSpinNs(50'000, 50'001), 0u);
+  EXPECT_EQ(AioEngine::NextSpinNs(0, 10'000'000), 0u);
+}
+
 TEST(UringEngineTest, RoundsTheRingUpToAPowerOfTwo) {
   absl::StatusOr<std::unique_ptr<Engine>> engine = UringEngine::Create(100);
   ASSERT_TRUE(engine.ok()) << engine.status();
