@@ -132,7 +132,10 @@ void AioEngine::Submit(Op* op) {
 }
 
 void AioEngine::Flush() {
-  if (queued_.empty() || free_iocbs_.empty()) return;
+  // Only for an idle device: with requests of ours in the kernel, the
+  // queued ones go with the next Poll()'s batch (one io_submit for many at
+  // depth; a Flush per request cost the NBD server's depth-16 reads).
+  if (queued_.empty() || free_iocbs_.empty() || in_kernel_ > 0) return;
   // Requests the kernel refuses at once finish in the next Poll(), which
   // starts from completed_; a stuck queue is reported there as well.
   [[maybe_unused]] absl::Status st = SubmitQueued(completed_);

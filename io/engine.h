@@ -106,7 +106,8 @@ class Engine {
   // in Poll(), also for a request the kernel refuses at once). For a caller
   // that has queued requests and is about to do slower work of its own
   // first: the NBD server before it reads the next request from a socket.
-  // Default: nothing (AioEngine overrides it).
+  // A hint: an engine may keep them for the next Poll()'s batch (AioEngine
+  // does while it has requests in the kernel). Default: nothing.
   virtual void Flush() {}
 
   // Requests submitted whose `done` has not run yet.
