@@ -37,6 +37,13 @@ cleanup() {
 }
 trap cleanup EXIT
 HOST=$(hostname)
+# the JSON's imgtool_commit, as benchmarks/run.sh gives the suites theirs
+COMMIT=unknown
+if COMMIT=$(git rev-parse --short HEAD 2>/dev/null); then
+  [[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] || COMMIT="$COMMIT-dirty"
+else
+  COMMIT=unknown
+fi
 for fs in $FSES; do
   img="$BASE/$fs.img"
   truncate -s 4G "$img"
@@ -50,7 +57,8 @@ for fs in $FSES; do
   mkdir -p "$MNT" "$OUT/$fs"
   mount -o loop "$img" "$MNT"
   echo "== $fs (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-  "$IMGTOOL" advise --size "$SIZE" --time "$TIME" --output=json "$MNT" \
+  "$IMGTOOL" advise --size "$SIZE" --time "$TIME" --output=json \
+    --imgtool-commit "$COMMIT" "$MNT" \
     >"$OUT/$fs/advise-$HOST.json"
   umount "$MNT"
   MNT=""

@@ -25,16 +25,23 @@
 // - overlay: the qcow2 cells as overlays (-b base.raw -F raw) over a raw
 //   backing file written in full once per run, 4 KiB random writes at
 //   depth 64 (copy-on-write from the backing file).
-// Budget (--time): a tenth for the create table, the rest shared by the
-// workloads. Each workload calibrates the smallest cell set (cluster sizes
-// 64k and 2M) with one short run each, then picks the plan whose rounds fit
-// from the measured rates and overheads (uncalibrated cells counted at the
-// mean): 5 repetitions, else 4, else 4 with fewer cluster sizes (dropping
-// 128k and 512k, then 1M), else 3 (then 256k too); it calibrates the cells
-// the plan adds and gives all cells one request count (the same offsets
-// in each). Rounds are interleaved (round r starts at cell r) and stop
-// early (at 3 or more) if the load made them slower than planned. Every
-// cut is printed, and a run over the budget says so.
+// Budget (--time; the decisions are advise_plan.h's pure functions): the
+// create table runs one round first, the workloads share nine tenths of
+// the budget, and the create table gets as many more rounds (up to 5) as
+// fit in what is left. Each workload calibrates the smallest cell set
+// (raw hints, qcow2 64k) with one short run each, then picks the plan whose
+// rounds fit from the measured rates and overheads (uncalibrated cells
+// counted at the mean): 5 repetitions, else 4, else 4 with fewer cluster
+// sizes (dropping 128k and 512k, then 1M), else 3 (then 256k, then 2M too);
+// if even that leaves runs under 0.1 s of the fastest cell, shorter runs,
+// down to the calibration count with the calibration runs as the first
+// repetition. It calibrates the cells the plan adds and gives all cells one
+// request count (the same offsets in each). Rounds are interleaved (round r
+// starts at cell r) and stop early (at 3 or more) if the load made them
+// slower than planned. No run starts after the budget's end: an unfinished
+// round is dropped, and a workload left with fewer than 3 rounds prints
+// "no verdict: the budget ran out ..." instead of a winner. Every cut is
+// printed, and a run over the budget says so.
 // Verdict: configurations ranked by median IOPS; winner against runner-up
 // by advise_stats.h Decide (U test with >= 4 repetitions a side, else
 // non-overlapping ranges): undecided is printed as a tie.
@@ -61,6 +68,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -68,6 +76,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -77,6 +86,7 @@
 #include "base/errno_status.h"
 #include "base/size.h"
 #include "base/status_macros.h"
+#include "imgtool/advise_plan.h"
 #include "imgtool/advise_stats.h"
 #include "imgtool/bench.h"
 #include "imgtool/command.h"
@@ -87,8 +97,9 @@ namespace {
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr uint64_t kGiB = uint64_t{1} << 30;
-constexpr int kMinReps = 3;
-constexpr double kMinRunSeconds = 0.1;  // a planned run of the fastest cell
+constexpr int kMaxReps = 5;
+constexpr int kLastLevel = 4;  // the smallest cell set (ClusterSizes)
+constexpr int kBarWidth = 30;  // the progress bar's cells
 
 volatile sig_atomic_t g_signal = 0;
 void OnSignal(int sig) { g_signal = sig; }
@@ -125,7 +136,11 @@ constexpr char kHelp[] =
     "(suite advise,\n"
     "                       benchmarks/README.md), for check_results.py, "
     "report and\n"
-    "                       dashboard\n";
+    "                       dashboard\n"
+    "  --imgtool-commit ID  the JSON's imgtool_commit (default unknown; "
+    "benchmarks/\n"
+    "                       advise_filesystems.sh passes git's short "
+    "HEAD)\n";
 
 enum class Workload { kCreate, kRandom4k, kSequential, kOverlay };
 
@@ -164,6 +179,11 @@ struct AdviseArgs {
                                      Workload::kOverlay};
   bool json = false;
   bool help = false;
+  // The JSON's imgtool_commit: what --imgtool-commit says (the runner's
+  // `git rev-parse --short HEAD`), else "unknown" (the binary carries no
+  // build stamp: stamping would relink it, and rerun every test that runs
+  // it, at each commit).
+  std::string commit = "unknown";
   std::string dir;
 };
 
@@ -210,7 +230,8 @@ std::vector<uint64_t> ClusterSizes(int level) {
     case 0: return {64 << 10, 128 << 10, 256 << 10, 512 << 10, kMiB, 2 * kMiB};
     case 1: return {64 << 10, 256 << 10, kMiB, 2 * kMiB};
     case 2: return {64 << 10, 256 << 10, 2 * kMiB};
-    default: return {64 << 10, 2 * kMiB};
+    case 3: return {64 << 10, 2 * kMiB};
+    default: return {64 << 10};
   }
 }
 
@@ -365,12 +386,23 @@ struct WorkloadResult {
   std::vector<CellResult> cells;  // ranked (bench workloads) or as planned
   std::vector<std::string> notes;
   Verdict verdict;
+  // Set when the budget ran out before the repetitions a verdict needs
+  // (kAdviseMinReps): "no verdict: the budget ran out ...", printed instead
+  // of the verdict and the create lines.
+  std::string no_verdict;
+  bool cut = false;  // the budget made it smaller than the full matrix
 };
 
-// The cells that were measured (the failed ones come last).
+// 0: measured; 1: not measured (the budget ran out first); 2: failed.
+int RankClass(const CellResult& c) {
+  if (!c.error.empty()) return 2;
+  return c.samples.empty() ? 1 : 0;
+}
+
+// The cells that were measured (ranked first).
 size_t Ranked(const WorkloadResult& r) {
   size_t n = 0;
-  while (n < r.cells.size() && r.cells[n].error.empty()) ++n;
+  while (n < r.cells.size() && RankClass(r.cells[n]) == 0) ++n;
   return n;
 }
 
@@ -382,7 +414,7 @@ class Advisor {
 
   absl::StatusOr<std::vector<WorkloadResult>> Run() {
     absl::StatusOr<std::vector<WorkloadResult>> out = RunAll();
-    EndProgress();
+    EndProgress(out.ok());
     return out;
   }
 
@@ -414,17 +446,43 @@ class Advisor {
 
   absl::StatusOr<std::vector<WorkloadResult>> RunAll() {
     start_ = Now();
-    deadline_ = start_ + args_.seconds;
+    end_ = start_ + args_.seconds;
+    // The create table: one round first (every image of it once), the
+    // others after the workloads with the time then left.
+    WorkloadResult create;
+    create.workload = Workload::kCreate;
+    for (const Config& c : CreateConfigs()) create.cells.push_back({c, {}, ""});
+    const auto create_sample = [this](const Config& c) {
+      return CreateSample(c);
+    };
+    RETURN_IF_ERROR(RunRounds(create, 0, 1, 1, end_, create_sample));
+    const double first_round = Now() - start_;
     std::vector<WorkloadResult> out;
-    ASSIGN_OR_RETURN(WorkloadResult create, RunCreateTable());
-    out.push_back(std::move(create));
+    // The workloads share nine tenths of the budget (what the first create
+    // round left of it), each what the ones before it left.
+    const double workloads_end = start_ + args_.seconds * 0.9;
     for (size_t i = 0; i < args_.workloads.size(); ++i) {
-      const double share =
-          (deadline_ - Now()) / static_cast<double>(args_.workloads.size() - i);
+      const double share = std::max(workloads_end - Now(), 0.0) /
+                           static_cast<double>(args_.workloads.size() - i);
       ASSIGN_OR_RETURN(WorkloadResult r,
                        RunWorkload(args_.workloads[i], Now() + share));
       out.push_back(std::move(r));
     }
+    const double left = end_ - Now();
+    const int more = create.reps == 1
+                         ? PlanCreateRounds(left, first_round, kMaxReps - 1)
+                         : 0;
+    if (more > 0) {
+      RETURN_IF_ERROR(RunRounds(create, 1, 1 + more, 1, end_, create_sample));
+    }
+    if (create.reps < kMaxReps) {
+      create.cut = true;
+      create.notes.push_back(absl::StrFormat(
+          "create: %d of %d repetitions (time budget: the first round took "
+          "%.1f s, %.1f s were left after the workloads)",
+          create.reps, kMaxReps, first_round, std::max(left, 0.0)));
+    }
+    out.insert(out.begin(), std::move(create));
     return out;
   }
 
@@ -436,17 +494,28 @@ class Advisor {
     return absl::OkStatus();
   }
 
+  // The bar: the elapsed share of the budget, at most 99 % while running.
   void Progress(const std::string& what) {
     if (!progress_) return;
-    const double f = std::clamp(elapsed() / args_.seconds, 0.0, 1.0);
-    const int filled = static_cast<int>(f * 30);
+    const double f = std::clamp(elapsed() / args_.seconds, 0.0, 0.99);
+    const int filled = static_cast<int>(f * kBarWidth);
     err_ << "\r\033[K[" << std::string(filled, '#')
-         << std::string(30 - filled, '.') << "] "
+         << std::string(kBarWidth - filled, '.') << "] "
          << absl::StrFormat("%3d%% ", static_cast<int>(f * 100)) << what
          << std::flush;
   }
-  void EndProgress() {
-    if (progress_) err_ << "\r\033[K" << std::flush;
+  // After a complete run the bar stays, full, on its own line (as qemu-img
+  // -p leaves its 100 % line); after an error or a signal the line is
+  // cleared, so that the message starts a clean line.
+  void EndProgress(bool done) {
+    if (!progress_) return;
+    if (done) {
+      err_ << "\r\033[K[" << std::string(kBarWidth, '#') << "] 100% "
+           << absl::StrFormat("done in %.1f s", elapsed()) << "\n"
+           << std::flush;
+    } else {
+      err_ << "\r\033[K" << std::flush;
+    }
   }
 
   std::string Path(const std::string& name) const {
@@ -535,26 +604,36 @@ class Advisor {
                                       cell.config.label, cell.error));
   }
 
-  // Runs up to `reps` rounds over r.cells, interleaved (round k starts at
-  // cell k), `sample` measuring one cell once; after kMinReps rounds, stops
-  // when the next round (as long as the last) would end past `deadline`.
+  // Runs rounds first_round..reps-1 over r.cells, interleaved (round k
+  // starts at cell k), `sample` measuring one cell once. Stops before a
+  // round when `min_reps` rounds are done and the next one (as long as the
+  // last) would end past `deadline`; stops between runs once end_ (the
+  // budget's end) has passed, dropping the unfinished round's samples (the
+  // rounds stay whole, so every cell has r.reps samples).
   absl::Status RunRounds(
-      WorkloadResult& r, int reps, double deadline,
+      WorkloadResult& r, int first_round, int reps, int min_reps,
+      double deadline,
       const std::function<absl::StatusOr<Sample>(const Config&)>& sample) {
     const std::string name = WorkloadName(r.workload);
     double round_seconds = 0;
-    for (int round = 0; round < reps; ++round) {
-      if (round >= kMinReps && Now() + round_seconds > deadline) {
+    for (int round = first_round; round < reps; ++round) {
+      if (round >= min_reps && Now() + round_seconds > deadline) {
+        r.cut = true;
         r.notes.push_back(absl::StrFormat(
             "%s: %d repetitions instead of %d (time budget)", name, round,
             reps));
         break;
       }
       const double t0 = Now();
-      for (size_t i = 0; i < r.cells.size(); ++i) {
+      std::vector<size_t> had;
+      for (const CellResult& c : r.cells) had.push_back(c.samples.size());
+      bool out_of_time = false;
+      for (size_t i = 0; i < r.cells.size() && !out_of_time; ++i) {
         CellResult& cell = r.cells[(i + round) % r.cells.size()];
         RETURN_IF_ERROR(CheckSignal());
         if (!cell.error.empty()) continue;
+        out_of_time = Now() >= end_;
+        if (out_of_time) break;
         Progress(absl::StrFormat("%s: %s, round %d of %d", name,
                                  cell.config.label, round + 1, reps));
         absl::StatusOr<Sample> s = sample(cell.config);
@@ -565,26 +644,20 @@ class Advisor {
         }
         cell.samples.push_back(*s);
       }
+      if (out_of_time) {
+        for (size_t i = 0; i < r.cells.size(); ++i) {
+          if (r.cells[i].error.empty()) r.cells[i].samples.resize(had[i]);
+        }
+        r.cut = true;
+        r.notes.push_back(absl::StrFormat(
+            "%s: %d repetitions instead of %d: the budget ran out in round %d",
+            name, round, reps, round + 1));
+        break;
+      }
       round_seconds = Now() - t0;
       r.reps = round + 1;
     }
     return absl::OkStatus();
-  }
-
-  absl::StatusOr<WorkloadResult> RunCreateTable() {
-    WorkloadResult r;
-    r.workload = Workload::kCreate;
-    const double deadline = start_ + args_.seconds * 0.1;
-    for (const Config& c : CreateConfigs()) r.cells.push_back({c, {}});
-    RETURN_IF_ERROR(RunRounds(r, 5, deadline, [this](const Config& c) {
-      return CreateSample(c);
-    }));
-    if (Now() > deadline + 1) {
-      r.notes.push_back(absl::StrFormat(
-          "create: %d repetitions took %.1f s, over its tenth of the budget",
-          r.reps, Now() - start_));
-    }
-    return r;
   }
 
   // The raw backing file of the overlay workload: --size bytes written
@@ -599,144 +672,200 @@ class Advisor {
         .status();
   }
 
+  // What a workload's calibration runs measured.
+  struct Calibration {
+    uint64_t count = 0;                    // requests per calibration run
+    std::map<std::string, CellCost> cost;  // the measured cells
+    std::map<std::string, Sample> first;   // their calibration runs
+    std::set<std::string> tried, refused;
+    std::vector<CellResult> failed;        // the refused cells
+    double seconds = 0;        // wall time of all calibration runs
+    bool out_of_time = false;  // stopped at the budget's end
+  };
+
+  // Runs each cell of cut level `level` not tried yet once with cal.count
+  // requests; stops between runs at the budget's end (cal.out_of_time).
+  absl::Status Calibrate(WorkloadResult& r, int level, Calibration& cal) {
+    const std::string name = WorkloadName(r.workload);
+    for (const Config& c : BenchConfigs(r.workload, level)) {
+      if (cal.tried.count(c.label) != 0) continue;
+      RETURN_IF_ERROR(CheckSignal());
+      cal.out_of_time = Now() >= end_;
+      if (cal.out_of_time) return absl::OkStatus();
+      cal.tried.insert(c.label);
+      Progress(absl::StrFormat("%s: calibrating %s", name, c.label));
+      const double t0 = Now();
+      absl::StatusOr<Sample> s = BenchSample(c, r.workload, cal.count);
+      RETURN_IF_ERROR(CheckSignal());
+      cal.seconds += Now() - t0;
+      if (!s.ok()) {
+        cal.refused.insert(c.label);
+        cal.failed.push_back({c, {}, ""});
+        Failed(r, cal.failed.back(), s.status());
+        continue;
+      }
+      cal.cost[c.label] = {cal.count / std::max(s->seconds, 1e-6),
+                           std::max(Now() - t0 - s->seconds, 0.0)};
+      cal.first[c.label] = *s;
+    }
+    return absl::OkStatus();
+  }
+
+  // One workload within `deadline` (its share of the budget): calibration
+  // of the smallest cell set, the plan, the rounds, the ranking.
   absl::StatusOr<WorkloadResult> RunWorkload(Workload w, double deadline) {
     WorkloadResult r;
     r.workload = w;
     const std::string name = WorkloadName(w);
+    if (Now() >= end_) {
+      NoVerdict(r, "before it started");
+      return r;
+    }
     if (w == Workload::kOverlay) {
       Progress("overlay: writing the backing file");
       RETURN_IF_ERROR(MakeBacking());
+      RETURN_IF_ERROR(CheckSignal());
     }
-    // Calibration: each cell once with a short count, the smallest set
-    // (cut level 3) first; more cells only when the plan can afford them.
-    const uint64_t calibration = w == Workload::kSequential ? 32 : 1024;
-    std::map<std::string, std::pair<double, double>> cost;  // rate, overhead
-    std::vector<CellResult> failed;
-    std::map<std::string, bool> tried;
-    double calibration_seconds = 0;  // wall time of all calibration runs
-    auto calibrate = [&](int cut_level) -> absl::Status {
-      for (const Config& c : BenchConfigs(w, cut_level)) {
-        if (tried[c.label]) continue;
-        tried[c.label] = true;
-        RETURN_IF_ERROR(CheckSignal());
-        Progress(absl::StrFormat("%s: calibrating %s", name, c.label));
-        const double t0 = Now();
-        absl::StatusOr<Sample> s = BenchSample(c, w, calibration);
-        RETURN_IF_ERROR(CheckSignal());
-        calibration_seconds += Now() - t0;
-        if (!s.ok()) {
-          failed.push_back({c, {}, ""});
-          Failed(r, failed.back(), s.status());
-          continue;
-        }
-        const double rate = calibration / std::max(s->seconds, 1e-6);
-        cost[c.label] = {rate, std::max(Now() - t0 - s->seconds, 0.0)};
+    Calibration cal;
+    cal.count = w == Workload::kSequential ? 32 : 1024;
+    RETURN_IF_ERROR(Calibrate(r, kLastLevel, cal));
+    if (cal.cost.empty()) {
+      if (!cal.out_of_time) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            name, ": no configuration could be measured: ", r.notes.back()));
       }
-      return absl::OkStatus();
-    };
-    RETURN_IF_ERROR(calibrate(3));
-    if (cost.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          name, ": no configuration could be measured: ", r.notes.back()));
+      NoVerdict(r, "before one configuration was measured");
+    } else {
+      RETURN_IF_ERROR(PlanAndRun(r, deadline, cal));
     }
-    // The plan: the most repetitions and cells whose rounds fit. A cell not
-    // calibrated yet counts with the mean rate, overhead and calibration
-    // time of those that were.
-    double mean_inverse = 0, mean_overhead = 0;
-    for (const auto& [label, c] : cost) {
-      mean_inverse += 1 / c.first / cost.size();
-      mean_overhead += c.second / cost.size();
-    }
-    const double mean_calibration = calibration_seconds / tried.size();
-    struct Estimate {
-      double inverse = 0, overhead = 0, fastest = 0, calibrating = 0;
-    };
-    auto estimate = [&](int cut_level) {
-      Estimate e;
-      for (const Config& c : BenchConfigs(w, cut_level)) {
-        if (auto it = cost.find(c.label); it != cost.end()) {
-          e.inverse += 1 / it->second.first;
-          e.overhead += it->second.second;
-          e.fastest = std::max(e.fastest, it->second.first);
-        } else if (!tried[c.label]) {
-          e.inverse += mean_inverse;
-          e.overhead += mean_overhead;
-          e.calibrating += mean_calibration;
-        }
-      }
-      return e;
-    };
-    const std::pair<int, int> plans[] = {{5, 0}, {4, 0}, {4, 1},
-                                         {4, 2}, {3, 2}, {3, 3}};
-    int reps = kMinReps;
-    int level = 3;
-    for (const auto& [plan_reps, plan_level] : plans) {
-      const Estimate e = estimate(plan_level);
-      const double budget =
-          (deadline - Now()) * 0.95 - e.calibrating;
-      const double n = (budget / plan_reps - e.overhead) / e.inverse;
-      reps = plan_reps, level = plan_level;
-      if (n / std::max(e.fastest, 1 / mean_inverse) >= kMinRunSeconds) {
-        break;
-      }
-    }
-    RETURN_IF_ERROR(calibrate(level));
-    const Estimate e = estimate(level);
-    const double n =
-        ((deadline - Now()) * 0.95 / reps - e.overhead) / e.inverse;
-    uint64_t count = n > 64 ? static_cast<uint64_t>(n) / 64 * 64 : 64;
-    if (count / e.fastest < kMinRunSeconds) {
-      // Shorter runs would measure noise: at least the calibration count
-      // and 0.1 s of the median cell, even if the run then overruns.
-      std::vector<double> rates;
-      for (const auto& [label, c] : cost) rates.push_back(c.first);
-      const uint64_t floor = std::max<uint64_t>(
-          calibration,
-          static_cast<uint64_t>(Median(rates) * kMinRunSeconds) / 64 * 64);
-      count = std::max(count, floor);
-      r.notes.push_back(absl::StrFormat(
-          "%s: the budget is too short for runs of %.1f s of the fastest "
-          "cell: %d requests per run (at least the calibration count and "
-          "%.1f s of the median cell)",
-          name, kMinRunSeconds, count, kMinRunSeconds));
-    }
-    if (level > 0) {
-      std::vector<std::string> kept;
-      for (uint64_t cluster : ClusterSizes(level)) {
-        kept.push_back(SizeText(cluster));
-      }
-      r.notes.push_back(absl::StrFormat(
-          "%s: cluster sizes cut to %s (time budget)", name,
-          absl::StrJoin(kept, ", ")));
-    }
-    for (const Config& c : BenchConfigs(w, level)) {
-      if (cost.count(c.label) != 0) r.cells.push_back({c, {}, ""});
-    }
-    r.count = count;
-    RETURN_IF_ERROR(RunRounds(r, reps, deadline, [&](const Config& c) {
-      return BenchSample(c, w, count);
-    }));
     if (w == Workload::kOverlay) Delete(Path("base.raw"));
-    // Rank by median IOPS (the failed last); the verdict between the first
-    // two.
-    r.cells.insert(r.cells.end(), failed.begin(), failed.end());
+    // Rank by median IOPS (the unmeasured and the failed last); the
+    // verdict between the first two.
+    r.cells.insert(r.cells.end(), cal.failed.begin(), cal.failed.end());
     std::stable_sort(r.cells.begin(), r.cells.end(),
                      [](const CellResult& a, const CellResult& b) {
-                       if (a.error.empty() != b.error.empty()) {
-                         return a.error.empty();
+                       if (RankClass(a) != RankClass(b)) {
+                         return RankClass(a) < RankClass(b);
                        }
                        return a.MedianOf(&Sample::iops) >
                               b.MedianOf(&Sample::iops);
                      });
-    if (!r.cells[0].error.empty()) {
+    if (Ranked(r) == 0 && r.no_verdict.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           name, ": no configuration could be measured: ", r.notes.back()));
     }
-    if (Ranked(r) >= 2) {
+    if (Ranked(r) >= 2 && r.no_verdict.empty()) {
       r.verdict = Decide(r.cells[0].Values(&Sample::iops),
                          r.cells[1].Values(&Sample::iops));
     }
     return r;
+  }
+
+  // The plan (advise_plan.h PlanWorkload) from the first calibration, the
+  // calibration of the cells it adds, the count for their measured costs,
+  // and the rounds into r.cells. Where the budget ends first, the
+  // calibration runs are the only repetition.
+  absl::Status PlanAndRun(WorkloadResult& r, double deadline,
+                          Calibration& cal) {
+    const Workload w = r.workload;
+    Plan plan;
+    plan.level = kLastLevel;
+    if (!cal.out_of_time) {
+      PlanInput in;
+      for (int level = 0; level <= kLastLevel; ++level) {
+        in.levels.emplace_back();
+        for (const Config& c : BenchConfigs(w, level)) {
+          in.levels.back().push_back(c.label);
+        }
+      }
+      in.costs = cal.cost;
+      in.failed = cal.refused;
+      in.calibration_count = cal.count;
+      in.calibration_seconds = cal.seconds / cal.tried.size();
+      in.seconds = deadline - Now();
+      plan = PlanWorkload(in);
+      RETURN_IF_ERROR(Calibrate(r, plan.level, cal));
+      if (!cal.out_of_time) {
+        in.costs = cal.cost;
+        in.failed = cal.refused;
+        in.seconds = deadline - Now();
+        in.fixed_reps = plan.reps;
+        in.fixed_level = plan.level;
+        plan = PlanWorkload(in);
+        NotePlan(r, plan, in.seconds);
+      }
+    }
+    if (cal.out_of_time) {
+      plan.count = cal.count;
+      plan.reuse_calibration = true;
+    }
+    for (const Config& c : BenchConfigs(w, plan.level)) {
+      if (cal.cost.count(c.label) == 0) continue;
+      r.cells.push_back({c, {}, ""});
+      if (plan.reuse_calibration) r.cells.back().samples = {cal.first[c.label]};
+    }
+    r.count = plan.count;
+    r.reps = plan.reuse_calibration ? 1 : 0;
+    if (!cal.out_of_time) {
+      RETURN_IF_ERROR(RunRounds(
+          r, r.reps, plan.reps, kAdviseMinReps, deadline,
+          [&](const Config& c) { return BenchSample(c, w, plan.count); }));
+    }
+    if (r.reps == 0) {
+      // Not one round in time: the calibration runs stand for it.
+      for (CellResult& cell : r.cells) {
+        if (cell.error.empty()) cell.samples = {cal.first[cell.config.label]};
+      }
+      r.count = cal.count;
+      r.reps = 1;
+    }
+    if (r.reps < kAdviseMinReps) {
+      NoVerdict(r, absl::StrFormat("after %d of the %d repetitions a verdict "
+                                   "needs (%d requests per run)",
+                                   r.reps, kAdviseMinReps, r.count));
+    }
+    return absl::OkStatus();
+  }
+
+  // The budget ran out `when`: no verdict for r.
+  static void NoVerdict(WorkloadResult& r, const std::string& when) {
+    r.cut = true;
+    r.no_verdict = absl::StrCat("no verdict: the budget ran out ", when);
+    r.notes.push_back(
+        absl::StrCat(WorkloadName(r.workload), ": ", r.no_verdict));
+  }
+
+  // The notes of a plan smaller than the full matrix.
+  static void NotePlan(WorkloadResult& r, const Plan& plan, double seconds) {
+    const std::string name = WorkloadName(r.workload);
+    if (plan.level > 0 || plan.reps < kMaxReps) {
+      r.cut = true;
+      std::vector<std::string> kept;
+      for (uint64_t cluster : ClusterSizes(plan.level)) {
+        kept.push_back(SizeText(cluster));
+      }
+      r.notes.push_back(absl::StrFormat(
+          "%s: %d repetitions%s (time budget)", name, plan.reps,
+          plan.level > 0
+              ? absl::StrCat(", cluster sizes cut to ", absl::StrJoin(kept, ", "))
+              : ""));
+    }
+    if (plan.short_runs) {
+      r.cut = true;
+      r.notes.push_back(absl::StrFormat(
+          "%s: runs of %d requests, shorter than %.1f s of the fastest cell "
+          "(time budget)%s",
+          name, plan.count, kAdviseMinRunSeconds,
+          plan.reuse_calibration
+              ? ": the calibration runs are the first repetition"
+              : ""));
+    }
+    if (!plan.fits) {
+      r.notes.push_back(absl::StrFormat(
+          "%s: even the smallest plan needs about %.1f s, %.1f s were left: "
+          "the runs stop at the end of the budget",
+          name, plan.estimated_seconds, std::max(seconds, 0.0)));
+    }
   }
 
   const AdviseArgs& args_;
@@ -744,7 +873,7 @@ class Advisor {
   std::ostream& err_;
   const bool progress_;
   double start_ = 0;
-  double deadline_ = 0;
+  double end_ = 0;  // start_ + --time: no run starts after it
   std::future<void> deleting_;
   uint64_t deleted_ = 0;
 };
@@ -800,6 +929,10 @@ void PrintHuman(const AdviseArgs& a, const std::string& fs,
     out << "\n== " << WorkloadName(r.workload) << ": "
         << WorkloadText(r.workload) << "\n";
     if (r.workload == Workload::kCreate) {
+      if (r.reps == 0) {
+        out << "not one round in time (see the notes)\n";
+        continue;
+      }
       out << absl::StrFormat("images of %s, %d repetitions, medians\n",
                              SizeText(std::min(a.size, 256 * kMiB)), r.reps);
       out << absl::StrFormat("%-16s %12s %9s %12s\n", "configuration",
@@ -816,6 +949,10 @@ void PrintHuman(const AdviseArgs& a, const std::string& fs,
             static_cast<uint64_t>(c.MedianOf(&Sample::extents)),
             c.MedianOf(&Sample::allocated) / kMiB);
       }
+      continue;
+    }
+    if (Ranked(r) == 0) {
+      out << "  " << r.no_verdict << "\n";
       continue;
     }
     out << absl::StrFormat(
@@ -840,6 +977,10 @@ void PrintHuman(const AdviseArgs& a, const std::string& fs,
           spread, static_cast<uint64_t>(c.MedianOf(&Sample::extents)),
           c.MedianOf(&Sample::allocated) / kMiB,
           c.MedianOf(&Sample::create_seconds) * 1000);
+    }
+    if (!r.no_verdict.empty()) {
+      out << "  " << r.no_verdict << "\n";
+      continue;
     }
     const CellResult& best = r.cells[0];
     const std::vector<double> iops = best.Values(&Sample::iops);
@@ -908,6 +1049,11 @@ void PrintJsonResults(const AdviseArgs& a, const std::string& fs,
   struct tm tm_now;
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%S+00:00",
                 gmtime_r(&now, &tm_now));
+  // quick: the budget made the run smaller than the full matrix (fewer
+  // repetitions, cluster sizes or requests per run, no verdict), so its
+  // figures do not compare with a full run's (benchmarks/README.md).
+  bool quick = false;
+  for (const WorkloadResult& r : results) quick = quick || r.cut;
 #ifdef NDEBUG
   const bool opt = true;
 #else
@@ -922,9 +1068,10 @@ void PrintJsonResults(const AdviseArgs& a, const std::string& fs,
       {"machine", host},
       {"kernel", uts.release},
       {"filesystems", fs},
-      {"imgtool_commit", "unknown"},
+      {"imgtool_commit", a.commit},
+      {"imgtool_version", kImgtoolVersion},
       {"build", opt ? "opt" : "fastbuild"},
-      {"quick", "false"},
+      {"quick", quick ? "true" : "false"},
       {"load_avg_start", absl::StrFormat("%.2f", load_start)},
       {"load_avg_end", absl::StrFormat("%.2f", load[0])},
       {"dir", a.dir},
@@ -935,8 +1082,13 @@ void PrintJsonResults(const AdviseArgs& a, const std::string& fs,
   std::vector<std::string> notes;
   for (const WorkloadResult& r : results) {
     notes.insert(notes.end(), r.notes.begin(), r.notes.end());
-    if (r.workload == Workload::kCreate || r.cells.empty()) continue;
+    if (r.workload == Workload::kCreate) continue;
     const std::string w = WorkloadName(r.workload);
+    if (!r.no_verdict.empty()) {
+      ctx.push_back({absl::StrCat("winner_", w, "_verdict"), r.no_verdict});
+      ctx.push_back({absl::StrCat("winner_", w, "_decided"), "false"});
+      continue;
+    }
     const Config& best = r.cells[0].config;
     ctx.push_back({absl::StrCat("winner_", w), best.label});
     ctx.push_back({absl::StrCat("winner_", w, "_create"),
@@ -990,6 +1142,7 @@ void PrintJsonResults(const AdviseArgs& a, const std::string& fs,
       add("extents", &Sample::extents);
       add("allocated_bytes", &Sample::allocated);
       const size_t n = c.samples.size();
+      if (c.error.empty() && n == 0) continue;  // not measured in time
       if (!c.error.empty()) {
         // Google Benchmark's form of a run that failed: no counters.
         out << (first ? "\n" : ",\n") << "    {\n";
@@ -1074,7 +1227,7 @@ void PrintJsonResults(const AdviseArgs& a, const std::string& fs,
   out << "\n  ]\n}\n";
 }
 
-enum LongOption { kSize = 256, kTime, kWorkload, kOutput };
+enum LongOption { kSize = 256, kTime, kWorkload, kOutput, kImgtoolCommit };
 
 const struct option kLongOptions[] = {
     {"help", no_argument, nullptr, 'h'},
@@ -1082,6 +1235,7 @@ const struct option kLongOptions[] = {
     {"time", required_argument, nullptr, kTime},
     {"workload", required_argument, nullptr, kWorkload},
     {"output", required_argument, nullptr, kOutput},
+    {"imgtool-commit", required_argument, nullptr, kImgtoolCommit},
     {nullptr, 0, nullptr, 0},
 };
 
@@ -1128,6 +1282,21 @@ absl::Status HandleOption(AdviseArgs& a, int option, const std::string& arg) {
       return absl::OkStatus();
     case kOutput: {
       ASSIGN_OR_RETURN(a.json, ParseOutputFormat(arg));
+      return absl::OkStatus();
+    }
+    case kImgtoolCommit: {
+      const bool word =
+          !arg.empty() && arg.size() <= 64 &&
+          std::all_of(arg.begin(), arg.end(), [](char ch) {
+            return absl::ascii_isalnum(static_cast<unsigned char>(ch)) ||
+                   ch == '-' || ch == '_' || ch == '.';
+          });
+      if (!word) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Invalid --imgtool-commit '", arg,
+            "': 1 to 64 letters, digits, '-', '_' or '.'"));
+      }
+      a.commit = arg;
       return absl::OkStatus();
     }
   }
@@ -1250,10 +1419,14 @@ absl::Status RunAdvise(const std::vector<std::string>& args, Streams streams) {
   }
   RETURN_IF_ERROR(status);
   if (elapsed > a.seconds * 1.1) {
+    // No run starts after the budget's end, so this is one step (an
+    // image's create, write or delete, or the overlay's backing file) that
+    // took that long here.
+    results->back().cut = true;
     results->back().notes.push_back(absl::StrFormat(
-        "the run took %.1f s, over the %d s budget: even the smallest matrix "
-        "(3 repetitions, cluster sizes 64k and 2M) needs more here (image "
-        "create and delete times); give a larger --time",
+        "the run took %.1f s, over the %d s budget: no run starts after its "
+        "end, but one step (writing an image, deleting one) took that long "
+        "here; give a larger --time or a smaller --size",
         elapsed, a.seconds));
   }
   if (a.json) {

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # imgtool advise (issue 20 part 4): option errors, refusals (missing DIR, a
 # file, a read-only mount, a tmpfs too small for the matrix), cleanup (DIR's
-# listing identical after a run and after SIGTERM mid-run), the JSON passing
-# check_results.py with the structure the command promises, the human
-# table's columns, and the advice's create lines run as printed giving the
-# images they describe (qemu-img info). Never which configuration wins: the
-# machine is shared. Needs root for the mounts ("local").
+# listing identical after a run and after SIGINT, SIGHUP and SIGTERM during
+# the create table and during a workload, with the signal's exit status),
+# the JSON passing check_results.py with the structure the command promises
+# (whole rounds, the context keys), the human table's columns, the progress
+# bar on a terminal (a pty) and its absence otherwise, and the advice's
+# create lines run as printed giving the images they describe (qemu-img
+# info). Never which configuration wins, nor how far the budget got: the
+# machine is shared, so a workload may end with "no verdict: the budget ran
+# out"; the checks take either form. Needs root for the mounts ("local").
 # Usage: advise_test.sh PATH_TO_IMGTOOL PATH_TO_CHECK_RESULTS
 set -u
 IMGTOOL=$(realpath "$1")
@@ -49,6 +53,47 @@ expect_error() {
   want: $want"
 }
 
+# advise_pty.py OUT TTY WAIT_FOR SIGNAL -- CMD...: runs CMD with stdout to OUT
+# and stderr on a pseudo-terminal (isatty), everything the terminal got
+# saved to TTY; when WAIT_FOR (bytes) appears there, sends SIGNAL (a name)
+# at once. Prints the exit status as a shell gives it (128 + N for signal
+# N). The synchronisation is the text itself; the 240 s limit only keeps a
+# broken binary from hanging the test.
+cat >"$BASE/advise_pty.py" <<'EOF'
+import os, select, signal, subprocess, sys, time
+out_path, tty_path, wait_for, sig = sys.argv[1:5]
+cmd = sys.argv[6:]
+master, slave = os.openpty()
+with open(out_path, "wb") as out:
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
+                         stderr=slave)
+os.close(slave)
+buf = b""
+sent = False
+limit = time.monotonic() + 240
+while True:
+    if time.monotonic() > limit:
+        p.kill()
+        print("advise_pty: 240 s and no end", file=sys.stderr)
+        break
+    ready, _, _ = select.select([master], [], [], 1)
+    if not ready:
+        continue
+    try:
+        data = os.read(master, 65536)
+    except OSError:  # EIO: every writer of the terminal is gone
+        break
+    if not data:
+        break
+    buf += data
+    if wait_for and not sent and wait_for.encode() in buf:
+        os.kill(p.pid, getattr(signal, sig))
+        sent = True
+rc = p.wait()
+open(tty_path, "wb").write(buf)
+print(128 - rc if rc < 0 else rc)
+EOF
+
 # listing DIR: every name (hidden too), type, size and content hash.
 listing() {
   (cd "$1" && find . -printf '%p %y %s\n' | sort &&
@@ -65,6 +110,7 @@ expect_error "--time 4" "imgtool: Invalid --time '4': whole seconds from 5 to 86
 expect_error "--time 1.5" "imgtool: Invalid --time '1.5': whole seconds from 5 to 86400" --time 1.5 "$D"
 expect_error "--workload" "imgtool: Invalid --workload 'random': random-4k, sequential, overlay or all" --workload random "$D"
 expect_error "--output" "imgtool: --output must be used with human or json as argument." --output=xml "$D"
+expect_error "--imgtool-commit" "imgtool: Invalid --imgtool-commit 'a b': 1 to 64 letters, digits, '-', '_' or '.'" --imgtool-commit 'a b' "$D"
 USAGE="Usage: imgtool advise [--size SIZE] [--time SECONDS] [--workload random-4k|sequential|overlay|all] [--output=human|json] DIR"
 expect_error "no DIR" "imgtool: Expecting one directory
 $USAGE
@@ -114,14 +160,15 @@ head -c 100000 /dev/urandom >"$R/sub/data.bin"
 echo hello >"$R/.hidden"
 before=$(listing "$R")
 
-echo "== a JSON run (all workloads, 10 s)"
+echo "== a JSON run (all workloads, 15 s)"
 OUTDIR="$BASE/results"
 mkdir -p "$OUTDIR"
 JSON="$OUTDIR/advise-$(hostname).json"
 checks=$((checks + 1))
-"$IMGTOOL" advise --size 32M --time 10 --output=json "$R" >"$JSON" 2>"$BASE/err"
+"$IMGTOOL" advise --size 32M --time 15 --output=json --imgtool-commit abc1234-dirty "$R" >"$JSON" 2>"$BASE/err"
 rc=$?
 [[ $rc -eq 0 ]] || fail "json run: exit $rc: $(cat "$BASE/err")"
+# no progress bar: stderr is not a terminal
 [[ ! -s "$BASE/err" ]] || fail "json run: stderr not empty: $(cat "$BASE/err")"
 checks=$((checks + 1))
 [[ "$(listing "$R")" == "$before" ]] || fail "json run changed DIR:
@@ -137,77 +184,136 @@ ctx, benches = d["context"], d["benchmarks"]
 problems = []
 if ctx["suite"] != "advise" or ctx["filesystems"] != "ext4":
     problems.append("suite/filesystems: %s %s" % (ctx["suite"], ctx["filesystems"]))
+if ctx["imgtool_commit"] != "abc1234-dirty" or ctx["imgtool_version"] != "0.2.0":
+    problems.append("commit/version: %s %s" % (ctx["imgtool_commit"], ctx["imgtool_version"]))
+notes = ctx["notes"]
+# quick: "true" exactly when the budget cut something (every cut is a note)
+cut = "(time budget" in notes or "the budget ran out" in notes or "over the" in notes
+if ctx["quick"] != ("true" if cut else "false"):
+    problems.append("quick %s with notes %r" % (ctx["quick"], notes))
 reps = {}
 for b in benches:
     if b["run_type"] == "iteration":
         reps[b["run_name"]] = reps.get(b["run_name"], 0) + 1
-want = {"create": 7}
 configs = {}
 for name, n in reps.items():
     _, fs, w, c = name.split("/")
-    configs.setdefault(w.split(":")[1], []).append(c.split(":")[1])
-    if n < 3:
-        problems.append("%s: %d repetitions" % (name, n))
-if sorted(configs) != ["create", "overlay", "random-4k", "sequential"]:
-    problems.append("workloads %s" % sorted(configs))
-if sorted(configs.get("create", [])) != sorted(
+    configs.setdefault(w.split(":")[1], {})[c.split(":")[1]] = n
+# whole rounds: every configuration of a workload has the same repetitions
+for w, c in configs.items():
+    if len(set(c.values())) != 1:
+        problems.append("%s: repetitions differ: %r" % (w, c))
+create = configs.get("create", {})
+if create and sorted(create) != sorted(
         ["raw_off", "raw_falloc", "raw_full", "qcow2_off", "qcow2_metadata",
          "qcow2_falloc", "qcow2_full"]):
-    problems.append("create configs %s" % configs.get("create"))
-for w in ("random-4k", "sequential"):
-    c = configs.get(w, [])
-    for must in ("raw_hint0", "raw_hint1M", "raw_hint8M", "qcow2_64k",
-                 "qcow2_64k_subclusters", "qcow2_2M_prealloc-filter",
-                 "qcow2_2M_subclusters_prealloc-filter"):
-        if must not in c:
-            problems.append("%s: no %s" % (w, must))
-if any(c.startswith("raw") for c in configs.get("overlay", [])):
+    problems.append("create configs %s" % sorted(create))
+if not create and "create: 0 of 5 repetitions" not in notes:
+    problems.append("no create table and no note")
+if create and min(create.values()) < 5 and "create: %d of 5 repetitions" % min(create.values()) not in notes:
+    problems.append("create: %d repetitions without a note" % min(create.values()))
+if any(c.startswith("raw") for c in configs.get("overlay", {})):
     problems.append("overlay has raw configs")
 lines = []
+verdicts = 0
 for w in ("random-4k", "sequential", "overlay"):
+    c = configs.get(w, {})
+    verdict = ctx.get("winner_%s_verdict" % w, "")
+    if verdict.startswith("no verdict: the budget ran out"):
+        # the budget ended first: no winner, fewer than 3 rounds, a note
+        if "winner_" + w in ctx or ctx.get("winner_%s_decided" % w) != "false":
+            problems.append("%s: no verdict but winner keys" % w)
+        if c and max(c.values()) >= 3:
+            problems.append("%s: no verdict with %d rounds" % (w, max(c.values())))
+        if "%s: %s" % (w, verdict) not in notes:
+            problems.append("%s: no note %r" % (w, verdict))
+        continue
+    verdicts += 1
+    if c and min(c.values()) < 3:
+        problems.append("%s: a verdict from %d rounds" % (w, min(c.values())))
+    must = ["qcow2_64k", "qcow2_64k_subclusters", "qcow2_64k_prealloc-filter",
+            "qcow2_64k_subclusters_prealloc-filter"]
+    if w != "overlay":
+        must += ["raw_hint0", "raw_hint1M", "raw_hint8M"]
+    for m in must:
+        if m not in c:
+            problems.append("%s: no %s" % (w, m))
     win = ctx.get("winner_" + w)
     line = ctx.get("winner_%s_create" % w, "")
-    if win not in configs.get(w, []):
+    if win not in c:
         problems.append("winner_%s %r" % (w, win))
     if not line.startswith("imgtool create -f "):
         problems.append("winner_%s_create %r" % (w, line))
     if ctx.get("winner_%s_decided" % w) not in ("true", "false"):
         problems.append("winner_%s_decided" % w)
     lines.append("%s|%s|%s" % (win, line, ctx.get("winner_%s_image_opts" % w, "")))
+print("verdicts: %d of 3; notes: %s" % (verdicts, notes))
 open(sys.argv[2], "w").write("\n".join(lines) + "\n")
 for p in problems:
     print(p)
 sys.exit(1 if problems else 0)
 EOF
 
-echo "== a human run (random-4k, 6 s)"
+echo "== a human run on a terminal (random-4k, 10 s): the table and the progress bar"
 checks=$((checks + 1))
-"$IMGTOOL" advise --size 32M --time 6 --workload random-4k "$R" >"$BASE/human" 2>"$BASE/err"
-rc=$?
-[[ $rc -eq 0 ]] || fail "human run: exit $rc: $(cat "$BASE/err")"
-[[ ! -s "$BASE/err" ]] || fail "human run: stderr not empty: $(cat "$BASE/err")"
+rc=$("$PY" "$BASE/advise_pty.py" "$BASE/human" "$BASE/human.tty" "" none -- \
+  "$IMGTOOL" advise --size 32M --time 10 --workload random-4k "$R")
+[[ $rc == 0 ]] || fail "human run: exit $rc: $(cat -v "$BASE/human.tty")"
 checks=$((checks + 1))
 [[ "$(listing "$R")" == "$before" ]] || fail "human run changed DIR"
+checks=$((checks + 1))
+"$PY" - "$BASE/human.tty" <<'EOF' || fail "progress bar: $(cat -v "$BASE/human.tty" | tail -c 600)"
+import re, sys
+tty = open(sys.argv[1], "rb").read()
+problems = []
+# every frame: clear the line, [30 cells] PERCENT% WHAT
+frames = re.findall(rb"\r\x1b\[K\[([#.]{30})\] +(\d+)% ([^\r\x1b]*)", tty)
+if len(frames) < 3:
+    problems.append("%d frames" % len(frames))
+else:
+    bars = [f[0].count(b"#") for f in frames]
+    pcts = [int(f[1]) for f in frames]
+    if bars != sorted(bars) or pcts != sorted(pcts):
+        problems.append("not monotonic: %r %r" % (bars, pcts))
+    if max(pcts[:-1]) > 99:
+        problems.append("100%% before the end: %r" % pcts)
+    if not any(f[2].startswith(b"create: raw_off, round 1 of ") for f in frames):
+        problems.append("no create frame")
+    if not any(f[2] == b"random-4k: calibrating raw_hint0" for f in frames):
+        problems.append("no calibration frame")
+    # the end: the bar full, "done", and a new line
+    if not re.search(rb"\r\x1b\[K\[#{30}\] 100% done in \d+\.\d s\r\n$", tty):
+        problems.append("does not end full: %r" % tty[-80:])
+    if b"imgtool advise:" in tty or b"rank" in tty:
+        problems.append("the report went to the terminal")
+for p in problems:
+    print(p)
+sys.exit(1 if problems else 0)
+EOF
 checks=$((checks + 1))
 "$PY" - "$BASE/human" "$R" <<'EOF' || fail "human table: $(cat "$BASE/human")"
 import re, sys
 text = open(sys.argv[1]).read().split("\n")
 problems = []
-if not text[0].startswith("imgtool advise: %s (ext4), images of 32M, budget 6 s, took " % sys.argv[2]):
+if not text[0].startswith("imgtool advise: %s (ext4), images of 32M, budget 10 s, took " % sys.argv[2]):
     problems.append("first line %r" % text[0])
+if "\x1b" in "\n".join(text):
+    problems.append("escape sequences in the report")
+no_verdict = any(l.startswith("  no verdict: the budget ran out") for l in text)
 heads = [l for l in text if l.startswith("rank") or l.startswith("configuration")]
 want_bench = ["rank", "configuration", "IOPS", "MiB/s", "spread", "extents",
               "space", "MiB", "create", "ms"]
 want_create = ["configuration", "create", "ms", "extents", "space", "MiB"]
-if [h.split() for h in heads] != [want_create, want_bench]:
+if [h.split() for h in heads] != [want_create, want_bench] and not no_verdict:
     problems.append("headers %r" % heads)
-i = text.index(next(h for h in heads if h.startswith("rank")))
 rows = []
-for l in text[i + 1:]:
-    if not re.match(r"^ +\d+  ", l):
-        break
-    rows.append(l.split())
-if [int(r[0]) for r in rows] != list(range(1, len(rows) + 1)) or len(rows) < 11:
+if any(h.startswith("rank") for h in heads):
+    i = text.index(next(h for h in heads if h.startswith("rank")))
+    for l in text[i + 1:]:
+        if not re.match(r"^ +\d+  ", l):
+            break
+        rows.append(l.split())
+if [int(r[0]) for r in rows] != list(range(1, len(rows) + 1)):
     problems.append("ranks %r" % [r[0] for r in rows])
 for r in rows:
     if len(r) != 8 or not r[1].startswith(("raw_", "qcow2_")):
@@ -215,12 +321,20 @@ for r in rows:
 iops = [float(r[2].replace(",", "")) for r in rows]
 if iops != sorted(iops, reverse=True):
     problems.append("not ranked by IOPS: %r" % iops)
-if not any(l.startswith("Winner: " + rows[0][1] + ": median ") for l in text):
-    problems.append("no winner line for %s" % rows[0][1])
-if not any(re.match(r"^  (TIE: tie with|better than) [a-z0-9_A-Z-]+ \(median [0-9,]+ IOPS\): [-+]", l) for l in text):
-    problems.append("no verdict line")
-if not any(l.startswith("  imgtool create -f ") for l in text):
-    problems.append("no create line")
+if no_verdict:
+    if any(l.startswith("Winner: ") or l.startswith("  imgtool create") for l in text):
+        problems.append("no verdict, yet a winner or a create line")
+    if not any(l.startswith("  random-4k: no verdict: the budget ran out") for l in text):
+        problems.append("no verdict without its note")
+else:
+    if len(rows) < 7:
+        problems.append("%d rows" % len(rows))
+    if not any(l.startswith("Winner: " + rows[0][1] + ": median ") for l in text):
+        problems.append("no winner line for %s" % rows[0][1])
+    if not any(re.match(r"^  (TIE: tie with|better than) [a-z0-9_A-Z-]+ \(median [0-9,]+ IOPS\): [-+]", l) for l in text):
+        problems.append("no verdict line")
+    if not any(l.startswith("  imgtool create -f ") for l in text):
+        problems.append("no create line")
 for p in problems:
     print(p)
 sys.exit(1 if problems else 0)
@@ -272,23 +386,34 @@ while IFS='|' read -r label line opts; do
   check_image "$label" "$L/$file" "$opts"
 done <"$BASE/lines"
 
-echo "== SIGTERM mid-run"
-checks=$((checks + 1))
-"$IMGTOOL" advise --size 32M --time 60 --output=json "$R" >"$BASE/term.out" 2>"$BASE/term.err" &
-pid=$!
-# wait until its directory exists, then a little longer
-for _ in $(seq 100); do
-  ls -a "$R" | grep -q '^\.imgtool-advise-' && break
-  sleep 0.1
-done
-sleep 2
-kill -TERM "$pid"
-wait "$pid"
-rc=$?
-[[ $rc -eq 143 ]] || fail "SIGTERM: exit $rc, want 143 (killed by SIGTERM); $(cat "$BASE/term.err")"
-[[ ! -s "$BASE/term.out" ]] || fail "SIGTERM: printed $(head -c 200 "$BASE/term.out")"
-checks=$((checks + 1))
-[[ "$(listing "$R")" == "$before" ]] || fail "SIGTERM left DIR changed:
+echo "== signals during the create table and during a workload"
+# signal_case SIGNAL WANT_STATUS PHASE WAIT_FOR ARGS...: advise on a terminal,
+# SIGNAL sent as soon as the progress bar shows WAIT_FOR; then the exit
+# status is the signal's, nothing is printed on stdout, the bar's line is
+# cleared, its last frame was still PHASE's, and DIR is as it was.
+signal_case() {
+  local sig=$1 want=$2 phase=$3 wait_for=$4 rc
+  shift 4
+  checks=$((checks + 1))
+  rc=$("$PY" "$BASE/advise_pty.py" "$BASE/sig.out" "$BASE/sig.tty" "$wait_for" "$sig" -- \
+    "$IMGTOOL" advise --size 32M --time 60 "$@" "$R")
+  [[ $rc == "$want" ]] || fail "$sig in $phase: exit $rc, want $want: $(cat -v "$BASE/sig.tty" | tail -c 300)"
+  [[ ! -s "$BASE/sig.out" ]] || fail "$sig in $phase: printed $(head -c 200 "$BASE/sig.out")"
+  "$PY" - "$BASE/sig.tty" "$phase" <<'EOF' || fail "$sig in $phase: terminal $(cat -v "$BASE/sig.tty" | tail -c 300)"
+import re, sys
+tty = open(sys.argv[1], "rb").read()
+frames = re.findall(rb"\r\x1b\[K\[[#.]{30}\] +\d+% ([^\r\x1b]*)", tty)
+ok = tty.endswith(b"\r\x1b[K") and frames and frames[-1].startswith(sys.argv[2].encode())
+sys.exit(0 if ok else 1)
+EOF
+  checks=$((checks + 1))
+  [[ "$(listing "$R")" == "$before" ]] || fail "$sig in $phase left DIR changed:
 $(diff <(echo "$before") <(listing "$R"))"
+}
+signal_case SIGINT 130 "create: " "create: raw_off"
+signal_case SIGHUP 129 "create: " "create: raw_off"
+signal_case SIGINT 130 "random-4k: " "random-4k: calibrating" --workload random-4k
+signal_case SIGHUP 129 "overlay: " "overlay: calibrating" --workload overlay
+signal_case SIGTERM 143 "sequential: " "sequential: calibrating" --workload sequential --output=json
 
 finish
