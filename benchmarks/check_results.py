@@ -99,7 +99,8 @@ def check(path):
     base = os.path.basename(path)
     if base != f"{suite}-{ctx.get('machine')}.json":
         bad(f"file name should be {suite}-{ctx.get('machine')}.json")
-    for fs in str(ctx.get("filesystems", "")).split(","):
+    filesystems = str(ctx.get("filesystems", "")).split(",")
+    for fs in filesystems:
         if fs not in FILESYSTEMS:
             bad(f"context filesystems: unknown filesystem {fs!r}")
     if ctx.get("build") not in ("opt", "fastbuild"):
@@ -125,6 +126,9 @@ def check(path):
         if [p.partition(":")[0] for p in parts[1:]] != keys:
             bad(f"{name}: labels should be {'/'.join(keys)}")
             continue
+        if "fs" in labels and labels["fs"] not in filesystems:
+            bad(f"{name}: fs:{labels['fs']} is not in context filesystems "
+                f"{ctx.get('filesystems')!r}")
         r = runs.setdefault(run_name, [0, set(), b.get("repetitions"), False])
         if b.get("run_type") == "iteration":
             r[0] += 1

@@ -39,14 +39,17 @@ _WEB = os.path.join(_HERE, "web")
 _CHARTJS = os.path.join("node_modules", "chart.js", "dist", "chart.umd.js")
 
 # How each suite is drawn (keys from benchmarks/README.md "Result files"):
-# x: the key on the x axis; facet: one chart per value of this key; metric:
-# the metric shown first; ceiling: (key, value) of the series drawn as a
-# dashed ceiling line.
+# x: the key on the x axis; facet: one chart per value of this key, or per
+# combination of values of a list of keys (keys with one value in the runs
+# are dropped from it); metric: the metric shown first; ceiling: (key,
+# value) of the series drawn as a dashed ceiling line.
 SUITE_CHARTS = {
     "subcluster": {"kind": "line", "x": "cluster", "metric": "IOPS",
                    "x_title": "cluster size"},
-    "engine": {"kind": "line", "x": "depth", "facet": "op", "metric": "IOPS",
-               "ceiling": ("tool", "fio"), "x_title": "queue depth"},
+    # one chart per filesystem and op (issue 20 part 1: XFS and ext4)
+    "engine": {"kind": "line", "x": "depth", "facet": ["fs", "op"],
+               "metric": "IOPS", "ceiling": ("tool", "fio"),
+               "x_title": "queue depth"},
     "hint": {"kind": "bar", "x": "hint", "facet": "op", "metric": "seconds",
              "x_title": "extent size hint"},
     "create_prealloc": {"kind": "bar", "x": "prealloc", "facet": "fmt",
@@ -150,10 +153,17 @@ def _chart_spec(suite, runs):
         varying = [k for k in keys if k not in const]
         spec["x"] = varying[-1] if varying else (keys[-1] if keys else None)
         spec["x_title"] = spec["x"] or ""
-    if (spec.get("facet") not in keys or spec.get("facet") == spec["x"] or
-            spec.get("facet") in const):
-        spec["facet"] = None  # one value: one chart
+    facet = spec.get("facet")
+    facet = [facet] if isinstance(facet, str) else list(facet or [])
+    # keys with one value (or none) split nothing: one chart for them
+    spec["facet"] = [k for k in facet
+                     if k in keys and k != spec["x"] and k not in const]
     return spec
+
+
+def _facet_value(case, keys):
+    """The case's values of the facet keys, a tuple (one chart each)."""
+    return tuple(case.value(k) for k in keys)
 
 
 def _series_for(cases_by_run, spec, labels, metric, skip, multi_run):
@@ -289,8 +299,7 @@ def build_model(suites):
         spec["suite"] = suite
         const = results.constant_keys(runs)
         skip = set(k for k, _ in const)
-        if spec["facet"]:
-            skip.add(spec["facet"])
+        skip.update(spec["facet"])
         metrics = results.run_metrics(runs)
         # the suite's metric, unless no chart can draw it (no finite
         # value, e.g. every IOPS NaN): then the first one a chart can draw,
@@ -303,7 +312,7 @@ def build_model(suites):
             facets = []
             for run in runs:
                 for case in run.cases:
-                    v = case.value(spec["facet"])
+                    v = _facet_value(case, spec["facet"])
                     if v not in facets:
                         facets.append(v)
         charts = []
@@ -312,7 +321,8 @@ def build_model(suites):
             x_values = []
             for run in runs:
                 cases = [c for c in run.cases
-                         if facet is None or c.value(spec["facet"]) == facet]
+                         if facet is None or
+                         _facet_value(c, spec["facet"]) == facet]
                 cases_by_run.append((run, cases))
                 for c in cases:
                     v = c.value(spec["x"])
@@ -334,11 +344,13 @@ def build_model(suites):
                                      for v in x_values], spec["ratio"], m)
                     for s in series:
                         del s["_cases"]
-            title = suite if facet is None else "%s: %s:%s" % (
-                suite, spec["facet"], facet)
+            title = suite if facet is None else "%s: %s" % (
+                suite, "/".join("%s:%s" % kv
+                                for kv in zip(spec["facet"], facet)))
             chart_default = default if default in by_metric else (
                 next(iter(by_metric)) if by_metric else None)
-            cid = "chart-" + suite + ("" if facet is None else "-" + facet)
+            cid = "chart-" + suite + ("" if facet is None else "".join(
+                "-%s" % v for v in facet))
             charts.append({
                 "id": cid, "title": title, "kind": spec["kind"],
                 "x_key": spec["x"], "x_title": spec.get("x_title", spec["x"]),

@@ -343,7 +343,8 @@ class DashboardTest(unittest.TestCase):
                  for l in results.target_lines("engine", run)]
         self.assertEqual(len(lines), 36)
         self.assertRegex(
-            lines[0], r"^randread depth 1, IOPS: imgtool io_uring [0-9,]+ / "
+            lines[0], r"^randread depth 1 on xfs, IOPS: imgtool io_uring "
+            r"[0-9,]+ / "
             r"ceiling [0-9,]+ \(fio io_uring\), ratio [0-9]+\.[0-9]{2} "
             r"\(target \u2265 0.95\): (met|MISSED)$")
         block = "".join(
@@ -701,6 +702,39 @@ class ModelTest(unittest.TestCase):
         self.assertEqual(suite["default_metric"], "seconds")
         self.assertEqual([c["default_metric"] for c in suite["charts"]],
                          ["seconds"])
+
+    def test_engine_charts_per_filesystem_and_op(self):
+        # issue 20 part 1: the engine suite on XFS and ext4 in one file:
+        # one chart per (fs, op), each with imgtool io_uring and fio's two
+        # engines (the ceiling) over depths 1 and 16; the fs is in the
+        # chart's title, not in its series' names
+        d = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        entries = [
+            gb_entry("engine/fs:%s/op:%s/engine:%s/depth:%d/tool:%s" % (
+                fs, op, engine, depth, tool), {"IOPS": 1000.0 * depth + i},
+                index=i)
+            for fs in ("xfs", "ext4") for op in ("randread", "randwrite")
+            for engine, tool in (("io_uring", "imgtool"), ("io_uring", "fio"),
+                                 ("libaio", "fio"))
+            for depth in (1, 16) for i in (0, 1)]
+        with open(os.path.join(d, "engine-x.json"), "w") as f:
+            json.dump({"context": {}, "benchmarks": entries}, f)
+        model = dashboard.build_model(results.load_all(["engine-x.json"], d))
+        charts = model["suites"][0]["charts"]
+        self.assertEqual(
+            [(c["id"], c["title"]) for c in charts],
+            [("chart-engine-xfs-randread", "engine: fs:xfs/op:randread"),
+             ("chart-engine-xfs-randwrite", "engine: fs:xfs/op:randwrite"),
+             ("chart-engine-ext4-randread", "engine: fs:ext4/op:randread"),
+             ("chart-engine-ext4-randwrite", "engine: fs:ext4/op:randwrite")])
+        for c in charts:
+            self.assertEqual(
+                [(s["label"], s["data"])
+                 for s in c["by_metric"]["IOPS"]["series"]],
+                [("engine:io_uring/tool:imgtool", [1000.5, 16000.5]),
+                 ("engine:io_uring/tool:fio (ceiling)", [1000.5, 16000.5]),
+                 ("engine:libaio/tool:fio (ceiling)", [1000.5, 16000.5])],
+                c["id"])
 
 
 class CommandLineTest(unittest.TestCase):

@@ -1,16 +1,17 @@
 // Suite `engine`: the I/O engines under posix_file::FileNode (io_uring, Linux
 // AIO and the thread pool) at queue depths 1..256, 4 KiB O_DIRECT random
-// reads and writes on a fully written raw file on an XFS loop mount, against
-// fio's io_uring and libaio engines (same file, request size and depth). The
-// ceiling of a depth is the best of the fio entries (issue 20 part 1); the
-// report and dashboard derive it, the suite writes no entry of its own for it.
+// reads and writes on a fully written raw file, on an XFS and on an ext4 loop
+// mount (one file each), against fio's io_uring and libaio engines (same
+// file, request size and depth). The ceiling of a filesystem, op and depth is
+// the best of its fio entries (issue 20 part 1); the report and dashboard
+// derive it, the suite writes no entry of its own for it.
 //
-//   engine/fs:xfs/op:O/engine:E/depth:D/tool:imgtool   E: io_uring, native
-//       (io::AioEngine, `-i native`), threads
+//   engine/fs:F/op:O/engine:E/depth:D/tool:imgtool   F: xfs, ext4;
+//       E: io_uring, native (io::AioEngine, `-i native`), threads
 //       per iteration: a fresh engine (kind E, queue depth D) and FileNode
 //       (cache=none), then D workers issue 4 KiB requests at random aligned
 //       offsets for --seconds; open and close are not timed.
-//   engine/fs:xfs/op:O/engine:E/depth:D/tool:fio   E: io_uring,
+//   engine/fs:F/op:O/engine:E/depth:D/tool:fio   E: io_uring,
 //       io_uring_fixedbufs, io_uring_registerfiles, io_uring_sqthread_poll
 //       (fio's io_uring options --fixedbufs, --registerfiles,
 //       --sqthread_poll=1), libaio
@@ -18,6 +19,8 @@
 //       --direct=1 --bs=4k --rw=randO --time_based --runtime=--seconds` as a
 //       subprocess, figures from its --output-format=json.
 //   Counters: seconds (the measured run), IOPS, MiB_per_s.
+//   Depths 1, 2, 4 .. 256; --quick: 1, 16, 256 (and a 64 MiB file, 0.1 s
+//   runs).
 //
 // Result file contract: benchmarks/README.md ("Result files").
 // Run (root): bazel run //benchmarks:engine_bench -- [--file_mib=1024]
@@ -65,7 +68,6 @@ constexpr uint64_t kRequest = 4096;
 
 uint64_t g_file_size = 0;
 double g_seconds = 0;
-std::string g_path;
 
 struct RunState {
   io::BlockNode* node = nullptr;
@@ -96,12 +98,14 @@ io::Task<void> Worker(RunState* s, io::IoVec buf, uint64_t seed) {
 }
 
 // Runs `depth` workers for g_seconds; returns {seconds, requests}.
-absl::StatusOr<std::pair<double, uint64_t>> RunImgtool(io::EngineKind kind,
+// `path`: the fully written raw file.
+absl::StatusOr<std::pair<double, uint64_t>> RunImgtool(const std::string& path,
+                                                       io::EngineKind kind,
                                                        int depth, bool write) {
   ASSIGN_OR_RETURN(std::unique_ptr<io::Engine> engine,
                    io::CreateEngine(kind, depth, nullptr));
   posix_file::FileOpenOptions open;
-  open.set_filename(g_path);
+  open.set_filename(path);
   open.set_cache("none");
   ASSIGN_OR_RETURN(std::unique_ptr<posix_file::FileNode> node,
                    posix_file::FileNode::Open(*engine, open, nullptr));
@@ -143,14 +147,14 @@ const google::protobuf::Value* Field(const google::protobuf::Value& v,
   return it == v.struct_value().fields().end() ? nullptr : &it->second;
 }
 
-// fio on g_path; returns {seconds, requests} from its JSON output.
+// fio on `path`; returns {seconds, requests} from its JSON output.
 // `fio_engine` is --ioengine's value, `fio_option` one more option or "".
 absl::StatusOr<std::pair<double, uint64_t>> RunFio(
-    const std::string& fio_engine, const std::string& fio_option, int depth,
-    bool write) {
+    const std::string& path, const std::string& fio_engine,
+    const std::string& fio_option, int depth, bool write) {
   const std::string ms = absl::StrCat(static_cast<int64_t>(g_seconds * 1000));
   std::vector<std::string> argv = {
-      absl::GetFlag(FLAGS_fio), "--name=engine", "--filename=" + g_path,
+      absl::GetFlag(FLAGS_fio), "--name=engine", "--filename=" + path,
       write ? "--rw=randwrite" : "--rw=randread", "--bs=4k", "--direct=1",
       "--ioengine=" + fio_engine, absl::StrCat("--iodepth=", depth),
       absl::StrCat("--size=", g_file_size), "--time_based",
@@ -208,14 +212,15 @@ constexpr Engine kEngines[] = {
     {"libaio", io::EngineKind::kIoUring, "libaio", ""},
 };
 
-void BM_Engine(benchmark::State& state, Engine e, int depth, bool write) {
+void BM_Engine(benchmark::State& state, std::string path, Engine e,
+               int depth, bool write) {
   const bool fio = e.fio_engine[0] != '\0';
   double seconds = 0;
   uint64_t requests = 0;
   for (auto _ : state) {
     absl::StatusOr<std::pair<double, uint64_t>> r =
-        fio ? RunFio(e.fio_engine, e.fio_option, depth, write)
-            : RunImgtool(e.kind, depth, write);
+        fio ? RunFio(path, e.fio_engine, e.fio_option, depth, write)
+            : RunImgtool(path, e.kind, depth, write);
     if (!r.ok()) {
       state.SkipWithError(std::string(r.status().ToString()).c_str());
       return;
@@ -234,52 +239,57 @@ void BM_Engine(benchmark::State& state, Engine e, int depth, bool write) {
 
 int main(int argc, char** argv) {
   using namespace imgtool::benchmarks;
+  using imgtool::testing::FsKind;
   InitSuite(argc, argv,
             "engine_bench: io_uring, native (Linux AIO) and threads, queue "
-            "depth 1..256, 4 KiB random O_DIRECT reads/writes on a raw file, "
-            "and fio's io_uring (plain, fixedbufs, registerfiles, "
-            "sqthread_poll) and libaio engines, the ceiling (root). "
-            "Result file contract: benchmarks/README.md");
+            "depth 1..256, 4 KiB random O_DIRECT reads/writes on a raw file "
+            "on XFS and ext4, and fio's io_uring (plain, fixedbufs, "
+            "registerfiles, sqthread_poll) and libaio engines, the ceiling "
+            "(root). Result file contract: benchmarks/README.md");
   g_file_size = (Quick() ? 64 : absl::GetFlag(FLAGS_file_mib)) << 20;
   g_seconds = Quick() ? 0.1 : absl::GetFlag(FLAGS_seconds);
   if (g_file_size < (1u << 20) || g_seconds <= 0) {
     std::fprintf(stderr, "engine_bench: --file_mib >= 1, --seconds > 0\n");
     return 1;
   }
-  absl::StatusOr<std::unique_ptr<imgtool::testing::LoopMount>> mount =
-      imgtool::testing::LoopMount::Create(imgtool::testing::FsKind::kXfs,
-                                          g_file_size + (512ull << 20));
-  if (!mount.ok()) {
-    std::fprintf(stderr, "engine_bench: cannot mount XFS: %s\n",
-                 std::string(mount.status().ToString()).c_str());
-    return 1;
+  const std::vector<SuiteMount> mounts =
+      MountAll("engine_bench", {FsKind::kXfs, FsKind::kExt4},
+               g_file_size + (512ull << 20));
+  std::vector<std::string> paths;
+  for (const SuiteMount& m : mounts) {
+    paths.push_back(m.mount->path() + "/engine.raw");
+    absl::Status st = CreateFullRaw(paths.back(), g_file_size);
+    if (!st.ok()) {
+      std::fprintf(stderr, "engine_bench: %s\n",
+                   std::string(st.ToString()).c_str());
+      return 1;
+    }
   }
-  g_path = (*mount)->path() + "/engine.raw";
-  absl::Status st = CreateFullRaw(g_path, g_file_size);
-  if (!st.ok()) {
-    std::fprintf(stderr, "engine_bench: %s\n", std::string(st.ToString()).c_str());
-    return 1;
-  }
+  const std::vector<int> depths =
+      Quick() ? std::vector<int>{1, 16, 256}
+              : std::vector<int>{1, 2, 4, 8, 16, 32, 64, 128, 256};
   const bool with_fio = !absl::GetFlag(FLAGS_fio).empty();
-  for (bool write : {false, true}) {
-    const char* op = write ? "randwrite" : "randread";
-    for (const Engine& e : kEngines) {
-      const bool fio = e.fio_engine[0] != '\0';
-      if (fio && !with_fio) continue;
-      for (int depth = 1; depth <= 256; depth *= 2) {
-        benchmark::RegisterBenchmark(
-            BenchName("engine", {{"fs", "xfs"},
-                                 {"op", op},
-                                 {"engine", e.label},
-                                 {"depth", absl::StrCat(depth)},
-                                 {"tool", fio ? "fio" : "imgtool"}})
-                .c_str(),
-            BM_Engine, e, depth, write)
-            ->Unit(benchmark::kMillisecond);
+  for (size_t m = 0; m < mounts.size(); ++m) {
+    for (bool write : {false, true}) {
+      const char* op = write ? "randwrite" : "randread";
+      for (const Engine& e : kEngines) {
+        const bool fio = e.fio_engine[0] != '\0';
+        if (fio && !with_fio) continue;
+        for (int depth : depths) {
+          benchmark::RegisterBenchmark(
+              BenchName("engine", {{"fs", mounts[m].fs},
+                                   {"op", op},
+                                   {"engine", e.label},
+                                   {"depth", absl::StrCat(depth)},
+                                   {"tool", fio ? "fio" : "imgtool"}})
+                  .c_str(),
+              BM_Engine, paths[m], e, depth, write)
+              ->Unit(benchmark::kMillisecond);
+        }
       }
     }
   }
-  AddSuiteContext("engine", "xfs");
+  AddSuiteContext("engine", "xfs,ext4");
   benchmark::AddCustomContext("file_bytes", absl::StrCat(g_file_size));
   benchmark::AddCustomContext("request_bytes", absl::StrCat(kRequest));
   benchmark::AddCustomContext("seconds_per_run", absl::StrCat(g_seconds));

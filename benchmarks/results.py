@@ -1128,24 +1128,26 @@ def target_lines(suite, run, metrics=None):
 
 
 # The engine suite's target (issue 20 part 1): imgtool's default engine
-# (io_uring) at least ENGINE_TARGET of the ceiling at each op and depth. The
-# ceiling is derived here, not written by the suite: the highest median IOPS
-# of the run's fio entries (engine labels io_uring, io_uring_fixedbufs,
-# io_uring_registerfiles, io_uring_sqthread_poll, libaio) for that op and
-# depth; entries with an error are left out of it.
+# (io_uring) at least ENGINE_TARGET of the ceiling at each filesystem, op
+# and depth. The ceiling is derived here, not written by the suite: the
+# highest median IOPS of the run's fio entries (engine labels io_uring,
+# io_uring_fixedbufs, io_uring_registerfiles, io_uring_sqthread_poll,
+# libaio) for that filesystem, op and depth; entries with an error are left
+# out of it.
 ENGINE_DEFAULT = "io_uring"
 ENGINE_TARGET = 0.95
 
 
 def _engine_target_lines(run, metrics):
-    """`randread depth 64, IOPS: imgtool io_uring 88,709 / ceiling 95,000
-    (fio libaio), ratio 0.93 (target \u2265 0.95): MISSED` per op and depth
-    of an engine run, in the run's order."""
+    """`randread depth 64 on xfs, IOPS: imgtool io_uring 88,709 / ceiling
+    95,000 (fio libaio), ratio 0.93 (target \u2265 0.95): MISSED` per
+    filesystem, op and depth of an engine run, in the run's order (a name
+    without an fs label: no ` on FS`)."""
     if metrics and "IOPS" not in metrics:
         return []
     cells, order = {}, []
     for case in run.cases:
-        key = (case.value("op"), case.value("depth"))
+        key = (case.value("fs"), case.value("op"), case.value("depth"))
         if key not in cells:
             cells[key] = {"ours": None, "ceiling": None, "by": None}
             order.append(key)
@@ -1160,14 +1162,15 @@ def _engine_target_lines(run, metrics):
               case.value("engine") == ENGINE_DEFAULT):
             cell["ours"] = value
     lines = []
-    for op, depth in order:
-        c = cells[(op, depth)]
+    for key in order:
+        fs, op, depth = key
+        c = cells[key]
         value = (c["ours"] / c["ceiling"]
                  if c["ours"] is not None and c["ceiling"] else None)
         by = " (fio %s)" % c["by"] if c["by"] else ""
-        lines.append("%s depth %s, IOPS: imgtool %s %s / ceiling %s%s, %s" % (
-            op, depth, ENGINE_DEFAULT, _fmt(c["ours"], "IOPS"),
-            _fmt(c["ceiling"], "IOPS"), by,
+        lines.append("%s depth %s%s, IOPS: imgtool %s %s / ceiling %s%s, %s" % (
+            op, depth, " on %s" % fs if fs else "", ENGINE_DEFAULT,
+            _fmt(c["ours"], "IOPS"), _fmt(c["ceiling"], "IOPS"), by,
             _verdict("ratio", value, "%.2f", ">=", "%g" % ENGINE_TARGET)))
     return lines
 

@@ -8,8 +8,9 @@
 #       [-- extra Google Benchmark flags for every suite]
 #
 # Suites (all by default, in this order): hint create_prealloc prealloc_filter
-# subcluster engine chain snapshot nbd. Defaults take about 48 minutes on 2 cores; --quick
-# is a smoke run of about 5 minutes (small sizes, 2 repetitions). DIR defaults to
+# subcluster engine chain snapshot nbd. Defaults take about an hour on 2 cores
+# (engine, on XFS and ext4: about 31 minutes, estimated); --quick is a smoke
+# run of about 6 minutes (small sizes, 2 repetitions). DIR defaults to
 # ./bench-results (relative to where `bazel run` was called). Each file is
 # checked against the contract (check_results.py) after its suite ran.
 set -euo pipefail

@@ -115,6 +115,20 @@ class SbsResultsTest(unittest.TestCase):
         self.assertEqual(rc, 1)
         self.assertIn("unknown suite 'nosuch'", err)
 
+    def test_an_fs_label_outside_the_context_filesystems_fails(self):
+        # check_results: a file whose names measure a filesystem its
+        # context does not list (the engine suite runs xfs and ext4)
+        self.write("fs:xfs/case:map/tool:imgtool 0 seconds=1\n"
+                   "fs:ext4/case:map/tool:imgtool 0 seconds=1\n")
+        rc, err = run(["--suite", "side_by_side", "--out", self.dir,
+                       "--filesystems", "xfs", self.records])
+        self.assertEqual(rc, 1)
+        self.assertIn("side_by_side/fs:ext4/case:map/tool:imgtool: "
+                      "fs:ext4 is not in context filesystems 'xfs'", err)
+        rc, err = run(["--suite", "side_by_side", "--out", self.dir,
+                       "--filesystems", "xfs,ext4", self.records])
+        self.assertEqual(rc, 0, err)
+
     def test_bad_records_are_one_line_errors(self):
         for text, message in (
                 ("fs:xfs/case:x/tool:a 0\n",
