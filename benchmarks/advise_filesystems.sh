@@ -10,6 +10,9 @@
 #
 # Environment:
 #   IMGTOOL  path of an imgtool binary (default: bazel build //imgtool)
+#   IMGTOOL_COMMIT  the JSON's imgtool_commit (default: this checkout's
+#            short HEAD, "-dirty" if changed, when the script builds imgtool
+#            itself; "unknown" for an IMGTOOL from elsewhere)
 #   BAZEL    bazel command used to build it (default "bazel")
 #   SIZE     advise --size (default 1G)
 #   TIME     advise --time per filesystem (default 60)
@@ -25,9 +28,11 @@ TIME=${TIME:-60}
 FSES=${FSES:-xfs ext4 ext4_noextents}
 OUT=${OUT:-bench-results/advise}
 [[ $OUT == /* ]] || OUT="$CALLER_PWD/$OUT"
+BUILT_HERE=0
 if [[ -z ${IMGTOOL:-} ]]; then
   ${BAZEL:-bazel} build //imgtool >&2
   IMGTOOL=$PWD/bazel-bin/imgtool/imgtool
+  BUILT_HERE=1
 fi
 BASE=$(mktemp -d "${WORKDIR:-/var/tmp}/advise_fs.XXXXXX")
 MNT=""
@@ -37,11 +42,13 @@ cleanup() {
 }
 trap cleanup EXIT
 HOST=$(hostname)
-# the JSON's imgtool_commit, as benchmarks/run.sh gives the suites theirs
-COMMIT=unknown
-if COMMIT=$(git rev-parse --short HEAD 2>/dev/null); then
+# the JSON's imgtool_commit, as benchmarks/run.sh gives the suites theirs;
+# this checkout's HEAD says nothing about an IMGTOOL built elsewhere
+COMMIT=${IMGTOOL_COMMIT:-unknown}
+if [[ -z ${IMGTOOL_COMMIT:-} && $BUILT_HERE == 1 ]] &&
+    COMMIT=$(git rev-parse --short HEAD 2>/dev/null); then
   [[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] || COMMIT="$COMMIT-dirty"
-else
+elif [[ -z ${IMGTOOL_COMMIT:-} ]]; then
   COMMIT=unknown
 fi
 for fs in $FSES; do

@@ -106,12 +106,14 @@ void OnSignal(int sig) { g_signal = sig; }
 
 constexpr char kUsage[] =
     "Usage: imgtool advise [--size SIZE] [--time SECONDS] "
-    "[--workload random-4k|sequential|overlay|all] [--output=human|json] DIR";
+    "[--workload random-4k|sequential|overlay|all] [--output=human|json] "
+    "[--imgtool-commit ID] DIR";
 
 constexpr char kHelp[] =
     "Usage: imgtool advise [--size SIZE] [--time SECONDS]\n"
     "        [--workload random-4k|sequential|overlay|all] "
-    "[--output=human|json] DIR\n"
+    "[--output=human|json]\n"
+    "        [--imgtool-commit ID] DIR\n"
     "Measures image configurations on DIR's filesystem and prints the best "
     "one for\neach workload with the `imgtool create` line that makes it "
     "(an imgtool\nextension; qemu-img has no such command). Works in a "

@@ -64,7 +64,7 @@ constexpr char kHelp[] =
     "Commands:\n"
     "  advise [--size SIZE] [--time SECONDS] [--workload random-4k|sequential|"
     "overlay|all]\n"
-    "        [--output=human|json] DIR\n"
+    "        [--output=human|json] [--imgtool-commit ID] DIR\n"
     "  amend [-f FMT] [-t CACHE] [-p] [-q] [--force] [--image-opts] -o OPTIONS "
     "FILE\n"
     "  bench [-c COUNT] [-d DEPTH] [-f FMT] [--flush-interval=N] [-i AIO] "

@@ -111,7 +111,7 @@ expect_error "--time 1.5" "imgtool: Invalid --time '1.5': whole seconds from 5 t
 expect_error "--workload" "imgtool: Invalid --workload 'random': random-4k, sequential, overlay or all" --workload random "$D"
 expect_error "--output" "imgtool: --output must be used with human or json as argument." --output=xml "$D"
 expect_error "--imgtool-commit" "imgtool: Invalid --imgtool-commit 'a b': 1 to 64 letters, digits, '-', '_' or '.'" --imgtool-commit 'a b' "$D"
-USAGE="Usage: imgtool advise [--size SIZE] [--time SECONDS] [--workload random-4k|sequential|overlay|all] [--output=human|json] DIR"
+USAGE="Usage: imgtool advise [--size SIZE] [--time SECONDS] [--workload random-4k|sequential|overlay|all] [--output=human|json] [--imgtool-commit ID] DIR"
 expect_error "no DIR" "imgtool: Expecting one directory
 $USAGE
 Try 'imgtool --help' for more information" --time 5
