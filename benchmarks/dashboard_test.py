@@ -526,6 +526,42 @@ class NbdSuiteTest(unittest.TestCase):
         self.assertEqual(block.split("</ul>")[0].count("<li"), 20)
 
 
+class EngineSuiteTest(unittest.TestCase):
+    """Issue 20 part 1's suite as run in full (testdata/benchmarks/full/
+    engine-vm.json: session 27, quiet machine, XFS and ext4): one chart
+    per filesystem and op, imgtool's 3 engines and fio's 5 configurations
+    over depths 1..256, and the 36 target lines (imgtool io_uring against
+    the best fio median of each cell) with their exact figures."""
+
+    @classmethod
+    def setUpClass(cls):
+        render_and_read(cls, ["testdata/benchmarks/full/engine-vm.json"])
+
+    def test_charts_per_filesystem_and_op(self):
+        self.assertEqual(self.dom.errors, [])
+        expected = {"chart-engine-%s-%s" % (fs, op): ("IOPS", "8", "72")
+                    for fs in ("xfs", "ext4")
+                    for op in ("randread", "randwrite")}
+        assert_charts(self, self.dom, expected)
+
+    def test_targets_against_the_best_fio_configuration(self):
+        lines = results.target_lines("engine", dict(self.suites)["engine"][0])
+        self.assertEqual(len(lines), 36)
+        # medians of the file's 5 repetitions, checked by hand
+        self.assertEqual(
+            lines[0], "randread depth 1 on xfs, IOPS: imgtool io_uring "
+            "47,563 / ceiling 57,981 (fio io_uring_sqthread_poll), ratio "
+            "0.82 (target \u2265 0.95): MISSED")
+        self.assertEqual(
+            lines[-1], "randwrite depth 256 on ext4, IOPS: imgtool io_uring "
+            "200,958 / ceiling 165,134 (fio io_uring_fixedbufs), ratio 1.22 "
+            "(target \u2265 0.95): met")
+        self.assertEqual(sum(l.endswith(": met") for l in lines), 14)
+        block = self.page.split(
+            '<ul class="targets" data-suite="engine">')[1].split("</ul>")[0]
+        self.assertEqual(block.count("<li"), 36)
+
+
 class SignificanceTest(unittest.TestCase):
     """The U test on the page: testdata/benchmarks/full/snapshot-vm.json
     has 5 repetitions per case, so every ratio to qemu-img gets its p value
