@@ -46,10 +46,9 @@ HOST=$(hostname)
 # this checkout's HEAD says nothing about an IMGTOOL built elsewhere
 COMMIT=${IMGTOOL_COMMIT:-unknown}
 if [[ -z ${IMGTOOL_COMMIT:-} && $BUILT_HERE == 1 ]] &&
-    COMMIT=$(git rev-parse --short HEAD 2>/dev/null); then
+    HEAD_ID=$(git rev-parse --short HEAD 2>/dev/null); then
+  COMMIT=$HEAD_ID
   [[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] || COMMIT="$COMMIT-dirty"
-elif [[ -z ${IMGTOOL_COMMIT:-} ]]; then
-  COMMIT=unknown
 fi
 for fs in $FSES; do
   img="$BASE/$fs.img"
