@@ -6,7 +6,8 @@
 # Prints a table and two ratios:
 #   bench: imgtool bench IOPS / qemu-img bench IOPS (same flags; targets >= 1.0)
 #          write: -f raw -t none -d 64 -s 4k -w; read: the same without -w
-#          (each tool's default aio: imgtool io_uring, qemu-img threads);
+#          (each tool's default aio: imgtool native for -t none since
+#          session 28 (io_uring before), qemu-img threads);
 #          then both again with -i io_uring for both tools (informational).
 #          REPS repetitions per case, the two tools alternating (and swapping
 #          which goes first), median of each tool's IOPS. Before them both

@@ -18,7 +18,9 @@
 // I/O error instead of a division by zero; the final flush of a
 // --flush-interval run is inside the timed region. -n / -i native run on
 // Linux AIO (io::AioEngine) and, as in qemu-img, need -t none or
-// directsync; the default engine is io_uring (qemu-img's is threads).
+// directsync; the default engine is native for a file opened with O_DIRECT
+// (-t none / directsync, cache.direct=on) and io_uring otherwise
+// (qemu-img's is threads; imgtool/image.h ImageSpec::aio).
 // Beyond qemu-img: --output=json prints a BenchResult (bench_result.proto)
 // with IOPS, bandwidth and latency percentiles, and nothing else; and
 // --random[=SEED] (an imgtool extension, issue 20; qemu-img bench has none)
@@ -334,7 +336,9 @@ constexpr char kHelp[] =
     "N >= DEPTH)\n"
     "  --no-drain            flush without waiting for requests in flight\n"
     "  -i AIO                threads, io_uring or native (native needs -t "
-    "none)\n"
+    "none);\n"
+    "                        default native with -t none or directsync, "
+    "else io_uring\n"
     "  -n                    the same as -i native\n"
     "  -o OFFSET             offset of the first request (default 0)\n"
     "  --pattern=BYTE        byte written by -w (default 0)\n"
@@ -547,9 +551,11 @@ absl::StatusOr<BenchResult> Measure(const BenchArgs& a, std::ostream& err,
                                     LatencyHistogram* latency) {
   ASSIGN_OR_RETURN(OpenedImage image, OpenImage(a.spec, err));
   // qemu-img checks this once the file is open (file-posix's open).
-  // The engine, not -n: an aio= option of the image (file.aio=threads)
-  // overrides -n, as in QEMU.
-  const bool native = std::string(image.engine->name()) == "native";
+  // -n asked for native and got it: an aio= option of the image
+  // (file.aio=threads) overrides -n, as in QEMU, and the registry checks
+  // file.aio=native itself. The default engine is native only for O_DIRECT.
+  const bool native = a.spec.aio == io::EngineKind::kNative &&
+                      std::string(image.engine->name()) == "native";
   if (native && a.spec.cache != "none" && a.spec.cache != "directsync") {
     CloseImage(image).IgnoreError();
     return absl::InvalidArgumentError(absl::StrCat(

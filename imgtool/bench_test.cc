@@ -234,7 +234,8 @@ TEST(BenchTest, JsonOutputHasRatesAndPercentiles) {
 
 // The engine each way of asking picks, as --output=json's "aio" shows it:
 // -n / -i, and the aio option of the image's file node, which overrides
-// them (QEMU's file-posix: aio= wins over the -n/-i flags).
+// them (QEMU's file-posix: aio= wins over the -n/-i flags); without either,
+// native for a file opened with O_DIRECT, io_uring otherwise.
 TEST(BenchTest, EngineComesFromAioOptionOrFlags) {
   const std::string img = MakeImage("engine.raw", 1 << 20);
   const std::string opts = "driver=raw,file.driver=file,file.filename=" + img;
@@ -244,6 +245,19 @@ TEST(BenchTest, EngineComesFromAioOptionOrFlags) {
   };
   const std::vector<EngineCase> cases = {
       {{"-f", "raw", img}, "io_uring"},
+      {{"-f", "raw", "-t", "none", img}, "native"},
+      {{"-f", "raw", "-t", "directsync", img}, "native"},
+      {{"-f", "raw", "-t", "writethrough", img}, "io_uring"},
+      {{"-f", "raw", "-t", "none", "-i", "io_uring", img}, "io_uring"},
+      {{"-f", "raw", "-t", "none", "-i", "threads", img}, "threads"},
+      {{"--image-opts", opts + ",file.cache.direct=on"}, "native"},
+      {{"--image-opts", opts + ",cache.direct=on"}, "native"},
+      {{"--image-opts", "-t", "none", opts + ",file.cache.direct=off"},
+       "io_uring"},
+      {{"--image-opts", "-t", "none", opts + ",file.aio=io_uring"},
+       "io_uring"},
+      // Not a file: O_DIRECT does not apply.
+      {{"--image-opts", "-t", "none", "driver=null-co,size=1M"}, "io_uring"},
       {{"-f", "raw", "-n", "-t", "none", img}, "native"},
       {{"-f", "raw", "-i", "native", "-t", "none", img}, "native"},
       {{"-f", "raw", "-i", "threads", img}, "threads"},

@@ -72,10 +72,14 @@ struct ImageSpec {
   int writable_backing_depth = 0;
   // block::OpenSettings::qcow2_grow_ahead.
   bool qcow2_grow_ahead = true;
-  // The engine (-i/-n; qemu-img's default is threads, imgtool's io_uring).
-  // An `aio` option on the protocol node at the bottom of the image's
-  // `file` chain (--image-opts file.aio=native, json:) overrides it, as in
-  // QEMU; only for the command's first image, which creates the engine.
+  // The engine (-i/-n; qemu-img's default is threads). imgtool's default
+  // (kAuto) is Linux AIO (native) when the image's bottom node is a local
+  // file or device opened with O_DIRECT (cache none/directsync or
+  // cache.direct=on), else io_uring, falling back to io_uring and then
+  // threads when one cannot be set up. An `aio` option on the protocol
+  // node at the bottom of the image's `file` chain (--image-opts
+  // file.aio=native, json:) overrides it, as in QEMU; only for the
+  // command's first image, which creates the engine.
   io::EngineKind aio = io::EngineKind::kAuto;
   int queue_depth = 64;  // requests the command keeps in flight
   // block::OpenSettings::nbd_connections: connections an nbd node opens
