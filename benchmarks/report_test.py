@@ -127,37 +127,52 @@ class ReportFiguresTest(unittest.TestCase):
     def test_engine_ceiling_is_the_best_fio_entry_per_fs_op_and_depth(self):
         # xfs depth 1: fio io_uring 100, libaio 200, sqthread_poll failed
         # (an error entry is no ceiling): ceiling 200 (libaio), imgtool
-        # io_uring 190 -> 0.95 met; native's 500 is not the default engine.
-        # xfs depth 2: no imgtool io_uring entry -> not measured.
+        # native (the default for O_DIRECT files) 190 -> 0.95 met;
+        # io_uring's 500 is not the default engine.
+        # xfs depth 2: no imgtool native entry -> not measured.
         # ext4 depth 1: its own ceiling (fio io_uring 400; xfs's libaio 200
         # is another filesystem's), imgtool 300 -> 0.75 missed.
         base = "engine/fs:%s/op:randread/engine:%s/depth:%d/tool:%s"
         err = gb_entry(base % ("xfs", "io_uring_sqthread_poll", 1, "fio"), {})
         err["error_occurred"] = True
         err["error_message"] = "fio: job failed"
-        name = self.write("engine-vm.json", [
-            gb_entry(base % ("xfs", "io_uring", 1, "imgtool"), {"IOPS": 190.0}),
-            gb_entry(base % ("xfs", "native", 1, "imgtool"), {"IOPS": 500.0}),
+        entries = [
+            gb_entry(base % ("xfs", "native", 1, "imgtool"), {"IOPS": 190.0}),
+            gb_entry(base % ("xfs", "io_uring", 1, "imgtool"), {"IOPS": 500.0}),
             gb_entry(base % ("xfs", "io_uring", 1, "fio"), {"IOPS": 100.0}),
             gb_entry(base % ("xfs", "libaio", 1, "fio"), {"IOPS": 200.0}),
             err,
             gb_entry(base % ("xfs", "io_uring_fixedbufs", 2, "fio"),
                      {"IOPS": 300.0}),
-            gb_entry(base % ("ext4", "io_uring", 1, "imgtool"),
+            gb_entry(base % ("xfs", "io_uring", 2, "imgtool"),
+                     {"IOPS": 300.0}),
+            gb_entry(base % ("ext4", "native", 1, "imgtool"),
                      {"IOPS": 300.0}),
             gb_entry(base % ("ext4", "io_uring", 1, "fio"), {"IOPS": 400.0}),
-            gb_entry(base % ("ext4", "libaio", 1, "fio"), {"IOPS": 150.0})])
+            gb_entry(base % ("ext4", "libaio", 1, "fio"), {"IOPS": 150.0})]
+        name = self.write("engine-vm.json", entries)
         run = results.load_all([os.path.join(self.dir, name)], self.dir)
         self.assertEqual(results.target_lines("engine", run[0][1][0]), [
-            "randread depth 1 on xfs, IOPS: imgtool io_uring 190 / ceiling "
+            "randread depth 1 on xfs, IOPS: imgtool native 190 / ceiling "
             "200 (fio libaio), ratio 0.95 (target \u2265 0.95): met",
-            "randread depth 2 on xfs, IOPS: imgtool io_uring - / ceiling 300 "
+            "randread depth 2 on xfs, IOPS: imgtool native - / ceiling 300 "
             "(fio io_uring_fixedbufs), ratio - (target \u2265 0.95): "
             "not measured",
-            "randread depth 1 on ext4, IOPS: imgtool io_uring 300 / ceiling "
+            "randread depth 1 on ext4, IOPS: imgtool native 300 / ceiling "
             "400 (fio io_uring), ratio 0.75 (target \u2265 0.95): MISSED"])
         self.assertEqual(
             results.target_lines("engine", run[0][1][0], ["seconds"]), [])
+        # A file without imgtool native entries (before the native engine
+        # was measured): io_uring, the default then.
+        old = self.write("engine-old.json", [
+            e for e in entries if "engine:native" not in e["name"]])
+        run = results.load_all([os.path.join(self.dir, old)], self.dir)
+        self.assertEqual(results.target_lines("engine", run[0][1][0])[:2], [
+            "randread depth 1 on xfs, IOPS: imgtool io_uring 500 / ceiling "
+            "200 (fio libaio), ratio 2.50 (target \u2265 0.95): met",
+            "randread depth 2 on xfs, IOPS: imgtool io_uring 300 / ceiling "
+            "300 (fio io_uring_fixedbufs), ratio 1.00 (target \u2265 0.95): "
+            "met"])
 
     def test_columns_by_key_with_errors_and_missing_cells(self):
         name = self.write("create_prealloc-vm.json", [
