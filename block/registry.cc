@@ -105,11 +105,6 @@ absl::Status ParseHostCdromFilename(absl::string_view filename,
   return StripPrefixFilename("host_cdrom:", filename, node);
 }
 
-// The posix_file drivers: `file` and its device twins.
-bool IsPosixFileDriver(absl::string_view name) {
-  return name == "file" || IsDeviceDriver(name);
-}
-
 absl::Status ParseNullCo(absl::string_view filename, NodeOptions*) {
   return null_block::ParseNullFilename("null-co", filename);
 }
@@ -1419,6 +1414,10 @@ io::Task<absl::StatusOr<Opened>> OpenNode(NodeOptions node, Context ctx,
 
 bool IsDeviceDriver(absl::string_view name) {
   return name == "host_device" || name == "host_cdrom";
+}
+
+bool IsPosixFileDriver(absl::string_view name) {
+  return name == "file" || IsDeviceDriver(name);
 }
 
 bool CdromMediumInserted(const std::string& filename) {

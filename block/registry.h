@@ -184,6 +184,10 @@ std::string HostDeviceDriverFor(const std::string& filename);
 // bdrv_co_create_opts_simple.
 bool IsDeviceDriver(absl::string_view name);
 
+// Whether `name` is a posix_file driver: `file` or one of its device twins
+// (IsDeviceDriver).
+bool IsPosixFileDriver(absl::string_view name);
+
 // QEMU's cdrom_is_inserted for host_cdrom: whether the CDROM_DRIVE_STATUS
 // ioctl on `filename` (opened O_RDONLY | O_NONBLOCK) says CDS_DISC_OK. False
 // for anything that is not a CD-ROM drive with a disc (a loop device, a

@@ -61,8 +61,7 @@ bool IsPosixFile(const NodeOptions& node) {
     return filename != node.values.end() &&
            !block::HasProtocolPrefix(filename->second);
   }
-  return driver->second == "file" || driver->second == "host_device" ||
-         driver->second == "host_cdrom";
+  return block::IsPosixFileDriver(driver->second);
 }
 
 // The engine for the image: the `aio` option of the bottom node (QEMU's
