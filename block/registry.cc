@@ -537,6 +537,29 @@ absl::StatusOr<GenericOptions> ParseGenericOptions(const NodeOptions& node) {
   return g;
 }
 
+}  // namespace
+
+BottomProtocolNode FindBottomProtocolNode(const NodeOptions& options,
+                                          const std::string& cache) {
+  BottomProtocolNode bottom{&options, CacheFromMode(cache).direct, false};
+  for (const NodeOptions* n = &options; n != nullptr;) {
+    bottom.node = n;
+    absl::StatusOr<GenericOptions> g = ParseGenericOptions(*n);
+    if (g.ok() && g->direct.has_value()) bottom.direct = *g->direct;
+    auto file = n->children.find("file");
+    n = file == n->children.end() ? nullptr : &file->second;
+  }
+  const NodeOptions& b = *bottom.node;
+  if (auto driver = b.values.find("driver"); driver != b.values.end()) {
+    bottom.posix_file = IsPosixFileDriver(driver->second);
+  } else if (auto name = b.values.find("filename"); name != b.values.end()) {
+    bottom.posix_file = !HasProtocolPrefix(name->second);
+  }
+  return bottom;
+}
+
+namespace {
+
 // The read-only and force-share options of a node opened read-only or not
 // (`read_only`), as QEMU checks them.
 absl::Status CheckAccess(const GenericOptions& g, bool read_only) {

@@ -188,6 +188,23 @@ bool IsDeviceDriver(absl::string_view name);
 // (IsDeviceDriver).
 bool IsPosixFileDriver(absl::string_view name);
 
+// The protocol node at the bottom of the `file` chain of `node` (the node
+// QEMU's file-posix aio= and O_DIRECT apply to) as the open will see it:
+// `direct` if it is opened with O_DIRECT, i.e. `cache` (the command's
+// cache mode) is none or directsync, or a cache.direct option on a node of
+// the chain says so (the lowest one given wins, as the open passes cache
+// flags down to children; values the open would refuse are skipped here);
+// `posix_file` if it is a local file or host device: a posix_file driver
+// (IsPosixFileDriver), or no driver and a filename without a protocol
+// prefix. `node` points into `options`, which must outlive it.
+struct BottomProtocolNode {
+  const NodeOptions* node;
+  bool direct;
+  bool posix_file;
+};
+BottomProtocolNode FindBottomProtocolNode(const NodeOptions& options,
+                                          const std::string& cache);
+
 // QEMU's cdrom_is_inserted for host_cdrom: whether the CDROM_DRIVE_STATUS
 // ioctl on `filename` (opened O_RDONLY | O_NONBLOCK) says CDS_DISC_OK. False
 // for anything that is not a CD-ROM drive with a disc (a loop device, a

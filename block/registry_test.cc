@@ -129,6 +129,51 @@ TEST(RegistryTest, PlaceFilenameGoesDownToTheProtocolNode) {
   EXPECT_EQ(named.children["file"].values.at("filename"), "a.qcow2");
 }
 
+TEST(RegistryTest, FindsTheBottomProtocolNodeAndItsODirect) {
+  struct Case {
+    std::string options;
+    std::string cache;
+    bool direct;
+    bool posix_file;
+    std::string filename;  // of the node found
+  };
+  const std::vector<Case> cases = {
+      {"driver=qcow2,file.driver=file,file.filename=a", "none", true, true,
+       "a"},
+      {"driver=qcow2,file.driver=file,file.filename=a", "directsync", true,
+       true, "a"},
+      {"driver=qcow2,file.driver=file,file.filename=a", "writeback", false,
+       true, "a"},
+      // cache.direct anywhere on the chain; the lowest one given wins.
+      {"driver=qcow2,cache.direct=on,file.driver=file,file.filename=a",
+       "writeback", true, true, "a"},
+      {"driver=qcow2,cache.direct=on,file.driver=file,file.filename=a,"
+       "file.cache.direct=off",
+       "none", false, true, "a"},
+      // A value the open refuses is skipped here.
+      {"driver=qcow2,file.driver=file,file.filename=a,file.cache.direct=maybe",
+       "none", true, true, "a"},
+      {"driver=raw,file.driver=host_device,file.filename=/dev/x", "none", true,
+       true, "/dev/x"},
+      {"driver=null-co,size=1M", "none", true, false, ""},
+      {"driver=raw,file.driver=nbd,file.host=h", "none", true, false, ""},
+      // No driver: a plain file name is a file node, a prefixed one not.
+      {"driver=raw,file.filename=b", "none", true, true, "b"},
+      {"driver=raw,file.filename=nbd://h/x", "none", true, false,
+       "nbd://h/x"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.options + " cache=" + c.cache);
+    NodeOptions options = Opts(c.options);
+    BottomProtocolNode bottom = FindBottomProtocolNode(options, c.cache);
+    EXPECT_EQ(bottom.direct, c.direct);
+    EXPECT_EQ(bottom.posix_file, c.posix_file);
+    auto name = bottom.node->values.find("filename");
+    EXPECT_EQ(name == bottom.node->values.end() ? "" : name->second,
+              c.filename);
+  }
+}
+
 TEST(RegistryTest, ImageOptionsOfTheCommandLine) {
   NodeOptions plain = *ImageOptions("x.qcow2", "qcow2", false);
   EXPECT_EQ(plain.values.at("driver"), "qcow2");

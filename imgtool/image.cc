@@ -23,47 +23,6 @@ absl::Status CouldNotOpen(const std::string& filename,
                                          cause.message()));
 }
 
-// The protocol node at the bottom of the top node's `file` chain (the
-// node QEMU's file-posix aio= and O_DIRECT apply to), and whether it is
-// opened with O_DIRECT: cache mode none or directsync, or a cache.direct
-// option on a node of the chain (the lowest one given wins, as the
-// registry passes it down to the children).
-struct BottomNode {
-  const NodeOptions* node;
-  bool direct;
-};
-
-BottomNode FindBottomNode(const NodeOptions& options,
-                          const std::string& cache) {
-  BottomNode bottom{&options, cache == "none" || cache == "directsync"};
-  for (const NodeOptions* node = &options; node != nullptr;) {
-    bottom.node = node;
-    if (auto c = node->children.find("cache"); c != node->children.end()) {
-      if (auto d = c->second.values.find("direct");
-          d != c->second.values.end()) {
-        // Bad values are refused when the node opens (block/registry.cc).
-        absl::StatusOr<bool> on = ParseBoolOption("cache.direct", d->second);
-        if (on.ok()) bottom.direct = *on;
-      }
-    }
-    auto file = node->children.find("file");
-    node = file == node->children.end() ? nullptr : &file->second;
-  }
-  return bottom;
-}
-
-// True if `node` is a local file or host device (posix_file), the only
-// nodes Linux AIO serves better: not nbd, null-co, ...
-bool IsPosixFile(const NodeOptions& node) {
-  auto driver = node.values.find("driver");
-  if (driver == node.values.end()) {
-    auto filename = node.values.find("filename");
-    return filename != node.values.end() &&
-           !block::HasProtocolPrefix(filename->second);
-  }
-  return block::IsPosixFileDriver(driver->second);
-}
-
 // The engine for the image: the `aio` option of the bottom node (QEMU's
 // file-posix aio=, which overrides the command's -i/-n there), else the
 // command's; `auto` is Linux AIO (native) for a local file opened with
@@ -74,7 +33,8 @@ bool IsPosixFile(const NodeOptions& node) {
 // auto falls back to io_uring, then threads.
 absl::StatusOr<std::unique_ptr<io::Engine>> CreateEngineFor(
     const NodeOptions& options, const ImageSpec& spec, std::ostream& err) {
-  const BottomNode bottom = FindBottomNode(options, spec.cache);
+  const block::BottomProtocolNode bottom =
+      block::FindBottomProtocolNode(options, spec.cache);
   io::EngineKind kind = spec.aio;
   if (auto aio = bottom.node->values.find("aio");
       aio != bottom.node->values.end()) {
@@ -82,8 +42,7 @@ absl::StatusOr<std::unique_ptr<io::Engine>> CreateEngineFor(
     absl::StatusOr<io::EngineKind> asked = io::ParseEngineKind(aio->second);
     if (asked.ok()) kind = *asked;
   }
-  if (kind == io::EngineKind::kAuto && bottom.direct &&
-      IsPosixFile(*bottom.node)) {
+  if (kind == io::EngineKind::kAuto && bottom.direct && bottom.posix_file) {
     absl::StatusOr<std::unique_ptr<io::Engine>> native =
         io::CreateEngine(io::EngineKind::kNative, spec.queue_depth, &err);
     if (native.ok()) return native;
