@@ -13,6 +13,12 @@
 # run of about 6 minutes (small sizes, 2 repetitions). DIR defaults to
 # ./bench-results (relative to where `bazel run` was called). Each file is
 # checked against the contract (check_results.py) after its suite ran.
+# engine runs its repetitions in random interleaved order (Google
+# Benchmark's --benchmark_enable_random_interleaving): a slow minute of the
+# storage is spread over every configuration instead of one. The loop
+# filesystems' backing files go under TMPDIR (default /tmp); TMPDIR=/dev/shm
+# keeps them in RAM (engine: about 3 GiB), where the runs repeat far better
+# than on this VM's disk (README, "The engine suite on XFS and ext4").
 set -euo pipefail
 
 ALL_SUITES=(hint create_prealloc prealloc_filter subcluster engine chain snapshot nbd)
@@ -31,7 +37,7 @@ binary_of() {
 }
 
 usage() {
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -143,6 +149,7 @@ for suite in "${suites[@]}"; do
         --benchmark_report_aggregates_only=false
         --benchmark_out="$file" --benchmark_out_format=json)
   [[ $quick == 1 ]] && args+=(--quick)
+  [[ $suite == engine ]] && args+=(--benchmark_enable_random_interleaving=true)
   [[ $suite == create_prealloc || $suite == chain || $suite == snapshot || $suite == nbd ]] && args+=(--imgtool="$IMGTOOL_BIN")
   echo "=== suite $suite -> $file"
   start=$SECONDS
