@@ -17,8 +17,8 @@
 # Benchmark's --benchmark_enable_random_interleaving): a slow minute of the
 # storage is spread over every configuration instead of one. The loop
 # filesystems' backing files go under TMPDIR (default /tmp); TMPDIR=/dev/shm
-# keeps them in RAM (engine: about 3 GiB), where the runs repeat far better
-# than on this VM's disk (README, "The engine suite on XFS and ext4").
+# keeps them in RAM (engine: about 3 GiB), which takes the VM's disk out of
+# the measurement (README, "The engine suite on XFS and ext4").
 set -euo pipefail
 
 ALL_SUITES=(hint create_prealloc prealloc_filter subcluster engine chain snapshot nbd)

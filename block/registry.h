@@ -188,8 +188,8 @@ bool IsDeviceDriver(absl::string_view name);
 // (IsDeviceDriver).
 bool IsPosixFileDriver(absl::string_view name);
 
-// The protocol node at the bottom of the `file` chain of `node` (the node
-// QEMU's file-posix aio= and O_DIRECT apply to) as the open will see it:
+// The protocol node at the bottom of the `file` chain of `options` (the
+// node QEMU's file-posix aio= and O_DIRECT apply to) as the open sees it:
 // `direct` if it is opened with O_DIRECT, i.e. `cache` (the command's
 // cache mode) is none or directsync, or a cache.direct option on a node of
 // the chain says so (the lowest one given wins, as the open passes cache
