@@ -334,6 +334,7 @@ for delay in 0.01 0.02 0.04 0.06 0.08 0.1 0.15 0.2 0.3 0.5; do
     sleep "$delay"
     kill -KILL "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
+    wait_until_unlocked "$K/img.qcow2"
     qemu-img check "$K/img.qcow2" >"$K/check.out" 2>&1
     rc=$?
     [[ $rc -eq 0 || $rc -eq 3 ]] ||

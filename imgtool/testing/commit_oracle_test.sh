@@ -251,6 +251,7 @@ sleep 1.2
 kill -KILL $pid
 wait $pid 2>/dev/null
 for f in base.qcow2 top.qcow2; do
+  wait_until_unlocked "$k/$f"
   qemu-img check "$k/$f" >"$WORK/check.out" 2>&1
   rc=$?
   [[ $rc -eq 0 || $rc -eq 3 ]] || {

@@ -174,6 +174,7 @@ killed() {
   kill -9 "$pid"
   wait $copy 2>/dev/null
   for _ in $(seq 250); do gone "$pid" && break; sleep 0.02; done
+  wait_until_unlocked "$f"
   rm -f "$SOCKDIR/$who/kill.pid"
   if [[ $lazy == on ]]; then
     # The dirty bit is set: the refcounts are rebuilt first, as QEMU does

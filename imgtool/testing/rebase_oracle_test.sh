@@ -274,6 +274,7 @@ rc=$?
 if [[ $killed -ne 1 || $rc -ne 137 ]]; then
   fail "SIGKILL: imgtool was not killed while copying (rc $rc)"
 else
+  wait_until_unlocked "$K/ov.qcow2"
   out=$(qemu-img check "$K/ov.qcow2" 2>&1)
   crc=$?
   [[ $crc -eq 0 || $crc -eq 3 ]] || fail "SIGKILL: check exit $crc: $out"
