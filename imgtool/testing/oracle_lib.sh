@@ -223,16 +223,22 @@ finish() {
   [[ $failures -eq 0 ]]
 }
 
+# ofd_locked INODE: whether /proc/locks has an OFD lock on that inode
+# ("1: OFDLCK ADVISORY READ -1 fe:00:INODE 100 100").
+ofd_locked() {
+  grep -q "OFDLCK.*:$1 " /proc/locks
+}
+
 # wait_until_locked FILE: waits (at most 5 s) until the process that opened
 # FILE in the background holds its image locks: an OFD lock on FILE's inode
-# in /proc/locks ("1: OFDLCK ADVISORY READ -1 fe:00:INODE 100 100"; any
-# OFDLCK line is not enough, other processes hold such locks too), then
+# (ofd_locked; any OFDLCK line is not enough, other processes hold such
+# locks too), then
 # 0.2 s for the rest of its lock bytes, taken right after the first.
 wait_until_locked() {
   local ino _
   ino=$(stat -c %i "$1") || return 1
   for _ in $(seq 50); do
-    if grep -q "OFDLCK.*:$ino " /proc/locks; then
+    if ofd_locked "$ino"; then
       sleep 0.2
       return 0
     fi
@@ -253,7 +259,7 @@ wait_until_unlocked() {
   local ino _
   ino=$(stat -c %i "$1") || return 1
   for _ in $(seq 100); do
-    grep -q "OFDLCK.*:$ino " /proc/locks || return 0
+    ofd_locked "$ino" || return 0
     sleep 0.05
   done
   return 1
