@@ -193,7 +193,8 @@ bool IsPosixFileDriver(absl::string_view name);
 // `direct` if it is opened with O_DIRECT, i.e. `cache` (the command's
 // cache mode) is none or directsync, or a cache.direct option on a node of
 // the chain says so (the lowest one given wins, as the open passes cache
-// flags down to children; values the open would refuse are skipped here);
+// flags down to children; a node whose read-only, force-share or cache.*
+// values the open would refuse adds nothing here);
 // `posix_file` if it is a local file or host device: a posix_file driver
 // (IsPosixFileDriver), or no driver and a filename without a protocol
 // prefix. `node` points into `options`, which must outlive it.
