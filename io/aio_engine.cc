@@ -113,6 +113,14 @@ uint64_t AioEngine::in_flight() const {
 void AioEngine::Submit(Op* op) {
   if (IsReadOrWrite(*op)) {
     ++rw_in_flight_;
+    // A request that does not continue the last queued one closes the runs
+    // queued before it: they go to the kernel now rather than after every
+    // callback of this Poll() has run (header comment).
+    if (!queued_.empty() && !ContinuesRun(*queued_.back(), *op)) {
+      // A request refused at once or a stuck queue is reported by the next
+      // Poll(), as for Flush().
+      [[maybe_unused]] absl::Status st = SubmitQueued(completed_);
+    }
     queued_.push_back(op);
     return;
   }
@@ -133,8 +141,9 @@ void AioEngine::Submit(Op* op) {
 
 void AioEngine::Flush() {
   // Only for an idle device: with requests of ours in the kernel, the
-  // queued ones go with the next Poll()'s batch (one io_submit for many at
-  // depth; a Flush per request cost the NBD server's depth-16 reads).
+  // queued run goes with the next Poll() (a Flush per refill of the NBD
+  // server's buffer cost its depth-16 reads one io_submit per request or
+  // two, before Submit() handed closed runs on by itself).
   if (queued_.empty() || free_iocbs_.empty() || in_kernel_ > 0) return;
   // Requests the kernel refuses at once finish in the next Poll(), which
   // starts from completed_; a stuck queue is reported there as well.

@@ -16,6 +16,12 @@ uint64_t Length(const Op& op) {
 
 }  // namespace
 
+bool ContinuesRun(const Op& last, const Op& next) {
+  return next.kind == last.kind && next.fd == last.fd &&
+         (last.kind == OpKind::kRead || last.kind == OpKind::kWrite) &&
+         next.offset == last.offset + Length(last);
+}
+
 void TakeRun(std::deque<Op*>& queue, uint64_t max_bytes, MergedRequest& run) {
   run.ops.clear();
   run.iov.clear();
@@ -28,10 +34,7 @@ void TakeRun(std::deque<Op*>& queue, uint64_t max_bytes, MergedRequest& run) {
   int iovcnt = first->iovcnt;
   while (!queue.empty()) {
     const Op& next = *queue.front();
-    const Op& last = *run.ops.back();
-    if (next.kind != last.kind || next.fd != last.fd ||
-        (last.kind != OpKind::kRead && last.kind != OpKind::kWrite) ||
-        next.offset != first->offset + run.bytes ||
+    if (!ContinuesRun(*run.ops.back(), next) ||
         iovcnt + next.iovcnt > IOV_MAX) {
       break;
     }

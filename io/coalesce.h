@@ -46,6 +46,11 @@ struct MergedRequest {
 // this; a single request longer than it is never split).
 inline constexpr uint64_t kMaxMergedBytes = 1 << 20;
 
+// Whether `next` continues `last`: both reads or both writes of the same
+// fd, `next` starting at the byte where `last` ends (TakeRun's test; its
+// length limits aside).
+bool ContinuesRun(const Op& last, const Op& next);
+
 // Moves into `run` (cleared first) the read or write at the front of
 // `queue` and every following one that continues it: the same kind and fd,
 // starting at the byte where the previous one ends, with at most IOV_MAX

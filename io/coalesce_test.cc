@@ -112,6 +112,22 @@ TEST(TakeRunTest, StopsAtAnotherFdOrKindOrAnOverlap) {
   }
 }
 
+TEST(ContinuesRunTest, SameKindAndFdStartingWhereTheLastEnds) {
+  Ops ops;
+  Op* a = ops.Add(OpKind::kWrite, 3, 8 * kKiB, 2 * kKiB, /*buffers=*/2);
+  EXPECT_TRUE(ContinuesRun(*a, *ops.Write(12 * kKiB, kKiB)));
+  EXPECT_FALSE(ContinuesRun(*a, *ops.Write(12 * kKiB + 1, kKiB)));  // gap
+  EXPECT_FALSE(ContinuesRun(*a, *ops.Write(10 * kKiB, kKiB)));  // overlap
+  EXPECT_FALSE(ContinuesRun(*a, *ops.Write(0, 8 * kKiB)));  // ends at a
+  EXPECT_FALSE(ContinuesRun(*a, *ops.Add(OpKind::kWrite, 4, 12 * kKiB, kKiB)));
+  EXPECT_FALSE(ContinuesRun(*a, *ops.Add(OpKind::kRead, 3, 12 * kKiB, kKiB)));
+  Op* read = ops.Add(OpKind::kRead, 3, 0, 4 * kKiB);
+  EXPECT_TRUE(ContinuesRun(*read, *ops.Add(OpKind::kRead, 3, 4 * kKiB, kKiB)));
+  // Only reads and writes have runs.
+  Op* sync = ops.Add(OpKind::kFsync, 3, 0, 0, /*buffers=*/0);
+  EXPECT_FALSE(ContinuesRun(*sync, *ops.Add(OpKind::kFsync, 3, 0, 0, 0)));
+}
+
 TEST(TakeRunTest, ReadsMergeLikeWrites) {
   Ops ops;
   Op* a = ops.Add(OpKind::kRead, 7, 1000, 24);

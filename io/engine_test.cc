@@ -885,9 +885,8 @@ TEST_P(MergingEngineTest, OnlyAdjacentRequestsOnOneFdMerge) {
     ops[i].result = 12345;
     engine->Submit(&ops[i]);
   }
-  const uint64_t before = RequestsSubmitted(*engine);
   Drain(*engine);
-  EXPECT_EQ(RequestsSubmitted(*engine) - before, 4u);
+  EXPECT_EQ(RequestsSubmitted(*engine), 4u);
   for (int i = 0; i < 6; ++i) {
     EXPECT_EQ(ops[i].result, static_cast<int64_t>(kBlock)) << "request " << i;
   }
@@ -1028,6 +1027,41 @@ TEST(AioEngineTest, KeepsTwiceTheQueueDepthInTheKernel) {
   engine = AioEngine::Create(1);
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_EQ(static_cast<AioEngine&>(**engine).max_in_kernel(), 16u);
+}
+
+// Submit() hands the queued requests to the kernel when one arrives that
+// does not continue the last queued one; a run of adjacent ones stays
+// queued (and merges) until then or the next Poll().
+TEST(AioEngineTest, SubmitHandsOnTheRunsARequestCloses) {
+  absl::StatusOr<std::unique_ptr<Engine>> created = AioEngine::Create(16);
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto& engine = static_cast<AioEngine&>(**created);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  // Blocks 0, 1 (a run), 5 (closes it), 6 (continues 5), then 2 (closes
+  // 5-6); 2 is left for Poll().
+  constexpr uint64_t kBlocks[] = {0, 1, 5, 6, 2};
+  constexpr uint64_t kSubmittedAfter[] = {0, 0, 1, 1, 2};
+  std::string data[5];
+  struct iovec iovs[5];
+  Op ops[5];
+  for (int i = 0; i < 5; ++i) {
+    data[i] = Pattern(i + 40, kBlock);
+    iovs[i] = {data[i].data(), kBlock};
+    ops[i] = Op{.kind = OpKind::kWrite, .fd = file.fd(), .iov = &iovs[i],
+                .iovcnt = 1, .offset = kBlocks[i] * kBlock};
+    ops[i].result = 12345;
+    engine.Submit(&ops[i]);
+    EXPECT_EQ(engine.requests_submitted(), kSubmittedAfter[i]) << "op " << i;
+  }
+  EXPECT_EQ(engine.in_flight(), 5u);
+  while (engine.in_flight() > 0) ASSERT_TRUE(engine.Poll(/*wait=*/true).ok());
+  EXPECT_EQ(engine.requests_submitted(), 3u);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(ops[i].result, static_cast<int64_t>(kBlock)) << "op " << i;
+    EXPECT_EQ(PRead(file.fd(), kBlock, kBlocks[i] * kBlock), data[i])
+        << "op " << i;
+  }
 }
 
 // The spin before a sleep (io/aio_engine.h): doubled from 4 us up to 50 us
