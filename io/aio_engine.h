@@ -22,8 +22,9 @@
 // Submitting only in Poll(), one io_submit for everything a round of
 // callbacks made, left each request waiting for the callbacks after its own
 // and for the whole batch in io_submit's block plug: 4 KiB random O_DIRECT
-// writes at depth 64 on a RAM-backed XFS loop mount ran at 0.75-0.85 of
-// fio's libaio rate with idle CPU (README, "Session 30"). At most
+// writes at depth 64 on a RAM-backed XFS loop mount ran at 0.74-0.94 of
+// fio's libaio rate in the same minutes, with idle CPU (README, "Session
+// 30: requests go to the kernel as their runs close"). At most
 // max_in_kernel() requests are in the kernel at a time; the others wait in
 // a user-space FIFO and go to the kernel as earlier ones complete. A request
 // io_submit refuses on its own (EBADF for a bad fd, or an fd not open for
