@@ -232,8 +232,8 @@ ofd_locked() {
 # wait_until_locked FILE: waits (at most 5 s) until the process that opened
 # FILE in the background holds its image locks: an OFD lock on FILE's inode
 # (ofd_locked; any OFDLCK line is not enough, other processes hold such
-# locks too), then
-# 0.2 s for the rest of its lock bytes, taken right after the first.
+# locks too), then 0.2 s for the rest of its lock bytes, taken right after
+# the first.
 wait_until_locked() {
   local ino _
   ino=$(stat -c %i "$1") || return 1
