@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "io/aio_engine.h"
 #include "io/aligned_buffer.h"
@@ -1082,6 +1084,63 @@ TEST(UringEngineTest, RoundsTheRingUpToAPowerOfTwo) {
   engine = UringEngine::Create(1);
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_EQ(static_cast<UringEngine&>(**engine).ring_entries(), 8u);
+}
+
+// Poll(wait) submits, then sleeps only if no completion is ready: reads
+// of cached pages complete within their submission and cost no wait, and
+// a read of an empty pipe costs one.
+TEST(UringEngineTest, WaitsOnlyWhenTheSubmissionCompletedNothing) {
+  absl::StatusOr<std::unique_ptr<Engine>> created = UringEngine::Create(8);
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto& engine = static_cast<UringEngine&>(**created);
+  TempFile file(TestDir());
+  ASSERT_GE(file.fd(), 0);
+  const std::string data = Pattern(9, kBlock);
+  ASSERT_EQ(pwrite(file.fd(), data.data(), kBlock, 0),
+            static_cast<ssize_t>(kBlock));
+  std::string buffer(kBlock, '\0');
+  struct iovec iov = {buffer.data(), kBlock};
+  for (int i = 0; i < 4; ++i) {
+    Op read{.kind = OpKind::kRead, .fd = file.fd(), .iov = &iov, .iovcnt = 1,
+            .offset = 0};
+    EXPECT_EQ(RunSync(engine, RunOp(engine, std::move(read))),
+              int64_t{kBlock});
+  }
+  EXPECT_EQ(buffer, data);
+  EXPECT_EQ(engine.waits(), 0u);
+
+  int fds[2];
+  ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
+  char byte = 0;
+  struct iovec pipe_iov = {&byte, 1};
+  Op pipe_read{.kind = OpKind::kRead, .fd = fds[0], .iov = &pipe_iov,
+               .iovcnt = 1};
+  pipe_read.done = [](Op&) {};
+  engine.Submit(&pipe_read);
+  // The byte goes in once this thread sleeps (state S in /proc), i.e. waits
+  // in io_uring_enter: nothing else in Poll() sleeps.
+  std::thread writer([fd = fds[1], stat = absl::StrCat("/proc/self/task/",
+                                                       gettid(), "/stat")] {
+    for (;;) {
+      std::ifstream in(stat);
+      std::string line;
+      std::getline(in, line);
+      const size_t paren = line.rfind(')');
+      if (paren != std::string::npos && line.size() > paren + 2 &&
+          line[paren + 2] == 'S') {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(write(fd, "x", 1), 1);
+  });
+  while (engine.in_flight() > 0) ASSERT_TRUE(engine.Poll(/*wait=*/true).ok());
+  writer.join();
+  EXPECT_EQ(pipe_read.result, 1);
+  EXPECT_EQ(byte, 'x');
+  EXPECT_EQ(engine.waits(), 1u);
+  close(fds[0]);
+  close(fds[1]);
 }
 
 // A read of a pipe that blocks until `data` is written to it.

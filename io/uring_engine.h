@@ -4,11 +4,12 @@
 // in order, merges each run of adjacent reads or writes (same fd and kind,
 // consecutive byte ranges, up to IOV_MAX buffers and 1 MiB;
 // io/coalesce.h) into one request, fills a submission queue entry (SQE)
-// per request (user_data points at it), makes one io_uring_enter call for
-// the whole batch (submit, and with `wait` also wait for a completion) and
-// then reaps every available completion (CQE) in batches, handing each
-// merged result back to its Ops (a short count: -EAGAIN to the Ops it did
-// not reach, which posix_file retries). When the submission queue fills
+// per request (user_data points at it), makes one io_uring_enter call to
+// submit the whole batch and, with `wait` and no completion ready after it,
+// a second one to wait (why two: uring_engine.cc, Poll), and then reaps
+// every available completion (CQE) in batches, handing each merged result
+// back to its Ops (a short count: -EAGAIN to the Ops it did not reach,
+// which posix_file retries). When the submission queue fills
 // while Poll() prepares entries, it hands them to the kernel on the way.
 // Merging happens among requests queued between two Polls, i.e. in flight
 // together, whose order among themselves no caller can rely on. Why: an
@@ -36,7 +37,7 @@
 // data write went that way, and imgtool reached 0.72..0.93 of qemu-img's
 // IOPS at 256k..2M clusters. The side pool's workers add 1 to an eventfd
 // after each request; while the pool is busy a read of that eventfd sits in
-// the ring, so one io_uring_enter still waits for both paths, and Poll()
+// the ring, so the wait in io_uring_enter covers both paths, and Poll()
 // collects the pool's finished requests on every call. Alternatives
 // measured on the same cells (2 CPUs, kernel 6.18, XFS on a loop device):
 // IOSQE_ASYNC on the marked writes (skips the failing attempt, still io-wq)
@@ -103,6 +104,10 @@ class UringEngine : public Engine {
   // saved.
   uint64_t requests_submitted() const { return requests_submitted_; }
 
+  // Poll() calls that slept in io_uring_enter for a completion (none was
+  // ready after their submission); for tests.
+  uint64_t waits() const { return waits_; }
+
  private:
   // One request handed on: an SQE's (user_data points here) or a side-pool
   // request's.
@@ -143,6 +148,7 @@ class UringEngine : public Engine {
   std::vector<std::unique_ptr<Request>> requests_;
   std::vector<Request*> free_requests_;
   uint64_t requests_submitted_ = 0;
+  uint64_t waits_ = 0;
   std::vector<Op*> completed_;  // scratch for Poll(), kept for its capacity
   // Side pool for Op::may_block requests, started by the first one; its
   // workers signal side_event_fd_, which the ring reads.
