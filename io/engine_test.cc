@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -1117,18 +1118,22 @@ TEST(UringEngineTest, WaitsOnlyWhenTheSubmissionCompletedNothing) {
                .iovcnt = 1};
   pipe_read.done = [](Op&) {};
   engine.Submit(&pipe_read);
-  // The byte goes in once this thread sleeps (state S in /proc), i.e. waits
-  // in io_uring_enter: nothing else in Poll() sleeps.
-  std::thread writer([fd = fds[1], stat = absl::StrCat("/proc/self/task/",
-                                                       gettid(), "/stat")] {
+  // The byte goes in once this thread sleeps (state S) in io_uring_enter
+  // (/proc/.../syscall), which only the wait does: the submission of a pipe
+  // read does not block.
+  std::thread writer([fd = fds[1],
+                      task = absl::StrCat("/proc/self/task/", gettid())] {
+    const std::string in_enter = absl::StrCat(__NR_io_uring_enter, " ");
     for (;;) {
-      std::ifstream in(stat);
+      std::ifstream stat(task + "/stat");
       std::string line;
-      std::getline(in, line);
+      std::getline(stat, line);
       const size_t paren = line.rfind(')');
       if (paren != std::string::npos && line.size() > paren + 2 &&
           line[paren + 2] == 'S') {
-        break;
+        std::ifstream syscall(task + "/syscall");
+        std::getline(syscall, line);
+        if (line.rfind(in_enter, 0) == 0) break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }

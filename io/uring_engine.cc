@@ -249,8 +249,8 @@ absl::Status UringEngine::Poll(bool wait) {
   // One call doing both (io_uring_submit_and_wait) sleeps before the
   // completion work the submission started can post its CQE; 4 KiB O_DIRECT
   // random reads at depth 1 on a RAM-backed loop device made 34k IOPS that
-  // way and 57k split (fio's io_uring 77k), 1.6x at depth 4, the same at
-  // depth 16-64 (README, "Session 31").
+  // way and 57k split (fio's io_uring 77k); depths 4-64 the same (README,
+  // "Session 31").
   if (io_uring_sq_ready(ring) > 0) {
     int r;
     do {
