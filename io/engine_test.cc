@@ -1087,6 +1087,23 @@ TEST(UringEngineTest, RoundsTheRingUpToAPowerOfTwo) {
   EXPECT_EQ(static_cast<UringEngine&>(**engine).ring_entries(), 8u);
 }
 
+// A read of a pipe that blocks until `data` is written to it.
+struct PipeRead {
+  int fds[2] = {-1, -1};
+  char byte = 0;
+  struct iovec iov = {&byte, 1};
+  Op op;
+  PipeRead() {
+    EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
+    op = Op{.kind = OpKind::kRead, .fd = fds[0], .iov = &iov, .iovcnt = 1,
+            .may_block = true};
+  }
+  ~PipeRead() {
+    close(fds[0]);
+    close(fds[1]);
+  }
+};
+
 // Poll(wait) submits, then sleeps only if no completion is ready: reads
 // of cached pages complete within their submission and cost no wait, and
 // a read of an empty pipe costs one.
@@ -1110,18 +1127,14 @@ TEST(UringEngineTest, WaitsOnlyWhenTheSubmissionCompletedNothing) {
   EXPECT_EQ(buffer, data);
   EXPECT_EQ(engine.waits(), 0u);
 
-  int fds[2];
-  ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
-  char byte = 0;
-  struct iovec pipe_iov = {&byte, 1};
-  Op pipe_read{.kind = OpKind::kRead, .fd = fds[0], .iov = &pipe_iov,
-               .iovcnt = 1};
-  pipe_read.done = [](Op&) {};
-  engine.Submit(&pipe_read);
+  PipeRead pipe;
+  pipe.op.may_block = false;  // through the ring, not the side pool
+  pipe.op.done = [](Op&) {};
+  engine.Submit(&pipe.op);
   // The byte goes in once this thread sleeps (state S) in io_uring_enter
   // (/proc/.../syscall), which only the wait does: the submission of a pipe
   // read does not block.
-  std::thread writer([fd = fds[1],
+  std::thread writer([fd = pipe.fds[1],
                       task = absl::StrCat("/proc/self/task/", gettid())] {
     const std::string in_enter = absl::StrCat(__NR_io_uring_enter, " ");
     for (;;) {
@@ -1141,29 +1154,10 @@ TEST(UringEngineTest, WaitsOnlyWhenTheSubmissionCompletedNothing) {
   });
   while (engine.in_flight() > 0) ASSERT_TRUE(engine.Poll(/*wait=*/true).ok());
   writer.join();
-  EXPECT_EQ(pipe_read.result, 1);
-  EXPECT_EQ(byte, 'x');
+  EXPECT_EQ(pipe.op.result, 1);
+  EXPECT_EQ(pipe.byte, 'x');
   EXPECT_EQ(engine.waits(), 1u);
-  close(fds[0]);
-  close(fds[1]);
 }
-
-// A read of a pipe that blocks until `data` is written to it.
-struct PipeRead {
-  int fds[2] = {-1, -1};
-  char byte = 0;
-  struct iovec iov = {&byte, 1};
-  Op op;
-  PipeRead() {
-    EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
-    op = Op{.kind = OpKind::kRead, .fd = fds[0], .iov = &iov, .iovcnt = 1,
-            .may_block = true};
-  }
-  ~PipeRead() {
-    close(fds[0]);
-    close(fds[1]);
-  }
-};
 
 TEST(UringEngineTest, MayBlockRequestsRunOnTheSidePool) {
   absl::StatusOr<std::unique_ptr<Engine>> created = UringEngine::Create(16);
