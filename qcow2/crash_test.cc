@@ -4,6 +4,7 @@
 // completed flush, plus any subset of what came after) and `qemu-img check`
 // must find at most leaked clusters, never corruption.
 #include <algorithm>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@ struct Event {
   enum Kind { kWrite, kTruncate, kFlushStart, kFlushEnd } kind;
   uint64_t offset = 0;        // kWrite; new length for kTruncate
   std::vector<uint8_t> data;  // kWrite (zero writes are recorded as zeroes)
+  int flush = 0;              // kFlushStart, kFlushEnd: which flush
 };
 
 // Forwards to `target` and records what reached it.
@@ -60,9 +62,11 @@ class RecordingNode final : public testing::ForwardingNode {
     co_return st;
   }
   io::Task<absl::Status> DoFlush() override {
-    log_->push_back({Event::kFlushStart});
+    // Flushes may overlap (qcow2's shared flush beside one under its lock).
+    const int id = ++flushes_;
+    log_->push_back({.kind = Event::kFlushStart, .flush = id});
     absl::Status st = co_await ForwardingNode::DoFlush();
-    if (st.ok()) log_->push_back({Event::kFlushEnd});
+    if (st.ok()) log_->push_back({.kind = Event::kFlushEnd, .flush = id});
     co_return st;
   }
   io::Task<absl::Status> DoTruncate(uint64_t size, io::PreallocMode mode) override {
@@ -73,6 +77,7 @@ class RecordingNode final : public testing::ForwardingNode {
 
  private:
   std::vector<Event>* log_;
+  int flushes_ = 0;
 };
 
 void Apply(const Event& e, std::vector<uint8_t>& image) {
@@ -84,16 +89,37 @@ void Apply(const Event& e, std::vector<uint8_t>& image) {
   }
 }
 
-void RunCrashTest(bool extended_l2) {
+// Starts every operation of `ops` at once and runs `env` until all are done;
+// all must succeed.
+void RunAtOnce(Env& env, std::vector<io::Task<absl::Status>> ops) {
+  size_t done = 0;
+  const size_t n = ops.size();
+  for (io::Task<absl::Status>& op : ops) {
+    io::Spawn(std::move(op), [&done](absl::Status st) {
+      EXPECT_TRUE(st.ok()) << st;
+      ++done;
+    });
+  }
+  while (done < n) ASSERT_TRUE(env.engine().Poll(true).ok());
+}
+
+// `concurrent`: rounds of 8 operations started at once over a larger disk,
+// so that writes allocate L2 tables together (Qcow2Node::AllocateL2Grouped)
+// and flushes overlap; else one operation at a time.
+void RunCrashTest(bool extended_l2, bool concurrent = false) {
   Env env;
-  const std::string path = TempPath(extended_l2 ? "crash_ext.qcow2" : "crash.qcow2");
+  const std::string path = TempPath(
+      absl::StrCat(extended_l2 ? "crash_ext" : "crash", concurrent ? "_conc" : "",
+                   ".qcow2"));
+  // One L2 table covers 2 MiB of 4 KiB clusters, 64 MiB of extended ones.
+  const uint64_t disk = !concurrent ? 2 << 20 : extended_l2 ? 1ull << 30 : 128 << 20;
   std::vector<Event> log;
   // A clean image to start from, not recorded.
   {
     auto file = env.CreateEmpty(path);
     ASSERT_TRUE(file.ok());
     Qcow2CreateOptions o;
-    o.set_size(2 << 20);
+    o.set_size(disk);
     // Extended L2: 32 KiB clusters of 1 KiB subclusters.
     o.set_cluster_size(extended_l2 ? 32768 : 4096);
     o.set_extended_l2(extended_l2);
@@ -109,7 +135,28 @@ void RunCrashTest(bool extended_l2) {
         nullptr));
     ASSERT_TRUE(node.ok()) << node.status();
     std::mt19937_64 rng(42);
-    for (int i = 0; i < 120; ++i) {
+    if (concurrent) {
+      std::vector<std::vector<uint8_t>> buffers;
+      buffers.reserve(30 * 8);
+      for (int round = 0; round < 30; ++round) {
+        std::vector<io::Task<absl::Status>> ops;
+        for (int j = 0; j < 8; ++j) {
+          const uint64_t length = 1 + rng() % 20000;
+          const uint64_t offset = rng() % (disk - 2 * length);
+          const uint64_t kind = rng() % 10;
+          if (kind == 0) {
+            ops.push_back((*node)->WriteZeroes(offset, length, {.may_unmap = true}));
+          } else if (kind == 1) {
+            ops.push_back((*node)->Flush());
+          } else {
+            buffers.push_back(Pattern(length, round * 8 + j));
+            ops.push_back((*node)->Write(offset, io::ConstIoVec(buffers.back())));
+          }
+        }
+        RunAtOnce(env, std::move(ops));
+      }
+    }
+    for (int i = 0; i < (concurrent ? 0 : 120); ++i) {
       const uint64_t length = 1 + rng() % 20000;
       const uint64_t offset = rng() % ((2 << 20) - 4 * length);
       absl::Status st;
@@ -140,13 +187,15 @@ void RunCrashTest(bool extended_l2) {
   std::mt19937_64 rng(7);
   int checked = 0;
   for (size_t crash = 1; crash <= log.size(); crash += 1 + log.size() / 150) {
-    // What is surely on disk: everything before the start of the last flush
-    // that completed before the crash.
+    // What is surely on disk: everything before the start of the latest
+    // started flush that completed before the crash.
     size_t durable = 0;
-    size_t pending_flush = 0;
+    std::map<int, size_t> started;
     for (size_t i = 0; i < crash; ++i) {
-      if (log[i].kind == Event::kFlushStart) pending_flush = i;
-      if (log[i].kind == Event::kFlushEnd) durable = pending_flush;
+      if (log[i].kind == Event::kFlushStart) started[log[i].flush] = i;
+      if (log[i].kind == Event::kFlushEnd) {
+        durable = std::max(durable, started[log[i].flush]);
+      }
     }
     for (int variant = 0; variant < 4; ++variant) {
       std::vector<uint8_t> image = initial;
@@ -171,6 +220,14 @@ TEST(CrashTest, EveryCrashPointLeavesAConsistentImage) { RunCrashTest(false); }
 
 TEST(CrashTest, EveryCrashPointLeavesAConsistentExtendedL2Image) {
   RunCrashTest(true);
+}
+
+TEST(CrashTest, EveryCrashPointOfConcurrentWritesLeavesAConsistentImage) {
+  RunCrashTest(false, /*concurrent=*/true);
+}
+
+TEST(CrashTest, EveryCrashPointOfConcurrentWritesLeavesAConsistentExtendedL2Image) {
+  RunCrashTest(true, /*concurrent=*/true);
 }
 
 }  // namespace

@@ -146,27 +146,7 @@ io::Task<absl::StatusOr<TableCache::Ref>> Qcow2Node::GetL2ForWrite(
   if (!st.ok()) {
     l1_[index] = raw;
     ref.reset();
-    if (broken_.ok()) {
-      // Freed with QCOW2_DISCARD_ALWAYS: the cluster is discarded in the
-      // file once its refcount is 0. Errors: QEMU only reports them; the
-      // request's error counts.
-      absl::Status undo = co_await refcounts_->Free(table, cluster_size_);
-      absl::StatusOr<uint64_t> rc = co_await refcounts_->Get(table >> cluster_bits_);
-      if (undo.ok() && rc.ok() && *rc == 0) {
-        absl::Status d = co_await file_->Discard(table, cluster_size_);
-        (void)d;
-      }
-    } else {
-      // The L1 write marked the image corrupt (say it overlaps the
-      // snapshot table): QEMU's free still drops the refcount in its cache
-      // (never written any more) and discards the cluster when that was
-      // its only reference; ours stays as it is, the cluster is punched.
-      absl::StatusOr<uint64_t> rc = co_await refcounts_->Get(table >> cluster_bits_);
-      if (rc.ok() && *rc == 1) {
-        absl::Status d = co_await file_->Discard(table, cluster_size_);
-        (void)d;
-      }
-    }
+    co_await GiveBackL2Table(table);
     co_return st;
   }
   l2_offsets_.insert(table);
@@ -178,6 +158,136 @@ io::Task<absl::StatusOr<TableCache::Ref>> Qcow2Node::GetL2ForWrite(
     (void)freed;
   }
   co_return ref;
+}
+
+io::Task<void> Qcow2Node::GiveBackL2Table(uint64_t table) {
+  if (broken_.ok()) {
+    // Freed with QCOW2_DISCARD_ALWAYS: the cluster is discarded in the
+    // file once its refcount is 0.
+    absl::Status undo = co_await refcounts_->Free(table, cluster_size_);
+    absl::StatusOr<uint64_t> rc = co_await refcounts_->Get(table >> cluster_bits_);
+    if (undo.ok() && rc.ok() && *rc == 0) {
+      absl::Status d = co_await file_->Discard(table, cluster_size_);
+      (void)d;
+    }
+  } else {
+    // A write marked the image corrupt (say the L1 write overlaps the
+    // snapshot table): QEMU's free still drops the refcount in its cache
+    // (never written any more) and discards the cluster when that was its
+    // only reference; ours stays as it is, the cluster is punched.
+    absl::StatusOr<uint64_t> rc = co_await refcounts_->Get(table >> cluster_bits_);
+    if (rc.ok() && *rc == 1) {
+      absl::Status d = co_await file_->Discard(table, cluster_size_);
+      (void)d;
+    }
+  }
+}
+
+bool Qcow2Node::ShouldAllocateL2Grouped(uint64_t index) const {
+  if (index >= l1_.size() || (l1_[index] & format::kL1OffsetMask) != 0) {
+    return false;
+  }
+  return guest_writes_ > 1 || pending_l2_.contains(index);
+}
+
+io::Task<absl::Status> Qcow2Node::AllocateL2Grouped(uint64_t index,
+                                                    io::ScopedLock lock) {
+  if (auto it = pending_l2_.find(index); it != pending_l2_.end()) {
+    std::shared_ptr<PendingL2> other = it->second;
+    lock.Release();
+    co_await other->done.Wait();
+    co_return absl::OkStatus();
+  }
+  CO_ASSIGN_OR_RETURN(const uint64_t table,
+                      co_await refcounts_->Allocate(cluster_size_));
+  if (table == 0) {
+    co_return co_await SignalCorruption(
+        "Preventing invalid allocation of L2 table at offset 0");
+  }
+  auto mine = std::make_shared<PendingL2>();
+  mine->index = index;
+  mine->table = table;
+  pending_l2_[index] = mine;
+  // Its refcount and its (empty) contents, both flushed before the L1 entry.
+  absl::Status st = co_await refcounts_->WriteDirty();
+  if (st.ok()) {
+    co_await file_->DebugEvent(io::BlkdebugEvent::kL2AllocWrite);
+    const io::AlignedBuffer zeroes(cluster_size_);
+    st = co_await WriteMetadata(table, zeroes.span(), kOverlapActiveL2);
+  }
+  if (st.ok()) {
+    lock.Release();
+    st = co_await SyncShared();
+    mine->synced = st.ok();
+    auto relock = co_await io::ScopedLock::Take(meta_lock_);
+    if (mine->finished) co_return mine->status;  // linked with the others
+    if (st.ok()) st = CheckUsable();
+    if (st.ok()) co_return co_await LinkSyncedL2Tables(mine);
+    co_return co_await DropPendingL2(mine, std::move(st));
+  }
+  co_return co_await DropPendingL2(mine, std::move(st));
+}
+
+io::Task<absl::Status> Qcow2Node::DropPendingL2(std::shared_ptr<PendingL2> p,
+                                                absl::Status st) {
+  pending_l2_.erase(p->index);
+  co_await GiveBackL2Table(p->table);
+  p->finished = true;
+  p->status = st;
+  p->done.Set();
+  co_return st;
+}
+
+io::Task<absl::Status> Qcow2Node::LinkSyncedL2Tables(
+    const std::shared_ptr<PendingL2>& mine) {
+  std::vector<std::shared_ptr<PendingL2>> linked;
+  std::vector<std::shared_ptr<PendingL2>> dropped;
+  for (const auto& [index, p] : pending_l2_) {
+    if (!p->synced) continue;
+    if (index < l1_.size() && (l1_[index] & format::kL1OffsetMask) == 0) {
+      l1_[index] = p->table | format::kCopiedFlag;
+      linked.push_back(p);
+    } else {
+      // Given a table meanwhile by GetL2ForWrite (or the L1 table shrank).
+      dropped.push_back(p);
+    }
+  }
+  absl::Status st;
+  // The sectors in ascending order, each once (pending_l2_ is by index).
+  constexpr uint64_t kPerSector = 512 / 8;
+  uint64_t last_sector = UINT64_MAX;
+  for (const std::shared_ptr<PendingL2>& p : linked) {
+    if (!st.ok()) break;
+    if (p->index / kPerSector == last_sector) continue;
+    last_sector = p->index / kPerSector;
+    st = co_await WriteL1Sector(p->index);
+  }
+  if (st.ok() && !linked.empty()) st = co_await SyncFile();
+  for (const std::shared_ptr<PendingL2>& p : linked) {
+    if (st.ok()) {
+      l2_offsets_.insert(p->table);
+      l2_cache_->PutZeroed(p->table);
+    } else {
+      l1_[p->index] = 0;
+      dropped.push_back(p);
+    }
+    p->status = st;
+  }
+  for (const std::shared_ptr<PendingL2>& p : linked) pending_l2_.erase(p->index);
+  for (const std::shared_ptr<PendingL2>& p : dropped) {
+    pending_l2_.erase(p->index);
+    co_await GiveBackL2Table(p->table);
+  }
+  absl::Status result = mine->status;
+  // Woken once all is settled: each looks at its L1 entry again.
+  for (auto* group : {&linked, &dropped}) {
+    for (const std::shared_ptr<PendingL2>& p : *group) {
+      if (p->finished) continue;
+      p->finished = true;
+      p->done.Set();
+    }
+  }
+  co_return result;
 }
 
 namespace {
@@ -851,6 +961,11 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStep(uint64_t offset,
   *host_hint = 0;
   CO_RETURN_IF_ERROR(CheckUsable());
   CO_RETURN_IF_ERROR(co_await PrepareFirstWrite());
+  if (ShouldAllocateL2Grouped(l1_index(offset))) {
+    CO_RETURN_IF_ERROR(
+        co_await AllocateL2Grouped(l1_index(offset), std::move(lock)));
+    co_return uint64_t{0};
+  }
   const uint64_t cluster = offset >> cluster_bits_;
   const uint64_t end = offset + data.size();
   // Allocations in flight this write writes beside (CanWriteBeside), in
@@ -1159,6 +1274,7 @@ io::Task<absl::Status> Qcow2Node::WriteGuest(uint64_t offset,
   // allocated pieces of one request in parallel tasks, after the later
   // pieces took their clusters: those never reuse them.
   const uint64_t request_seq = BeginDataOp();
+  ++guest_writes_;
   absl::Status st;
   uint64_t host_hint = 0;
   while (!data.empty()) {
@@ -1175,6 +1291,7 @@ io::Task<absl::Status> Qcow2Node::WriteGuest(uint64_t offset,
     offset += *n;
     data.remove_prefix(*n);
   }
+  --guest_writes_;
   EndDataOp(request_seq);
   co_return st;
 }
@@ -1184,6 +1301,11 @@ io::Task<absl::StatusOr<uint64_t>> Qcow2Node::WriteStepExtended(
   auto lock = co_await io::ScopedLock::Take(meta_lock_);
   CO_RETURN_IF_ERROR(CheckUsable());
   CO_RETURN_IF_ERROR(co_await PrepareFirstWrite());
+  if (ShouldAllocateL2Grouped(l1_index(offset))) {
+    CO_RETURN_IF_ERROR(
+        co_await AllocateL2Grouped(l1_index(offset), std::move(lock)));
+    co_return uint64_t{0};
+  }
   const uint64_t cluster = offset >> cluster_bits_;
   // Allocations and bitmap updates of one cluster are serialised.
   if (std::shared_ptr<Inflight> other = FindInflight(cluster, 1)) {

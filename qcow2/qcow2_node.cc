@@ -542,6 +542,32 @@ io::Task<absl::Status> Qcow2Node::SyncFile() {
   co_return absl::OkStatus();
 }
 
+io::Task<absl::Status> Qcow2Node::SyncShared() {
+  std::shared_ptr<SyncRound> round;
+  if (sync_running_ == nullptr) {
+    round = std::make_shared<SyncRound>();
+  } else if (sync_next_ != nullptr) {
+    // Queued after the flush in flight (which may have started before our
+    // writes) by an earlier caller: it runs it for us too.
+    round = sync_next_;
+    co_await round->done.Wait();
+    co_return round->status;
+  } else {
+    round = std::make_shared<SyncRound>();
+    sync_next_ = round;
+    std::shared_ptr<SyncRound> running = sync_running_;
+    co_await running->done.Wait();
+    if (sync_next_ == round) sync_next_ = nullptr;
+  }
+  // Another caller may have started one since the last ended: flushes in
+  // parallel are still each after their callers' writes.
+  sync_running_ = round;
+  round->status = co_await SyncFile();
+  if (sync_running_ == round) sync_running_ = nullptr;
+  round->done.Set();
+  co_return round->status;
+}
+
 io::Task<absl::Status> Qcow2Node::SignalCorruption(std::string message) {
   if (read_only()) {
     co_return absl::DataLossError(
@@ -659,6 +685,11 @@ io::Task<absl::Status> Qcow2Node::ChangeBackingFile(
 }
 
 io::Task<absl::Status> Qcow2Node::WriteL1Entry(uint64_t index) {
+  CO_RETURN_IF_ERROR(co_await WriteL1Sector(index));
+  co_return co_await SyncFile();
+}
+
+io::Task<absl::Status> Qcow2Node::WriteL1Sector(uint64_t index) {
   // One 512-byte sector of the table, as QEMU writes it.
   constexpr uint64_t kPerSector = 512 / 8;
   const uint64_t first = index & ~(kPerSector - 1);
@@ -666,9 +697,8 @@ io::Task<absl::Status> Qcow2Node::WriteL1Entry(uint64_t index) {
   std::vector<uint8_t> bytes(n * 8);
   for (uint64_t i = 0; i < n; ++i) StoreBE64(bytes.data() + i * 8, l1_[first + i]);
   co_await file_->DebugEvent(io::BlkdebugEvent::kL1Update);
-  CO_RETURN_IF_ERROR(co_await WriteMetadata(
-      header_.l1_table_offset + first * 8, bytes, kOverlapActiveL1));
-  co_return co_await SyncFile();
+  co_return co_await WriteMetadata(header_.l1_table_offset + first * 8, bytes,
+                                   kOverlapActiveL1);
 }
 
 io::Task<absl::Status> Qcow2Node::PrepareFirstWrite() {

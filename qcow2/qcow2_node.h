@@ -506,6 +506,19 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
     bool linked = false;  // the L2 entries point at `host` now
     io::Event done;
   };
+  // A fresh L2 table being allocated by AllocateL2Grouped.
+  struct PendingL2 {
+    uint64_t index = 0;  // L1 entry
+    uint64_t table = 0;  // host offset of the table's cluster
+    bool synced = false;     // its refcount and contents are on disk
+    bool finished = false;   // linked, given back or failed: `status`
+    absl::Status status;
+    io::Event done;
+  };
+  struct SyncRound {
+    absl::Status status;
+    io::Event done;
+  };
   struct PendingFree {
     uint64_t offset = 0;
     uint64_t length = 0;
@@ -614,6 +627,9 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   io::Task<absl::Status> WriteHeaderField(uint64_t offset, io::ConstIoVec bytes);
   io::Task<absl::Status> WriteIncompatibleFeatures();
   io::Task<absl::Status> WriteL1Entry(uint64_t l1_index);
+  // The 512-byte sector of the L1 table holding entry `l1_index`, from
+  // l1_, not synced (metadata lock held); WriteL1Entry syncs after it.
+  io::Task<absl::Status> WriteL1Sector(uint64_t l1_index);
   // Before the first change to the image: clear autoclear bits, set the
   // dirty bit with lazy refcounts.
   io::Task<absl::Status> PrepareFirstWrite();
@@ -651,6 +667,43 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // The L2 table for L1 entry `index`, allocated (or copied from a shared
   // one) so that it can be changed.
   io::Task<absl::StatusOr<TableCache::Ref>> GetL2ForWrite(uint64_t index);
+  // Gives back the cluster of a new L2 table that no L1 entry on disk
+  // points to (metadata lock held): freed, and discarded in the file once
+  // its refcount is 0, as QEMU's l2_allocate fail path. Errors are dropped
+  // (QEMU only reports them; the request's own error counts).
+  io::Task<void> GiveBackL2Table(uint64_t table);
+
+  // Fresh L2 tables in groups (an imgtool addition; QEMU allocates each one
+  // with three flushes of its own under its metadata lock, l2_allocate).
+  // When writes are in flight beside this one and L1 entry `index` has no
+  // table yet, a write allocates the table here instead of in
+  // GetL2ForWrite: with the metadata lock held it allocates the cluster,
+  // writes the refcount blocks and the empty table; then, without the lock,
+  // it waits for a flush that starts after those writes (SyncShared: one
+  // for all the tables written meanwhile); then, with the lock again, the
+  // first write back links every table whose flush is done, in one write
+  // of each L1 sector they are in and one flush. So a table is on disk,
+  // with its refcount, before an L1 entry on disk points to it, as in
+  // GetL2ForWrite, but k tables cost 2 flushes instead of 3k. Another write
+  // for the same L1 entry meanwhile waits for it; a table whose L1 entry
+  // got one meanwhile by another path (GetL2ForWrite) is given back.
+  // `lock` (the metadata lock) is released on return; the caller then looks
+  // at the L1 entry again. Errors: those of the allocation, the writes and
+  // the flushes (the table given back, the L1 entry as before).
+  bool ShouldAllocateL2Grouped(uint64_t index) const;
+  io::Task<absl::Status> AllocateL2Grouped(uint64_t index, io::ScopedLock lock);
+  // Gives back pending table `p` after error `st` (metadata lock held),
+  // wakes the writes waiting for it; returns `st`.
+  io::Task<absl::Status> DropPendingL2(std::shared_ptr<PendingL2> p,
+                                       absl::Status st);
+  // Links every synced pending table (metadata lock held); the status of
+  // `mine` (which must be synced) after that.
+  io::Task<absl::Status> LinkSyncedL2Tables(
+      const std::shared_ptr<PendingL2>& mine);
+  // Returns once a flush of the file that started after the call is done
+  // (group commit: callers that arrive while a flush runs share the next).
+  // No lock needed; its error is every sharer's.
+  io::Task<absl::Status> SyncShared();
   format::L2Entry GetEntry(const TableCache::Ref& l2, uint64_t index) const;
   void SetEntry(TableCache::Ref& l2, uint64_t index, const format::L2Entry& e);
   // Whether the image has a backing file: one is open, or the header names
@@ -1052,6 +1105,13 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   uint64_t next_seq_ = 1;
   std::multiset<uint64_t> ops_in_flight_;
   std::vector<PendingFree> pending_frees_;
+  // AllocateL2Grouped's tables by L1 index, and the guest writes in flight
+  // (WriteGuest) that decide whether it is used.
+  std::map<uint64_t, std::shared_ptr<PendingL2>> pending_l2_;
+  uint64_t guest_writes_ = 0;
+  // SyncShared's flush in flight and the one queued after it.
+  std::shared_ptr<SyncRound> sync_running_;
+  std::shared_ptr<SyncRound> sync_next_;
   uint64_t write_gen_ = 0;   // completed data writes
   uint64_t synced_gen_ = 0;  // write_gen_ at the last sync start
   bool first_write_done_ = false;

@@ -135,6 +135,21 @@ io::Task<absl::StatusOr<TableCache::Ref>> TableCache::GetEmpty(uint64_t offset) 
   co_return Ref(this, raw);
 }
 
+void TableCache::PutZeroed(uint64_t offset) {
+  if (Table* cached = Peek(offset); cached != nullptr) {
+    std::memset(cached->data.data(), 0, table_size_);
+    cached->dirty = false;
+    cached->last_use = ++clock_;
+    return;
+  }
+  if (tables_.size() >= capacity_) return;
+  auto table = std::make_unique<Table>();
+  table->offset = offset;
+  table->data = io::AlignedBuffer(table_size_, alignment_);  // zeroes
+  table->last_use = ++clock_;
+  tables_[offset] = std::move(table);
+}
+
 TableCache::Table* TableCache::Peek(uint64_t offset) {
   auto it = tables_.find(offset);
   return it == tables_.end() ? nullptr : it->second.get();

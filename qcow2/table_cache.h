@@ -86,6 +86,11 @@ class TableCache {
   // dirty, replacing any cached copy. Errors: those of an eviction.
   io::Task<absl::StatusOr<Ref>> GetEmpty(uint64_t offset);
 
+  // Caches a zero-filled, clean table at `offset` (already written as
+  // zeroes on disk): a cached copy is replaced; else one is added if there
+  // is room without an eviction. No I/O, no suspension.
+  void PutZeroed(uint64_t offset);
+
   // The cached table at `offset` if any, without I/O (not pinned beyond the
   // caller's use; do not hold across co_await).
   Table* Peek(uint64_t offset);

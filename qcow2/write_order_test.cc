@@ -71,7 +71,29 @@ class RecordingNode final : public testing::ForwardingNode {
   }
   io::Task<absl::Status> DoFlush() override {
     log_->push_back({false, 0, 0, /*flush=*/true});
-    return ForwardingNode::DoFlush();
+    const bool fail = ++flushes_ == fail_flush_;
+    if (hold_flushes_) {
+      auto gate = std::make_shared<io::Event>();
+      held_.push_back(gate);
+      co_await gate->Wait();
+    }
+    if (fail) co_return absl::DataLossError("injected flush error");
+    co_return co_await ForwardingNode::DoFlush();
+  }
+
+ public:
+  // Flushes wait (before they reach the file) until ReleaseFlushes: a
+  // flush that takes as long as everything else in flight.
+  void HoldFlushes(bool hold) { hold_flushes_ = hold; }
+  // Flush number `n` (counting from 1 at the first) fails (kDataLoss)
+  // without reaching the file.
+  void FailFlush(int n) { fail_flush_ = n; }
+  // Lets the flushes held so far go on; false if there were none.
+  bool ReleaseFlushes() {
+    std::vector<std::shared_ptr<io::Event>> held;
+    held.swap(held_);
+    for (const std::shared_ptr<io::Event>& gate : held) gate->Set();
+    return !held.empty();
   }
 
  private:
@@ -81,6 +103,10 @@ class RecordingNode final : public testing::ForwardingNode {
 
   std::vector<Request>* log_;
   const bool zeroes_unsupported_;
+  bool hold_flushes_ = false;
+  int flushes_ = 0;
+  int fail_flush_ = 0;
+  std::vector<std::shared_ptr<io::Event>> held_;
   int writes_done_ = 0;
   uint64_t fail_write_at_ = ~uint64_t{0};
 };
@@ -534,6 +560,107 @@ TEST(WriteOrderTest, DiscardedClusterIsReusedAfterItsL2TableIsSynced) {
   std::copy(second.begin(), second.end(), ref.begin() + 2 * kCluster);
   ExpectImage(path, ref);
   EXPECT_EQ(testing::ReadFile(path).size(), kDataStart + 16 * kCluster);
+}
+
+// 32 writes of 4 KiB, each into its own 2 MiB L2 table of 4 KiB clusters,
+// started at once (`at_once`) or one after another. Returns the flushes
+// that reached the file (with `fail_flush`, that flush fails: the writes
+// that fail must read back as zeroes, `failed` counts them); the image
+// must pass qemu-img check and read back right.
+int FlushesForNewTables(bool at_once, int fail_flush = 0,
+                        int* failed = nullptr) {
+  Env env(io::EngineKind::kThreads, /*depth=*/1);
+  const std::string path =
+      TempPath(at_once ? "tables_at_once.qcow2" : "tables_one_by_one.qcow2");
+  EXPECT_EQ(Shell("qemu-img create -q -f qcow2 -o cluster_size=4k " + path +
+                  " 64M").exit_code,
+            0);
+  constexpr int kWrites = 32;
+  constexpr uint64_t kStride = 2 << 20;
+  std::vector<Request> log;
+  absl::StatusOr<std::unique_ptr<io::BlockNode>> file =
+      env.OpenFile(path, /*read_only=*/false);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return -1;
+  auto recorder = std::make_unique<RecordingNode>(*std::move(file), &log);
+  RecordingNode* flushes_of = recorder.get();
+  recorder->FailFlush(fail_flush);
+  auto node = env.Run(
+      Qcow2Node::Open(std::move(recorder), Qcow2OpenOptions(), nullptr));
+  EXPECT_TRUE(node.ok()) << node.status();
+  if (!node.ok()) return -1;
+  std::vector<std::vector<uint8_t>> buffers;
+  for (int i = 0; i < kWrites; ++i) buffers.push_back(Pattern(4096, 40 + i));
+  if (at_once) {
+    // Each flush ends only once nothing else is in flight (the slowest a
+    // flush can be): the writes that wait for one all share the next.
+    flushes_of->HoldFlushes(true);
+    int done = 0;
+    for (int i = 0; i < kWrites; ++i) {
+      io::Spawn((*node)->Write(4096 + i * kStride, io::ConstIoVec(buffers[i])),
+                [&, i](absl::Status st) {
+                  if (fail_flush != 0 && absl::IsDataLoss(st)) {
+                    ++*failed;
+                    std::fill(buffers[i].begin(), buffers[i].end(), 0);
+                  } else {
+                    EXPECT_TRUE(st.ok()) << i << ": " << st;
+                  }
+                  ++done;
+                });
+    }
+    while (done < kWrites) {
+      if (env.engine().in_flight() == 0) {
+        if (!flushes_of->ReleaseFlushes()) {
+          ADD_FAILURE() << "stuck with " << done << " writes done";
+          return -1;
+        }
+        continue;
+      }
+      EXPECT_TRUE(env.engine().Poll(true).ok());
+    }
+    flushes_of->HoldFlushes(false);
+  } else {
+    for (int i = 0; i < kWrites; ++i) {
+      EXPECT_TRUE(env.Run((*node)->Write(4096 + i * kStride,
+                                         io::ConstIoVec(buffers[i])))
+                      .ok());
+    }
+  }
+  const int flushes = static_cast<int>(
+      std::count_if(log.begin(), log.end(), [](const Request& r) { return r.flush; }));
+  EXPECT_TRUE(env.Run((*node)->Close()).ok());
+  std::vector<uint8_t> ref(64 << 20, 0);
+  for (int i = 0; i < kWrites; ++i) {
+    std::copy(buffers[i].begin(), buffers[i].end(),
+              ref.begin() + 4096 + i * kStride);
+  }
+  ExpectImage(path, ref);
+  return flushes;
+}
+
+// One write at a time: QEMU 7.2's l2_allocate order, 3 flushes per new
+// table (refcount block, the table, the L1 entry), as qemu-img.
+TEST(WriteOrderTest, OneWriteAtATimeFlushesThreeTimesPerNewTable) {
+  EXPECT_EQ(FlushesForNewTables(/*at_once=*/false), 3 * 32);
+}
+
+// Started together, the new tables share their flushes
+// (Qcow2Node::AllocateL2Grouped); before, 96 as one at a time. The first
+// write starts alone (QEMU's order, 3 flushes); the second writes its table
+// and starts a flush; the other 30 write theirs meanwhile and share the
+// next; the second, then the first of the 30 for all of them, link theirs
+// with one L1 write and flush each: 3 + 1 + 1 + 1 + 1.
+TEST(WriteOrderTest, WritesStartedTogetherShareTheFlushesOfTheirNewTables) {
+  EXPECT_EQ(FlushesForNewTables(/*at_once=*/true), 7);
+}
+
+// The same with the shared flush of the 30 failing (the 5th, see above):
+// those 30 writes fail, their tables are given back (no leak, no table
+// linked), the other two stand.
+TEST(WriteOrderTest, AFailedSharedFlushFailsTheWritesThatShareIt) {
+  int failed = 0;
+  EXPECT_EQ(FlushesForNewTables(/*at_once=*/true, /*fail_flush=*/5, &failed), 6);
+  EXPECT_EQ(failed, 30);
 }
 
 }  // namespace
