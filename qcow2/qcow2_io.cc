@@ -208,23 +208,18 @@ io::Task<absl::Status> Qcow2Node::AllocateL2Grouped(uint64_t index,
   mine->index = index;
   mine->table = table;
   pending_l2_[index] = mine;
-  // Its refcount and its (empty) contents, both flushed before the L1 entry.
-  absl::Status st = co_await refcounts_->WriteDirty();
-  if (st.ok()) {
-    co_await file_->DebugEvent(io::BlkdebugEvent::kL2AllocWrite);
-    const io::AlignedBuffer zeroes(cluster_size_);
-    st = co_await WriteMetadata(table, zeroes.span(), kOverlapActiveL2);
-  }
-  if (st.ok()) {
-    lock.Release();
-    st = co_await SyncShared();
-    mine->synced = st.ok();
-    auto relock = co_await io::ScopedLock::Take(meta_lock_);
-    if (mine->finished) co_return mine->status;  // linked with the others
-    if (st.ok()) st = CheckUsable();
-    if (st.ok()) co_return co_await LinkSyncedL2Tables(mine);
-    co_return co_await DropPendingL2(mine, std::move(st));
-  }
+  lock.Release();
+  // The cluster is this write's alone: its (empty) contents are written
+  // without the lock; SyncNewTables writes its refcount.
+  co_await file_->DebugEvent(io::BlkdebugEvent::kL2AllocWrite);
+  const io::AlignedBuffer zeroes(cluster_size_);
+  absl::Status st = co_await WriteMetadata(table, zeroes.span(), kOverlapActiveL2);
+  if (st.ok()) st = co_await SyncNewTables();
+  mine->synced = st.ok();
+  auto relock = co_await io::ScopedLock::Take(meta_lock_);
+  if (mine->finished) co_return mine->status;  // linked with the others
+  if (st.ok()) st = CheckUsable();
+  if (st.ok()) co_return co_await LinkSyncedL2Tables(mine);
   co_return co_await DropPendingL2(mine, std::move(st));
 }
 

@@ -542,7 +542,7 @@ io::Task<absl::Status> Qcow2Node::SyncFile() {
   co_return absl::OkStatus();
 }
 
-io::Task<absl::Status> Qcow2Node::SyncShared() {
+io::Task<absl::Status> Qcow2Node::SyncNewTables() {
   std::shared_ptr<SyncRound> round;
   if (sync_running_ == nullptr) {
     round = std::make_shared<SyncRound>();
@@ -562,7 +562,13 @@ io::Task<absl::Status> Qcow2Node::SyncShared() {
   // Another caller may have started one since the last ended: flushes in
   // parallel are still each after their callers' writes.
   sync_running_ = round;
-  round->status = co_await SyncFile();
+  // Every caller of this round allocated its table before it joined: one
+  // write of the dirty refcount blocks covers them all.
+  {
+    auto lock = co_await io::ScopedLock::Take(meta_lock_);
+    round->status = co_await refcounts_->WriteDirty();
+  }
+  if (round->status.ok()) round->status = co_await SyncFile();
   if (sync_running_ == round) sync_running_ = nullptr;
   round->done.Set();
   co_return round->status;

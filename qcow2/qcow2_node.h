@@ -677,16 +677,17 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // with three flushes of its own under its metadata lock, l2_allocate).
   // When writes are in flight beside this one and L1 entry `index` has no
   // table yet, a write allocates the table here instead of in
-  // GetL2ForWrite: with the metadata lock held it allocates the cluster,
-  // writes the refcount blocks and the empty table; then, without the lock,
-  // it waits for a flush that starts after those writes (SyncShared: one
-  // for all the tables written meanwhile); then, with the lock again, the
-  // first write back links every table whose flush is done, in one write
-  // of each L1 sector they are in and one flush. So a table is on disk,
-  // with its refcount, before an L1 entry on disk points to it, as in
-  // GetL2ForWrite, but k tables cost 2 flushes instead of 3k. Another write
-  // for the same L1 entry meanwhile waits for it; a table whose L1 entry
-  // got one meanwhile by another path (GetL2ForWrite) is given back.
+  // GetL2ForWrite: with the metadata lock held it allocates the cluster;
+  // without the lock it writes the empty table and waits for
+  // SyncNewTables (the dirty refcount blocks written, then a flush, both
+  // shared by every table written meanwhile); then, with the lock again,
+  // the first write back links every table whose flush is done, in one
+  // write of each L1 sector they are in and one flush. So a table is on
+  // disk, with its refcount, before an L1 entry on disk points to it, as in
+  // GetL2ForWrite, but k tables cost 2 flushes instead of 3k, and the lock
+  // is held for no I/O but the L1 writes. Another write for the same L1
+  // entry meanwhile waits for it; a table whose L1 entry got one meanwhile
+  // by another path (GetL2ForWrite) is given back.
   // `lock` (the metadata lock) is released on return; the caller then looks
   // at the L1 entry again. Errors: those of the allocation, the writes and
   // the flushes (the table given back, the L1 entry as before).
@@ -700,10 +701,11 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // `mine` (which must be synced) after that.
   io::Task<absl::Status> LinkSyncedL2Tables(
       const std::shared_ptr<PendingL2>& mine);
-  // Returns once a flush of the file that started after the call is done
-  // (group commit: callers that arrive while a flush runs share the next).
-  // No lock needed; its error is every sharer's.
-  io::Task<absl::Status> SyncShared();
+  // Returns once the refcount blocks were written and then the file
+  // flushed, both after the call (group commit: callers that arrive while
+  // a round runs share the next one). Takes the metadata lock for the
+  // refcount writes only (call it without). Its error is every sharer's.
+  io::Task<absl::Status> SyncNewTables();
   format::L2Entry GetEntry(const TableCache::Ref& l2, uint64_t index) const;
   void SetEntry(TableCache::Ref& l2, uint64_t index, const format::L2Entry& e);
   // Whether the image has a backing file: one is open, or the header names
@@ -1109,7 +1111,7 @@ class Qcow2Node final : public io::BlockNode, private MetadataIo {
   // (WriteGuest) that decide whether it is used.
   std::map<uint64_t, std::shared_ptr<PendingL2>> pending_l2_;
   uint64_t guest_writes_ = 0;
-  // SyncShared's flush in flight and the one queued after it.
+  // SyncNewTables' round in flight and the one queued after it.
   std::shared_ptr<SyncRound> sync_running_;
   std::shared_ptr<SyncRound> sync_next_;
   uint64_t write_gen_ = 0;   // completed data writes
