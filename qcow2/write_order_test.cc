@@ -564,7 +564,7 @@ TEST(WriteOrderTest, DiscardedClusterIsReusedAfterItsL2TableIsSynced) {
 
 // 32 writes of 4 KiB, each into its own 2 MiB L2 table of 4 KiB clusters,
 // started at once (`at_once`) or one after another. Returns the flushes
-// that reached the file (with `fail_flush`, that flush fails: the writes
+// qcow2 sent to its file (with `fail_flush`, that flush fails: the writes
 // that fail must read back as zeroes, `failed` counts them); the image
 // must pass qemu-img check and read back right.
 int FlushesForNewTables(bool at_once, int fail_flush = 0,
