@@ -113,15 +113,9 @@ io::Task<absl::StatusOr<TableCache::Ref>> TableCache::Get(uint64_t offset) {
   co_return ref;
 }
 
-io::Task<absl::StatusOr<TableCache::Ref>> TableCache::GetEmpty(uint64_t offset) {
-  auto it = tables_.find(offset);
-  if (it == tables_.end()) {
-    CO_RETURN_IF_ERROR(co_await MakeRoom());
-    it = tables_.find(offset);
-  }
-  Table* raw;
-  if (it != tables_.end()) {
-    raw = it->second.get();
+TableCache::Table* TableCache::Zeroed(uint64_t offset, bool dirty) {
+  Table* raw = Peek(offset);
+  if (raw != nullptr) {
     std::memset(raw->data.data(), 0, table_size_);
   } else {
     auto table = std::make_unique<Table>();
@@ -130,24 +124,20 @@ io::Task<absl::StatusOr<TableCache::Ref>> TableCache::GetEmpty(uint64_t offset) 
     raw = table.get();
     tables_[offset] = std::move(table);
   }
-  raw->dirty = true;
+  raw->dirty = dirty;
   raw->last_use = ++clock_;
-  co_return Ref(this, raw);
+  return raw;
+}
+
+io::Task<absl::StatusOr<TableCache::Ref>> TableCache::GetEmpty(uint64_t offset) {
+  if (Peek(offset) == nullptr) CO_RETURN_IF_ERROR(co_await MakeRoom());
+  co_return Ref(this, Zeroed(offset, /*dirty=*/true));
 }
 
 void TableCache::PutZeroed(uint64_t offset) {
-  if (Table* cached = Peek(offset); cached != nullptr) {
-    std::memset(cached->data.data(), 0, table_size_);
-    cached->dirty = false;
-    cached->last_use = ++clock_;
-    return;
+  if (Peek(offset) != nullptr || tables_.size() < capacity_) {
+    Zeroed(offset, /*dirty=*/false);
   }
-  if (tables_.size() >= capacity_) return;
-  auto table = std::make_unique<Table>();
-  table->offset = offset;
-  table->data = io::AlignedBuffer(table_size_, alignment_);  // zeroes
-  table->last_use = ++clock_;
-  tables_[offset] = std::move(table);
 }
 
 TableCache::Table* TableCache::Peek(uint64_t offset) {

@@ -127,6 +127,9 @@ class TableCache {
   void Drop(absl::flat_hash_map<uint64_t, std::unique_ptr<Table>>::iterator it);
   // Frees a slot for a new table if the cache is full.
   io::Task<absl::Status> MakeRoom();
+  // The table at `offset` filled with zeroes (the cached one, or a new one
+  // added without an eviction), marked `dirty` or clean, just used.
+  Table* Zeroed(uint64_t offset, bool dirty);
 
   const uint64_t table_size_;
   const size_t alignment_;
