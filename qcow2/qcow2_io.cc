@@ -235,52 +235,46 @@ io::Task<absl::Status> Qcow2Node::DropPendingL2(std::shared_ptr<PendingL2> p,
 
 io::Task<absl::Status> Qcow2Node::LinkSyncedL2Tables(
     const std::shared_ptr<PendingL2>& mine) {
-  std::vector<std::shared_ptr<PendingL2>> linked;
-  std::vector<std::shared_ptr<PendingL2>> dropped;
+  // Every synced table, and whether its L1 entry is still free; one given a
+  // table meanwhile by GetL2ForWrite (or cut off by a shrunk L1 table) is
+  // given back.
+  std::vector<std::shared_ptr<PendingL2>> group;
+  std::vector<bool> linking;
   for (const auto& [index, p] : pending_l2_) {
     if (!p->synced) continue;
-    if (index < l1_.size() && (l1_[index] & format::kL1OffsetMask) == 0) {
-      l1_[index] = p->table | format::kCopiedFlag;
-      linked.push_back(p);
-    } else {
-      // Given a table meanwhile by GetL2ForWrite (or the L1 table shrank).
-      dropped.push_back(p);
-    }
+    const bool free =
+        index < l1_.size() && (l1_[index] & format::kL1OffsetMask) == 0;
+    if (free) l1_[index] = p->table | format::kCopiedFlag;
+    group.push_back(p);
+    linking.push_back(free);
   }
   absl::Status st;
   // The sectors in ascending order, each once (pending_l2_ is by index).
   constexpr uint64_t kPerSector = 512 / 8;
   uint64_t last_sector = UINT64_MAX;
-  for (const std::shared_ptr<PendingL2>& p : linked) {
-    if (!st.ok()) break;
-    if (p->index / kPerSector == last_sector) continue;
-    last_sector = p->index / kPerSector;
-    st = co_await WriteL1Sector(p->index);
+  for (size_t i = 0; i < group.size() && st.ok(); ++i) {
+    if (!linking[i] || group[i]->index / kPerSector == last_sector) continue;
+    last_sector = group[i]->index / kPerSector;
+    st = co_await WriteL1Sector(group[i]->index);
   }
-  if (st.ok() && !linked.empty()) st = co_await SyncFile();
-  for (const std::shared_ptr<PendingL2>& p : linked) {
-    if (st.ok()) {
-      l2_offsets_.insert(p->table);
-      l2_cache_->PutZeroed(p->table);
-    } else {
-      l1_[p->index] = 0;
-      dropped.push_back(p);
+  if (st.ok() && last_sector != UINT64_MAX) st = co_await SyncFile();
+  for (size_t i = 0; i < group.size(); ++i) {
+    PendingL2& p = *group[i];
+    pending_l2_.erase(p.index);
+    if (linking[i]) p.status = st;
+    if (linking[i] && st.ok()) {
+      l2_offsets_.insert(p.table);
+      l2_cache_->PutZeroed(p.table);
+      continue;
     }
-    p->status = st;
-  }
-  for (const std::shared_ptr<PendingL2>& p : linked) pending_l2_.erase(p->index);
-  for (const std::shared_ptr<PendingL2>& p : dropped) {
-    pending_l2_.erase(p->index);
-    co_await GiveBackL2Table(p->table);
+    if (linking[i]) l1_[p.index] = 0;
+    co_await GiveBackL2Table(p.table);
   }
   absl::Status result = mine->status;
   // Woken once all is settled: each looks at its L1 entry again.
-  for (auto* group : {&linked, &dropped}) {
-    for (const std::shared_ptr<PendingL2>& p : *group) {
-      if (p->finished) continue;
-      p->finished = true;
-      p->done.Set();
-    }
+  for (const std::shared_ptr<PendingL2>& p : group) {
+    p->finished = true;
+    p->done.Set();
   }
   co_return result;
 }
