@@ -60,6 +60,37 @@ sbs_setup() {
   mkdir "$mnt"
 }
 
+# sbs_mount_loop IMAGE FS_NAME: attaches IMAGE (a file system image made by
+# the caller) to a loop device, stores it in `loopdev`, mounts it at $mnt
+# and sets `storage` to a description for the result file and table.
+# LOOP_DIRECT_IO=1 attaches it with --direct-io=on (fails if the kernel
+# did not take it): what the file system writes and reads then reaches
+# $WORKDIR's disk as it sent it, as on a disk. Default 0: a buffered loop
+# device, where the host's page cache and writeback of IMAGE sit between
+# the file system and the disk (README, "Preallocate filter", session 33:
+# there large requests ran at half the rate of many small ones).
+sbs_mount_loop() {
+  local image=$1 fs=$2
+  if [[ ${LOOP_DIRECT_IO:-0} == 1 ]]; then
+    loopdev=$(losetup --direct-io=on -f --show "$image")
+    local dio
+    dio=$(cat "/sys/block/${loopdev#/dev/}/loop/dio")
+    [[ $dio == 1 ]] || sbs_fail "$loopdev did not take --direct-io=on (dio=$dio)"
+    storage="$fs on a loop device with direct I/O (losetup --direct-io=on) on a file in ${WORKDIR:-/var/tmp}"
+  else
+    loopdev=$(losetup -f --show "$image")
+    storage="$fs on a loop device (buffered: its backing file in ${WORKDIR:-/var/tmp} goes through the host page cache)"
+  fi
+  mount "$loopdev" "$mnt"
+}
+
+# sbs_umount_loop: undoes sbs_mount_loop.
+sbs_umount_loop() {
+  umount "$mnt"
+  losetup -d "$loopdev"
+  loopdev=
+}
+
 # --- results in the suites' JSON contract (benchmarks/sbs_results.py) --------
 # Each measured run appends one line with sbs_record; sbs_write_results
 # writes $OUT/<suite>-<hostname>.json from them (OUT: default bench-results,

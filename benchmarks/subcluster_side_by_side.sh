@@ -62,6 +62,15 @@
 #             page cache, and copy-on-write costs real I/O (default 0: a
 #             plain `mount -o loop`, where a whole-cluster copy of data the
 #             host has cached is nearly free)
+#   CEILING   cluster sizes whose standard-cluster cells also run fio as
+#             the ceiling (default none; e.g. "512k 1M 2M", where both tools
+#             are bound by the copy): fio (libaio, O_DIRECT) replaying the
+#             data I/O of the cell's writes (fio_seconds below), REPS runs
+#             after the tools', with the same settling and cold cache;
+#             "tool:fio" in the result file, a ceiling column in the table.
+#             FIO_DEPTH requests in flight (default DEPTH). The metadata
+#             (L2, refcounts, flushes) is not in it: for cells bound by it
+#             the ceiling is far off.
 #   COLD_BACKING  1: drop the page cache (`echo 3 > /proc/sys/vm/drop_caches`)
 #             after settling, before every run, so the copy-on-write reads
 #             from the backing file reach the disk, as in the public
@@ -84,29 +93,20 @@ CLUSTERS=${CLUSTERS:-"4k 16k 32k 64k 128k 256k 512k 1M 2M"}
 WORKDIR=${WORKDIR:-/var/tmp}
 LOOP_DIRECT_IO=${LOOP_DIRECT_IO:-0}
 COLD_BACKING=${COLD_BACKING:-1}
+CEILING=${CEILING:-}
+FIO_DEPTH=${FIO_DEPTH:-$DEPTH}
 
 source benchmarks/side_by_side_lib.sh
 SBS_MIN_SECONDS=${MIN_SECONDS:-1}  # runs_below_min_seconds in the result file
 sbs_setup subcluster_side_by_side.sh imgtool-sub qemu-img mkfs.xfs losetup python3
+[[ -z $CEILING ]] || command -v fio >/dev/null || sbs_fail "fio missing (tools/setup.sh), needed by CEILING"
 
 # The backing file and one overlay that grows up to
 # the virtual size, plus room for XFS.
 fs_bytes=$(((BASE_MIB * 3 + 512) << 20))
 truncate -s "$fs_bytes" "$work/xfs.img"
 mkfs.xfs -q "$work/xfs.img"
-if [[ "$LOOP_DIRECT_IO" == 1 ]]; then
-  loopdev=$(losetup --direct-io=on -f --show "$work/xfs.img")
-  loop_dio=$(cat "/sys/block/${loopdev#/dev/}/loop/dio")
-  if [[ "$loop_dio" != 1 ]]; then
-    echo "subcluster_side_by_side.sh: $loopdev did not take --direct-io=on (dio=$loop_dio)" >&2
-    exit 1
-  fi
-  mount "$loopdev" "$mnt"
-  storage="XFS on a loop device with direct I/O (losetup --direct-io=on) on a file in $WORKDIR"
-else
-  mount -o loop "$work/xfs.img" "$mnt"
-  storage="XFS on a loop device (buffered: its backing file in $WORKDIR goes through the host page cache)"
-fi
+sbs_mount_loop "$work/xfs.img" XFS
 if [[ "$COLD_BACKING" == 1 ]]; then
   storage+=", page cache dropped before every run (cold backing file)"
 else
@@ -154,6 +154,55 @@ measure() {  # tool name, tool, rep
   python3 -c 'import sys; print(round(int(sys.argv[1]) / float(sys.argv[2])))' "$count" "$secs"
 }
 
+# Prints the seconds of one fio run (CEILING) that replays the I/O both
+# tools send for $count writes into standard clusters of $cbytes: for each
+# write that allocates, one read of its cluster from base.raw and one write
+# of a whole cluster to the next host cluster of a new file made as the
+# overlay is (qemu-img create: the 1 MiB hint); for a write into a cluster
+# allocated before, the 4 KiB write alone. Offsets as bench's (-S STEP
+# modulo the disk). A fio iolog (version 2) replayed with FIO_DEPTH
+# requests in flight; no L2, refcount or flush I/O.
+fio_seconds() {
+  python3 - "$count" "$cbytes" "$STEP" "$((BASE_MIB << 20))" "$PWD" > copy.iolog <<'PY'
+import sys
+count, c, step, size = (int(x) for x in sys.argv[1:5])
+base, copy = sys.argv[5] + "/base.raw", sys.argv[5] + "/copy.raw"
+print("fio version 2 iolog")
+for action in ("add", "open"):
+    print(base, action)
+    print(copy, action)
+host, off = {}, 0
+for _ in range(count):
+    cluster = off // c * c
+    if cluster not in host:
+        host[cluster] = len(host) * c
+        if c > 4096:
+            print(base, "read", cluster, c)
+        print(copy, "write", host[cluster], c)
+    else:
+        print(copy, "write", host[cluster] + off - cluster, 4096)
+    off = (off + step) % size
+print(base, "close")
+print(copy, "close")
+PY
+  qemu-img create -q -f raw copy.raw "$((count * cbytes))"
+  sbs_settle
+  if [[ "$COLD_BACKING" == 1 ]]; then echo 3 > /proc/sys/vm/drop_caches; fi
+  fio --name=cow --read_iolog=copy.iolog --ioengine=libaio --direct=1 --iodepth="$FIO_DEPTH" \
+    --output-format=json | python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["job_runtime"] / 1000)'
+  rm -f copy.raw copy.iolog
+}
+
+# One fio run (CEILING): records it, prints its IOPS (the cell's writes per second).
+measure_fio() {  # rep
+  local secs
+  secs=$(fio_seconds)
+  sbs_record "fs:xfs/cluster:$cbytes/extended_l2:$sub/tool:fio" "$1" \
+    "seconds=$secs" "IOPS=$(python3 -c 'import sys; print(int(sys.argv[1]) / float(sys.argv[2]))' "$count" "$secs")" \
+    "writes=$count"
+  python3 -c 'import sys; print(round(int(sys.argv[1]) / float(sys.argv[2])))' "$count" "$secs"
+}
+
 # Does imgtool bench take qcow2 overlays? (If not, only qemu-img is measured.)
 imgtool_ok=yes
 create_opts=cluster_size=64k,extended_l2=on
@@ -196,8 +245,12 @@ for c in $CLUSTERS; do
         b+=("$(measure qemu-img qemu-img "$i")"); a+=("$(measure imgtool "$IMGTOOL" "$i")")
       fi
     done
-    echo "  $c sub=$sub ($count writes): imgtool ${a[*]:--} / qemu-img ${b[*]}" >&2
-    results+=("$c $sub $count ${a[*]:--}|${b[*]}")
+    f=()
+    if [[ $sub == off && " $CEILING " == *" $c "* ]]; then
+      for ((i = 0; i < REPS; i++)); do f+=("$(measure_fio "$i")"); done
+    fi
+    echo "  $c sub=$sub ($count writes): imgtool ${a[*]:--} / qemu-img ${b[*]}${f:+ / fio ${f[*]}}" >&2
+    results+=("$c $sub $count ${a[*]:--}|${b[*]}|${f[*]:--}")
   done
 done
 
@@ -205,21 +258,23 @@ done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 sbs_write_results subcluster_side_by_side xfs "load_avg_start=${load_before%% *}" "storage=$storage" \
   "load_avg_end=$load_after" "depth=$DEPTH" "step=$STEP" "base_mib=$BASE_MIB" \
-  "min_seconds=${MIN_SECONDS:-1}" "qemu_img=$(qemu-img --version | head -1)"
+  "min_seconds=${MIN_SECONDS:-1}" "qemu_img=$(qemu-img --version | head -1)" \
+  ${CEILING:+"fio=$(fio --version)" "fio_depth=$FIO_DEPTH"}
 PYTHONPATH="$SBS_REPO" python3 - "$REPS" "$BASE_MIB" "$STEP" "$DEPTH" "$load_before" "$load_after" "$storage" "${results[@]}" <<'EOF'
 import statistics, sys
 from benchmarks import results  # PYTHONPATH: the repository root
 reps, base_mib, step, depth, load_before, load_after, storage = sys.argv[1:8]
 rows, by = [], {}
 for r in sys.argv[8:]:
-    head, qemu = r.split("|")
+    head, qemu, ceil = r.split("|")
     c, sub, count, *ours = head.split()
     ours = [int(x) for x in ours] if ours != ["-"] else []
     theirs = [int(x) for x in qemu.split()]
     a = statistics.median(ours) if ours else None
     b = statistics.median(theirs)
     test = results.utest_values(ours, theirs).text()
-    rows.append((c, sub, int(count), a, b, test))
+    f = statistics.median(int(x) for x in ceil.split()) if ceil != "-" else None
+    rows.append((c, sub, int(count), a, b, test, f))
     by[(c, sub)] = (a, b)
 
 print(f"4 KiB random writes into an empty qcow2 overlay on a fully written "
@@ -227,22 +282,25 @@ print(f"4 KiB random writes into an empty qcow2 overlay on a fully written "
       f"IOPS, median of {reps}; {storage}; load average (1/5/15 min) "
       f"{load_before} before, {load_after} after")
 print()
-print("| cluster size | subclusters | writes/run | imgtool IOPS | qemu-img IOPS | ratio | U test |")
-print("|---|---|---:|---:|---:|---:|---|")
+print("| cluster size | subclusters | writes/run | imgtool IOPS | qemu-img IOPS | ratio | U test |"
+      " fio copy ceiling | imgtool / ceiling |")
+print("|---|---|---:|---:|---:|---:|---|---:|---:|")
 ok = True
-for c, sub, count, a, b, test in rows:
+for c, sub, count, a, b, test, f in rows:
     ratio = f"{a / b:.2f}" if a is not None else "-"
     if a is not None and a < b:
         ok = False
     ours = f"{a:,.0f}" if a is not None else "-"
-    print(f"| {c} | {sub} | {count:,} | {ours} | {b:,.0f} | {ratio} | {test} |")
+    ceil = f"{f:,.0f}" if f is not None else "-"
+    to_ceil = f"{a / f:.2f}" if f and a is not None else "-"
+    print(f"| {c} | {sub} | {count:,} | {ours} | {b:,.0f} | {ratio} | {test} | {ceil} | {to_ceil} |")
 print()
 print("Subcluster gain (IOPS with / without subclusters):")
 print()
 print("| cluster size | imgtool | qemu-img |")
 print("|---|---:|---:|")
 gains = {}
-for c, sub, _, _, _, _ in rows:
+for c, sub, *_ in rows:
     if sub != "on" or (c, "off") not in by:
         continue
     (a1, b1), (a0, b0) = by[(c, "on")], by[(c, "off")]
