@@ -124,6 +124,9 @@ class _DomReader(html.parser.HTMLParser):
         self.links = []
         self.tables = []  # (section id, metric, hidden)
         self.captions = {}  # figure id -> figcaption text
+        # figure id -> text of the caption's red part (span.failed)
+        self.caption_failures = {}
+        self._in_failed = False
         self._section = None
         self._figure = None
         self._in_caption = False
@@ -137,6 +140,10 @@ class _DomReader(html.parser.HTMLParser):
         elif tag == "figcaption" and self._figure:
             self._in_caption = True
             self.captions[self._figure] = ""
+        elif (tag == "span" and self._in_caption
+              and a.get("class") == "failed"):
+            self._in_failed = True
+            self.caption_failures[self._figure] = ""
         elif tag == "body":
             self.body = a
         elif tag == "section":
@@ -159,10 +166,14 @@ class _DomReader(html.parser.HTMLParser):
             self._in_errors = False
         elif tag == "figcaption":
             self._in_caption = False
+        elif tag == "span":
+            self._in_failed = False
 
     def handle_data(self, data):
         if self._in_caption:
             self.captions[self._figure] += data
+        if self._in_failed:
+            self.caption_failures[self._figure] += data
         if self._in_errors and self.errors:
             self.errors[-1] += data
 
@@ -323,6 +334,8 @@ class DashboardTest(unittest.TestCase):
         theirs = chain.case("fs:xfs/case:commit/tool:qemu-img").metrics[
             "seconds"].mean
         self.assertIn("commit %.2f" % (ours / theirs), caption)
+        # ratios in the caption's colour, not the red of a failure
+        self.assertNotIn("chart-chain", self.dom.caption_failures)
         self.assertIn("<caption>chain: max_rss_bytes (MiB, lower is better)",
                       self.page)
         self.assertIn("under each cell: its ratio to tool:qemu-img",
@@ -474,6 +487,10 @@ class FailuresAndUnknownSuitesTest(unittest.TestCase):
         self.assertEqual(dom.captions["chart-create_prealloc"],
                          "Failed configurations: fs:ext4/fmt:raw/"
                          "prealloc:full: No space left on device")
+        # that part is the red one (figcaption .failed); ratios are not
+        self.assertEqual(dom.caption_failures["chart-create_prealloc"],
+                         dom.captions["chart-create_prealloc"])
+        self.assertNotIn("chart-mysuite", dom.caption_failures)
         mine = dom.figures["chart-mysuite"]
         # x: the last varying key (mode a/b), series: size 1/2/3
         self.assertEqual((mine.get("data-rendered-series"),

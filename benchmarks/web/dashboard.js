@@ -127,11 +127,16 @@
     m.series.forEach(function (s) {
       s.errors.forEach(function (e) { errors.push(e); });
     });
-    // the ratios to the reference series (chain: imgtool / qemu-img)
-    caption.textContent = [
-      m.ratios || '',
-      errors.length ? 'Failed configurations: ' + errors.join('; ') : '',
-    ].filter(function (t) { return t !== ''; }).join('. ');
+    // the ratios to the reference series (chain: imgtool / qemu-img) in
+    // the caption's colour, failed configurations after them in red
+    caption.textContent = m.ratios || '';
+    if (errors.length) {
+      var failed = document.createElement('span');
+      failed.className = 'failed';
+      failed.textContent = (m.ratios ? '. ' : '') + 'Failed configurations: ' +
+          errors.join('; ');
+      caption.appendChild(failed);
+    }
     var title = suite.metric_titles[metric];
     var unit = suite.metric_units[metric];
     var canvas = figure.querySelector('canvas');
