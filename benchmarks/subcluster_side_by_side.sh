@@ -144,14 +144,19 @@ bench_seconds() {  # tool, count
   rm -f overlay.qcow2
 }
 
+# Records one run of $count writes that took SECS, prints its IOPS.
+record_run() {  # tool name, rep, secs
+  sbs_record "fs:xfs/cluster:$cbytes/extended_l2:$sub/tool:$1" "$2" \
+    "seconds=$3" "IOPS=$(python3 -c 'import sys; print(int(sys.argv[1]) / float(sys.argv[2]))' "$count" "$3")" \
+    "writes=$count"
+  python3 -c 'import sys; print(round(int(sys.argv[1]) / float(sys.argv[2])))' "$count" "$3"
+}
+
 # One measured run: records it, prints its IOPS.
 measure() {  # tool name, tool, rep
   local secs
   secs=$(bench_seconds "$2" "$count")
-  sbs_record "fs:xfs/cluster:$cbytes/extended_l2:$sub/tool:$1" "$3" \
-    "seconds=$secs" "IOPS=$(python3 -c 'import sys; print(int(sys.argv[1]) / float(sys.argv[2]))' "$count" "$secs")" \
-    "writes=$count"
-  python3 -c 'import sys; print(round(int(sys.argv[1]) / float(sys.argv[2])))' "$count" "$secs"
+  record_run "$1" "$3" "$secs"
 }
 
 # Prints the seconds of one fio run (CEILING) that replays the I/O both
@@ -197,10 +202,7 @@ PY
 measure_fio() {  # rep
   local secs
   secs=$(fio_seconds)
-  sbs_record "fs:xfs/cluster:$cbytes/extended_l2:$sub/tool:fio" "$1" \
-    "seconds=$secs" "IOPS=$(python3 -c 'import sys; print(int(sys.argv[1]) / float(sys.argv[2]))' "$count" "$secs")" \
-    "writes=$count"
-  python3 -c 'import sys; print(round(int(sys.argv[1]) / float(sys.argv[2])))' "$count" "$secs"
+  record_run fio "$1" "$secs"
 }
 
 # Does imgtool bench take qcow2 overlays? (If not, only qemu-img is measured.)
